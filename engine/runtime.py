@@ -1,0 +1,120 @@
+"""Open a model directory and generate from it: the engine's face to the app.
+
+Generation streams `Chunk`s, each with the text decoded so far for that token and
+live statistics, so callers (the CLI, later the scheduler and the dashboard) can
+show progress while a long generation runs, and stop it through a cancel event.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+# Nothing leaves the machine: transformers and huggingface_hub must never reach a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm import stream_generate  # noqa: E402
+from mlx_lm.sample_utils import make_sampler  # noqa: E402
+from mlx_lm.utils import load as mlx_lm_load  # noqa: E402
+
+from engine.errors import ModelFormatError, ModelNotFoundError  # noqa: E402
+
+Message = dict[str, str]
+
+
+@dataclass
+class GenerationStats:
+    """Live figures of one generation; times in seconds."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    time_to_first_token: float = 0.0
+    elapsed: float = 0.0
+    peak_memory_bytes: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, over the time after the first (prefill excluded)."""
+        decode_time = self.elapsed - self.time_to_first_token
+        return (self.generated_tokens - 1) / decode_time if self.generated_tokens > 1 and decode_time > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.time_to_first_token if self.time_to_first_token > 0 else 0.0
+
+
+@dataclass
+class Chunk:
+    """One generated token: its id, the text it completes, and the statistics so far."""
+
+    token: int
+    text: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class Model:
+    """A model loaded from a model directory, with its tokenizer and chat template."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not (self.path / "config.json").is_file():
+            raise ModelNotFoundError(f"no model at {self.path} (config.json missing)")
+        try:
+            self.model, self.tokenizer = mlx_lm_load(str(self.path))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
+
+    def chat_tokens(self, messages: list[Message]) -> list[int]:
+        """Token ids of `messages` formatted with the model's chat template, ready to answer."""
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    def generate(
+        self,
+        messages: list[Message],
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        seed: int = 0,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Chunk]:
+        """Stream the answer to `messages`; greedy when `temp` is 0. Stops early if `cancel` is set."""
+        yield from self.generate_tokens(self.chat_tokens(messages), max_tokens, temp, seed, cancel)
+
+    def generate_tokens(
+        self,
+        prompt: list[int],
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        seed: int = 0,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Chunk]:
+        """Stream a continuation of the token ids `prompt`."""
+        mx.random.seed(seed)
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        start = time.perf_counter()
+        responses = stream_generate(
+            self.model, self.tokenizer, prompt, max_tokens=max_tokens, sampler=make_sampler(temp=temp)
+        )
+        for response in responses:
+            now = time.perf_counter() - start
+            if stats.generated_tokens == 0:
+                stats.time_to_first_token = now
+            stats.generated_tokens += 1
+            stats.elapsed = now
+            stats.peak_memory_bytes = int(response.peak_memory * 1e9)
+            stats.finish_reason = response.finish_reason
+            yield Chunk(token=response.token, text=response.text, stats=stats)
+            if cancel is not None and cancel.is_set():
+                stats.finish_reason = "cancelled"
+                break
+
+
+def open_model(path: Path) -> Model:
+    """Load the model directory at `path`."""
+    return Model(path)
