@@ -39,6 +39,18 @@ def cmd_model_default(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_convert(args: argparse.Namespace) -> int:
+    from engine import convert_gguf
+
+    name = args.name or Path(args.gguf).stem.lower()
+    target = models_dir() / name
+    if target.exists() and not args.force:
+        raise NightshiftError(f"a model named {name!r} already exists at {target}; pick another --name or pass --force")
+    _say(f"converting {args.gguf} into {target}")
+    print(convert_gguf(Path(args.gguf), target))
+    return 0
+
+
 def cmd_model_list(args: argparse.Namespace) -> int:
     root = models_dir()
     names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
@@ -132,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
         "cache it in the data dir and convert it into a model directory. Idempotent.",
     )
     default.set_defaults(run=cmd_model_default)
+    convert = model_commands.add_parser(
+        "convert",
+        help="convert a llama-architecture GGUF file into a model",
+        description="Convert a GGUF file (llama architecture; F32/F16/BF16, Q4_1 and Q8_0 tensors, "
+        "all kept exact) into a model directory under the data dir.",
+    )
+    convert.add_argument("gguf", metavar="GGUF", help="path of the .gguf file")
+    convert.add_argument("--name", help="model name (default: the file name without .gguf)")
+    convert.add_argument("--force", action="store_true", help="replace a model of the same name")
+    convert.set_defaults(run=cmd_model_convert)
     listing = model_commands.add_parser("list", help="list prepared models", description="List prepared models.")
     listing.set_defaults(run=cmd_model_list)
 
