@@ -1,0 +1,72 @@
+"""`nightshift generate "PROMPT"`: stream an answer from a model, then its rates."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands import say
+from app.commands.model import resolve_model
+from engine import NightshiftError
+
+EXIT_INTERRUPTED = 130
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        raise NightshiftError('the prompt is empty; pass the text to answer, e.g. nightshift generate "Hello"')
+    from engine import open_model
+
+    model = open_model(resolve_model(args.model))
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    stats = None
+    try:
+        for chunk in model.generate(messages, max_tokens=args.max_tokens, temp=args.temp, seed=args.seed):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            stats = chunk.stats
+    except KeyboardInterrupt:
+        print()
+        say("interrupted")
+        return EXIT_INTERRUPTED
+    print()
+    if stats is not None:
+        say(
+            f"{stats.generated_tokens} tokens at {stats.decode_tokens_per_s:.1f} tok/s; "
+            f"time to first token {stats.time_to_first_token:.2f} s "
+            f"({stats.prompt_tokens} prompt tokens, {stats.prefill_tokens_per_s:.1f} tok/s); "
+            f"peak memory {stats.peak_memory_bytes / 1e9:.2f} GB"
+        )
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    generate = commands.add_parser(
+        "generate",
+        help="answer a prompt with a model, streaming tokens",
+        description="Answer PROMPT (chat-formatted) and print tokens as they come; "
+        "tokens/s and time to first token at the end. Greedy unless --temp is set. Offline.",
+    )
+    generate.add_argument("prompt", metavar="PROMPT", help="what to ask")
+    generate.add_argument("--model", help="model name (see `model list`) or directory; default: the default model")
+    generate.add_argument("--system", help="system message (default: the model's own)")
+    generate.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (256)")
+    generate.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
+    generate.add_argument("--seed", type=int, default=0, help="random seed for sampling (0)")
+    generate.set_defaults(run=cmd_generate)
