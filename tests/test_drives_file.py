@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_round_trip_with_awkward_paths(tmp_path):
     ],
 )
 def test_mistakes_are_named(text, message):
-    with pytest.raises(DrivesFileError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(DrivesFileError, match=re.escape(message)):
         parse_drives(text, "my-drives.toml")
 
 
