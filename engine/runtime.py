@@ -21,9 +21,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import mlx.core as mx  # noqa: E402
 from mlx_lm import stream_generate  # noqa: E402
 from mlx_lm.sample_utils import make_sampler  # noqa: E402
-from mlx_lm.utils import load as mlx_lm_load  # noqa: E402
+from mlx_lm.utils import load_model  # noqa: E402
+from mlx_lm.tokenizer_utils import load as load_tokenizer  # noqa: E402
 
 from engine.errors import ModelFormatError, ModelNotFoundError  # noqa: E402
+from engine.models import get_classes  # noqa: E402
 
 Message = dict[str, str]
 
@@ -67,7 +69,8 @@ class Model:
         if not (self.path / "config.json").is_file():
             raise ModelNotFoundError(f"no model at {self.path} (config.json missing)")
         try:
-            self.model, self.tokenizer = mlx_lm_load(str(self.path))
+            self.model, config = load_model(self.path, get_model_classes=get_classes)
+            self.tokenizer = load_tokenizer(self.path, eos_token_ids=config.get("eos_token_id"))
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
 

@@ -1,0 +1,23 @@
+"""Model families: mlx-lm's, plus the few nightshift defines itself (one module each, mlx-lm style).
+
+`get_classes(config)` is what every loader passes to mlx-lm, so a nightshift family
+(e.g. a MoEfied llama) loads exactly like an mlx-lm one.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mlx_lm.utils import _get_classes as mlx_lm_classes
+
+# config["model_type"] -> module in this package.
+FAMILIES: dict[str, str] = {}
+
+
+def get_classes(config: dict):
+    """(Model, ModelArgs) for `config`: a nightshift family if it names one, else mlx-lm's."""
+    module = FAMILIES.get(config.get("model_type", ""))
+    if module is None:
+        return mlx_lm_classes(config)
+    family = importlib.import_module(f"engine.models.{module}")
+    return family.Model, family.ModelArgs
