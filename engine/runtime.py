@@ -26,6 +26,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer  # noqa: E402
 
 from engine.errors import ModelFormatError, ModelNotFoundError  # noqa: E402
 from engine.models import get_classes  # noqa: E402
+from engine.store.loader import is_store, load_store  # noqa: E402
 
 Message = dict[str, str]
 
@@ -66,10 +67,13 @@ class Model:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        if not (self.path / "config.json").is_file():
+        if not is_store(self.path) and not (self.path / "config.json").is_file():
             raise ModelNotFoundError(f"no model at {self.path} (config.json missing)")
         try:
-            self.model, config = load_model(self.path, get_model_classes=get_classes)
+            if is_store(self.path):
+                self.model, config = load_store(self.path)
+            else:
+                self.model, config = load_model(self.path, get_model_classes=get_classes)
             self.tokenizer = load_tokenizer(self.path, eos_token_ids=config.get("eos_token_id"))
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc

@@ -1,12 +1,13 @@
-"""`nightshift model ...`: prepare, convert and list models."""
+"""`nightshift model ...`: prepare, convert, import, synthesize, place, verify and list models."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from app.commands import say
-from app.paths import models_dir
+from app.paths import cache_dir, models_dir
 from engine import NightshiftError
 
 
@@ -30,13 +31,107 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from engine import is_store
+
     root = models_dir()
-    names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
-    if not names:
+    found = sorted(p for p in root.iterdir() if (p / "config.json").is_file() or is_store(p)) if root.is_dir() else []
+    if not found:
         say(f"no models in {root}; run `nightshift model default` to prepare the default model")
         return 0
-    for name in names:
-        print(f"{name}\t{root / name}")
+    for path in found:
+        kind = "store" if (path / "manifest.json").is_file() else "import unfinished" if is_store(path) else "model"
+        print(f"{path.name}\t{kind}\t{path}")
+    return 0
+
+
+def _drives(drives_file: str | None, store: Path):
+    """Drives from `--drives`, else one drive inside the store directory."""
+    from engine import Drive, load_drives
+
+    return load_drives(Path(drives_file)) if drives_file else [Drive("store", store / "experts")]
+
+
+def _progress_line(progress) -> None:
+    eta = progress.eta
+    eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if eta is not None else "?"
+    rate = progress.done_bytes / progress.elapsed / 1e6 if progress.elapsed > 0 else 0.0
+    print(
+        f"\rnightshift: imported {progress.done_bytes / 1e9:.2f} of {progress.total_bytes / 1e9:.2f} GB "
+        f"({100 * progress.done_bytes / max(progress.total_bytes, 1):.0f} %), {rate:.0f} MB/s, ETA {eta_text}  ",
+        end="" if progress.done_bytes < progress.total_bytes else "\n",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from engine import ImportOptions, import_checkpoint
+
+    store = models_dir() / args.name
+    if (store / "config.json").is_file() and not (store / "manifest.json").is_file() and not _unfinished(store):
+        raise NightshiftError(f"a model named {args.name!r} already exists at {store}; pick another --name")
+    options = ImportOptions(trunk_bits=args.trunk_bits, quantize_experts=args.quantize_experts)
+    say(f"importing {args.src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
+    manifest = import_checkpoint(Path(args.src), store, _drives(args.drives, store), options, _progress_line)
+    say(f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e9:.2f} GB of experts on "
+        f"{', '.join(manifest.drives)}")
+    print(store)
+    return 0
+
+
+def _unfinished(store: Path) -> bool:
+    from engine import is_store
+
+    return is_store(store) and not (store / "manifest.json").is_file()
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from engine import synthesize
+
+    out = Path(args.out) if args.out else cache_dir() / "synth" / f"{args.arch}-{args.preset}-seed{args.seed}"
+    say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
+    print(synthesize(args.arch, args.preset, out, seed=args.seed, skew=args.skew))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from engine import verify_store
+
+    store = resolve_model(args.model)
+    bad = verify_store(store)
+    if bad:
+        raise NightshiftError(
+            f"{len(bad)} bad file(s) in {store}:\n  " + "\n  ".join(map(str, bad))
+            + "\nre-run `nightshift model place` to re-copy from good replicas, or import the model again"
+        )
+    say(f"every replica and the trunk of {store} match their checksums")
+    return 0
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    from engine import calibration_prompts, measure_routing, open_model, place_store, read_manifest
+
+    from engine import Drive, load_drives
+
+    store = resolve_model(args.model)
+    if args.drives:
+        drives = load_drives(Path(args.drives))
+    else:
+        drives = [Drive(name, Path(root)) for name, root in read_manifest(store).drives.items()]
+    routing = None
+    if not args.no_measure:
+        say("measuring expert routing on the calibration prompts")
+        model = open_model(store)
+        text = Path(args.prompts).read_text() if args.prompts else None
+        counts = measure_routing(model.model, calibration_prompts(model.tokenizer, text))
+        manifest = read_manifest(store)
+        by_module = {layer.module: layer.layer for layer in manifest.layers}
+        routing = {by_module[path]: list(c) for path, c in counts.items()}
+    manifest, copied = place_store(store, drives, routing, replicate=not args.no_replicas)
+    replicas = sum(len(e["replicas"]) for layer in manifest.experts.values() for e in layer)
+    experts = sum(len(layer) for layer in manifest.experts.values())
+    say(f"{experts} experts, {replicas} replicas on {len(drives)} drive(s); copied "
+        + (", ".join(f"{n}: {b / 1e6:.1f} MB" for n, b in copied.items()) or "nothing"))
     return 0
 
 
@@ -76,3 +171,56 @@ def register(commands: argparse._SubParsersAction) -> None:
     convert.set_defaults(run=cmd_convert)
     listing = actions.add_parser("list", help="list prepared models", description="List prepared models.")
     listing.set_defaults(run=cmd_list)
+    _register_store(actions)
+
+
+def _register_store(actions: argparse._SubParsersAction) -> None:
+    imp = actions.add_parser(
+        "import",
+        help="import a safetensors MoE checkpoint into the expert store",
+        description="Import a local Hugging Face / MLX safetensors checkpoint of a Mixture-of-Experts model "
+        "(kimi_k3, deepseek_v3, kimi_k2, qwen3_moe, mixtral, gpt_oss, ...) into the store: one file per "
+        "(layer, expert) on the drives, the rest in trunk.safetensors. Streams layer by layer; run it again "
+        "to resume an interrupted import.",
+    )
+    imp.add_argument("src", metavar="SRC", help="checkpoint directory (config.json, model*.safetensors, tokenizer)")
+    imp.add_argument("--name", required=True, help="name of the model in the data dir")
+    imp.add_argument("--drives", metavar="TOML", help="drives.toml listing the drives for expert files "
+                     "(default: one drive inside the model's directory)")
+    imp.add_argument("--trunk-bits", type=int, choices=(16, 8, 4), default=8,
+                     help="precision of the non-expert weights: 16 keeps the checkpoint's, 8/4 quantize (default 8)")
+    imp.add_argument("--quantize-experts", action="store_true",
+                     help="quantize unquantized experts to 4-bit affine (quantized experts always stay as released)")
+    imp.set_defaults(run=cmd_import)
+    synth = actions.add_parser(
+        "synth",
+        help="write a synthetic MoE checkpoint with random weights (tests, benchmarks)",
+        description="Write a Hugging Face-layout checkpoint with seeded random weights: tiny (seconds) or "
+        "bench (a scaled-down Kimi K3 with 2.5 GB of MXFP4 experts).",
+    )
+    synth.add_argument("--arch", required=True, help="kimi_k3, deepseek_v3, qwen3_moe, mixtral or gpt_oss")
+    synth.add_argument("--preset", choices=("tiny", "bench"), default="tiny")
+    synth.add_argument("--skew", type=float, default=0.0,
+                       help="make one expert in eight hot: its router row is scaled by 1+S (default 0)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--out", help="directory to create (default: under the data dir's cache)")
+    synth.set_defaults(run=cmd_synth)
+    verify = actions.add_parser(
+        "verify", help="check every expert replica's checksum", description="Check the trunk and every "
+        "replica of every expert against the manifest's checksums; names each bad file.",
+    )
+    verify.add_argument("model", metavar="MODEL", help="model name or store directory")
+    verify.set_defaults(run=cmd_verify)
+    place = actions.add_parser(
+        "place", help="re-plan where experts live and move the files",
+        description="Measure how often each expert is routed to on calibration prompts, then place every "
+        "expert once and replicate the hottest onto drives of other devices within each drive's budget. "
+        "Moves files; never re-imports.",
+    )
+    place.add_argument("model", metavar="MODEL", help="model name or store directory")
+    place.add_argument("--drives", metavar="TOML", help="drives.toml to place onto (default: the store's drives)")
+    place.add_argument("--prompts", metavar="FILE", help="calibration text (default: nightshift's own)")
+    place.add_argument("--no-replicas", action="store_true", help="one copy of each expert only")
+    place.add_argument("--no-measure", action="store_true",
+                       help="reuse the routing measured last time (or none) instead of measuring again")
+    place.set_defaults(run=cmd_place)

@@ -1,0 +1,280 @@
+"""Synthetic MoE checkpoints with seeded random weights, for tests and benchmarks.
+
+A synthetic checkpoint is a real one as far as loaders are concerned: config.json,
+sharded `model-*.safetensors` with an index, a byte-level BPE tokenizer. Routed
+experts are written in the family's Hugging Face per-expert layout (Kimi K3's
+packed MXFP4 `weight_packed`/`weight_scale` included), so importing one goes
+through the family's `sanitize()` exactly as a released checkpoint does; the
+rest of the weights carry the names mlx-lm gives them (which `sanitize()` keeps).
+Written one layer at a time, so the bench preset (gigabytes) never sits in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from engine.errors import NightshiftError, UnsupportedModelError
+from engine.store.families import build_model, layer_of, switch_sites
+from engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
+
+CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
+EOS = "<|endoftext|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _mla(hidden: int) -> dict:
+    heads = 4 if hidden <= 128 else 8
+    return dict(
+        num_attention_heads=heads, num_key_value_heads=heads, kv_lora_rank=32, q_lora_rank=None,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    )
+
+
+def kimi_k3(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
+    return dict(
+        model_type="kimi_k3", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=2 * hidden, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        linear_attn_config={"kda_layers": list(range(2, layers + 1, 2)), "num_heads": 4, "head_dim": 16,
+                            "short_conv_kernel_size": 4},
+        num_experts=experts, num_experts_per_token=active, num_shared_experts=1,
+        moe_intermediate_size=expert_hidden, first_k_dense_replace=1,
+        quantization_config={"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"},
+        **_mla(hidden),
+    )
+
+
+def deepseek_v3(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
+    return dict(
+        model_type="deepseek_v3", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=2 * hidden, moe_intermediate_size=expert_hidden, n_routed_experts=experts,
+        n_shared_experts=1, num_experts_per_tok=active, first_k_dense_replace=1, n_group=1, topk_group=1,
+        rms_norm_eps=1e-6, max_position_embeddings=2048, rope_theta=10000.0, **_mla(hidden),
+    )
+
+
+def qwen3_moe(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
+    return dict(
+        model_type="qwen3_moe", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=2 * hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=experts, num_experts_per_tok=active, decoder_sparse_step=1, mlp_only_layers=[],
+        moe_intermediate_size=expert_hidden, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, max_position_embeddings=2048, norm_topk_prob=True,
+    )
+
+
+def mixtral(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
+    return dict(
+        model_type="mixtral", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=expert_hidden, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=experts, num_experts_per_tok=active, rms_norm_eps=1e-5, rope_theta=10000.0,
+    )
+
+
+def gpt_oss(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
+    return dict(
+        model_type="gpt_oss", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=expert_hidden, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=experts, num_experts_per_tok=active, sliding_window=16, rope_theta=10000,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        quantization={"group_size": 32, "bits": 4, "mode": "mxfp4"},
+    )
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How a family's checkpoints name and encode routed experts.
+
+    `template` is the per-expert key under the layer (None: stacked, as mlx-lm names them);
+    `renames` maps mlx-lm projection names to the checkpoint's; `mxfp4` says experts ship packed MXFP4.
+    Unquantized experts are float32: mlx's CPU `gather_mm` takes nothing else.
+    """
+
+    config: Callable[..., dict]
+    template: str | None
+    renames: dict[str, str]
+    mxfp4: bool
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return mx.bfloat16 if self.mxfp4 else mx.float32
+
+
+W123 = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+FAMILIES: dict[str, ExpertLayout] = {
+    "kimi_k3": ExpertLayout(kimi_k3, "block_sparse_moe.experts.{e}.{proj}", W123, mxfp4=True),
+    "deepseek_v3": ExpertLayout(deepseek_v3, "mlp.experts.{e}.{proj}", {}, mxfp4=False),
+    "qwen3_moe": ExpertLayout(qwen3_moe, "mlp.experts.{e}.{proj}", {}, mxfp4=False),
+    "mixtral": ExpertLayout(mixtral, "block_sparse_moe.experts.{e}.{proj}", W123, mxfp4=False),
+    "gpt_oss": ExpertLayout(gpt_oss, None, {}, mxfp4=True),
+}
+
+# preset -> (hidden, layers, experts, active, expert hidden, vocab)
+PRESETS = {
+    "tiny": (64, 3, 8, 2, 64, 512),
+    # Scaled-down Kimi K3: 12 MoE layers x 128 experts (16 active), 1.6 MiB MXFP4 experts, 2.5 GB of experts.
+    "bench": (1024, 13, 128, 16, 1024, 4096),
+}
+
+
+def build_tokenizer(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE trained on the calibration text shipped with nightshift."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([CALIBRATION_TEXT.read_text()], trainer)
+    return tokenizer
+
+
+def write_tokenizer(out: Path, vocab_size: int) -> int:
+    """tokenizer.json and tokenizer_config.json in `out`; returns the eos token id."""
+    tokenizer = build_tokenizer(vocab_size)
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS,
+        "bos_token": None,
+        "model_max_length": 2048,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return tokenizer.token_to_id(EOS)
+
+
+def random_mxfp4(rng: np.random.Generator, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Random MXFP4 codes (two per byte) and E8M0 scales sized for unit-variance outputs."""
+    rows, cols = shape
+    packed = rng.integers(0, 256, size=(rows, cols // 2), dtype=np.uint8)
+    # Uniform FP4 codes have an RMS of ~2.9; aim for weights of RMS 1/sqrt(cols).
+    exponent = 127 + round(math.log2(1 / (2.93 * math.sqrt(cols))))
+    scales = np.full((rows, cols // 32), exponent, dtype=np.uint8)
+    return packed, scales
+
+
+def _cast(array: mx.array, dtype: mx.Dtype) -> mx.array:
+    return array.astype(dtype) if mx.issubdtype(array.dtype, mx.floating) else array
+
+
+def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0.0) -> Path:
+    """Write a synthetic checkpoint of family `arch` at `preset` size into `out` (a new directory)."""
+    if arch not in FAMILIES:
+        raise UnsupportedModelError(f"no synthetic preset for {arch!r}; choose one of {', '.join(sorted(FAMILIES))}")
+    if preset not in PRESETS:
+        raise NightshiftError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if skew < 0:
+        raise NightshiftError("--skew must be 0 or more")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
+    family = FAMILIES[arch]
+    config = family.config(*PRESETS[preset])
+    mx.random.seed(seed)
+    model = build_model(config)
+    sites = {site.path: site for site in switch_sites(model)}
+    cast = getattr(model, "cast_predicate", lambda path: True)
+    rng = np.random.default_rng(seed)
+
+    # Group the trunk's tensors by layer; experts are generated per layer.
+    trunk: dict[int | None, list[tuple[str, mx.array]]] = {}
+    for name, value in tree_flatten(model.parameters()):
+        if not any(name.startswith(path + ".") for path in sites):
+            trunk.setdefault(layer_of(name), []).append((name, value))
+    layers = sorted(k for k in trunk if k is not None) + [None]
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    weight_map = {}
+    for number, layer in enumerate(layers, 1):
+        tensors: list[OutTensor] = []
+        layer_sites = [s for s in sites.values() if s.layer == layer]
+        hot = {s.path: _hot_rows(rng, s.num_experts, skew) for s in layer_sites}
+        for name, value in trunk[layer]:
+            value = _skewed(name, value, hot)
+            value = _cast(value, family.dtype) if cast(name) else value
+            mx.eval(value)
+            tensors.append(out_tensor(name, value))
+        for site in layer_sites:
+            tensors += _expert_tensors(model, site, family, rng)
+        shard = f"model-{number:05d}-of-{len(layers):05d}.safetensors"
+        write_safetensors(staging / shard, tensors, metadata={"format": "pt"})
+        weight_map.update({t.name: shard for t in tensors})
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    config["eos_token_id"] = write_tokenizer(staging, config["vocab_size"])
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    if out.exists():
+        out.rmdir()
+    staging.rename(out)
+    return out
+
+
+def _hot_rows(rng: np.random.Generator, num_experts: int, skew: float) -> np.ndarray:
+    """Router-row scale per expert: one expert in eight (seeded choice) gets 1 + skew."""
+    scale = np.ones(num_experts, dtype=np.float32)
+    if skew > 0:
+        scale[rng.permutation(num_experts)[: max(1, num_experts // 8)]] = 1 + skew
+    return scale
+
+
+def _skewed(name: str, value: mx.array, hot: dict[str, np.ndarray]) -> mx.array:
+    """Scale the router rows of hot experts: a router row with a larger norm wins top-k more often."""
+    for path, scale in hot.items():
+        parent = path.rsplit(".", 1)[0]
+        if name.startswith(parent + ".") and value.ndim == 2 and value.shape[0] == len(scale) and name.endswith("weight"):
+            return value * mx.array(scale)[:, None]
+    return value
+
+
+def _expert_tensors(model, site, family: ExpertLayout, rng: np.random.Generator) -> list[OutTensor]:
+    """The routed experts of one site, in the family's checkpoint layout."""
+    module = dict(tree_flatten(model.parameters()))
+    layer_prefix = site.path[: site.path.index(f"layers.{site.layer}.") + len(f"layers.{site.layer}.")]
+    tensors = []
+    for proj in site.projections:
+        rows, cols = module[f"{site.path}.{proj}.weight"].shape[1:]
+        bias = module.get(f"{site.path}.{proj}.bias")
+        if family.template is None:
+            stacked = [_expert(rng, (rows, cols), family) for _ in range(site.num_experts)]
+            names = ("weight", "scales") if family.mxfp4 else ("weight",)
+            for i, suffix in enumerate(names):
+                array = np.stack([parts[i] for parts in stacked])
+                if suffix == "weight" and family.mxfp4:
+                    array = array.view(np.uint32)
+                tensors.append(out_tensor(f"{site.path}.{proj}.{suffix}", mx.array(array)))
+            if bias is not None:
+                values = rng.normal(0, 0.02, size=(site.num_experts, rows)).astype(np.float32)
+                tensors.append(out_tensor(f"{site.path}.{proj}.bias", _cast(mx.array(values), family.dtype)))
+            continue
+        for e in range(site.num_experts):
+            key = layer_prefix + family.template.format(e=e, proj=family.renames.get(proj, proj))
+            parts = _expert(rng, (rows, cols), family)
+            if family.mxfp4:
+                tensors += [out_tensor(f"{key}.weight_packed", mx.array(parts[0])),
+                            out_tensor(f"{key}.weight_scale", mx.array(parts[1]))]
+            else:
+                tensors.append(out_tensor(f"{key}.weight", parts[0]))
+    return tensors
+
+
+def _expert(rng: np.random.Generator, shape: tuple[int, int], family: ExpertLayout):
+    if family.mxfp4:
+        return random_mxfp4(rng, shape)
+    values = rng.normal(0, 1 / math.sqrt(shape[1]), size=shape).astype(np.float32)
+    return (_cast(mx.array(values), family.dtype),)
