@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import generate, model, say
+from app.commands import drives, generate, model, rig, say
 from app.paths import data_dir
 from engine import NightshiftError
 
 # Command groups, in the order `--help` lists them. A later issue adds its module here.
-GROUPS = [model, generate]
+GROUPS = [model, generate, drives, rig]
 
 # Groups whose commands later issues build; until then they say so plainly.
 PLANNED = {

@@ -7,8 +7,15 @@ from engine.errors import (
     NoSpaceError,
     UnsupportedModelError,
 )
+from engine.bench.fio import FioError, compare_with_fio
+from engine.bench.probe import QUEUE_DEPTHS, READ_SIZES, probe_drive
+from engine.bench.rig import RigError, RigSpec, RigState, join_rig, rig_command, rig_down, rig_status, rig_up
+from engine.instruments.monitor import DriveMonitor
+from engine.io.ceilings import CEILINGS_FILE, Ceilings
+from engine.io.counters import DriveReadCounters
+from engine.io.devices import DeviceNotFoundError, resolve_device
+from engine.io.drives import Drive, DrivesFileError, load_drives
 from engine.runtime import Chunk, GenerationStats, Model, open_model
-from engine.io.drives import Drive, load_drives
 from engine.store.gguf_import import convert_gguf, is_converted_from, sha256_of
 from engine.store.importer import ImportOptions, Progress, import_checkpoint
 from engine.store.manifest import Manifest, is_store, read_manifest
@@ -17,7 +24,6 @@ from engine.store.upkeep import BadFile, calibration_prompts, measure_routing, p
 
 __all__ = [
     "BadFile",
-    "Drive",
     "ImportOptions",
     "Manifest",
     "Progress",
@@ -25,12 +31,33 @@ __all__ = [
     "calibration_prompts",
     "import_checkpoint",
     "is_store",
-    "load_drives",
     "measure_routing",
     "place_store",
     "read_manifest",
     "synthesize",
     "verify_store",
+    "CEILINGS_FILE",
+    "Ceilings",
+    "DeviceNotFoundError",
+    "Drive",
+    "DriveMonitor",
+    "DriveReadCounters",
+    "DrivesFileError",
+    "FioError",
+    "QUEUE_DEPTHS",
+    "READ_SIZES",
+    "RigError",
+    "RigSpec",
+    "RigState",
+    "compare_with_fio",
+    "join_rig",
+    "load_drives",
+    "probe_drive",
+    "resolve_device",
+    "rig_command",
+    "rig_down",
+    "rig_status",
+    "rig_up",
     "Chunk",
     "GenerationStats",
     "Model",

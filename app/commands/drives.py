@@ -1,0 +1,133 @@
+"""`nightshift drives ...`: the drives in drives.toml, the devices under them, their read ceilings."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+
+from app.commands import say
+from app.paths import data_dir
+from engine import NightshiftError
+
+MiB = 1 << 20
+
+
+def default_drives_file() -> Path:
+    return data_dir() / "drives.toml"
+
+
+def rig_dir() -> Path:
+    """Where `nightshift rig` keeps its images, mounts and state ("nightshift" in the path on purpose)."""
+    return data_dir() / "nightshift-rig"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from engine import load_drives, resolve_device
+
+    devices = [(drive, resolve_device(drive.root)) for drive in load_drives(args.drives_file)]
+    print("drive\troot\tmount\tfs\tdevice\tdisk")
+    for drive, d in devices:
+        print(f"{drive.name}\t{drive.root}\t{d.mount_point}\t{d.fs_type}\t{d.device}\t{d.disk}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from engine import CEILINGS_FILE, Ceilings, load_drives, probe_drive
+
+    if args.seconds <= 0 or args.file_mib < 1:
+        raise NightshiftError("--seconds and --file-mib must be positive")
+    drives = load_drives(args.drives_file)
+    note = _join_rig_if_these_are_its_drives(args.drives_file)
+    sizes, depths = _sizes(args.sizes), _ints(args.depths, "--depths")
+    say(f"probing {len(drives)} drive(s): {len(sizes) * len(depths)} cells of {args.seconds:g} s each; {note}")
+    measured = []
+    for drive in drives:
+        say(f"{drive.name}: writing a {args.file_mib} MiB probe file, then reading it")
+        measured.append(probe_drive(drive, sizes, depths, args.seconds, args.file_mib * MiB))
+    ceilings = Ceilings(datetime.now(timezone.utc).isoformat(timespec="seconds"), note, measured)
+    print(format_table(ceilings, sizes, depths))
+    target = Path(args.drives_file).parent / CEILINGS_FILE
+    ceilings.save(target)
+    say(f"saved to {target}")
+    return 0
+
+
+def format_table(ceilings, sizes: list[int], depths: list[int]) -> str:
+    """MB/s per drive and read size (rows) by queue depth (columns), then each drive's best."""
+    lines = ["drive\tread\t" + "\t".join(f"qd{d} MB/s" for d in depths) + "\tmode"]
+    for drive in ceilings.drives:
+        for size in sizes:
+            cells = [drive.cell(size, d) for d in depths]
+            rates = "\t".join(f"{c.bytes_per_s / 1e6:.0f}" if c else "-" for c in cells)
+            lines.append(f"{drive.name}\t{_size_label(size)}\t{rates}\t{drive.mode}")
+    return "\n".join(lines)
+
+
+def _join_rig_if_these_are_its_drives(drives_file: Path) -> str:
+    """The rig's drives are only throttled inside its cgroup, so probe them from there."""
+    from engine import RigError, RigState, join_rig
+
+    try:
+        state = RigState.load(rig_dir())
+    except RigError:
+        return "outside any rig"
+    if state.drives_file and Path(state.drives_file).resolve() == Path(drives_file).resolve():
+        join_rig(state)
+        return f"inside the rig's cgroup ({state.spec.read_bps / 1e6:g} MB/s per drive)"
+    return "outside the rig (these are not its drives)"
+
+
+def _size_label(size: int) -> str:
+    return f"{size // MiB} MiB" if size % MiB == 0 else f"{size >> 10} KiB"
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise NightshiftError(f"{option} takes comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise NightshiftError(f"{option} values must be at least 1, got {text!r}")
+    return values
+
+
+def _sizes(text: str) -> list[int]:
+    """Read sizes like "256K,1M,17M" in bytes; each a multiple of 4 KiB (direct I/O needs it)."""
+    units = {"K": 1 << 10, "M": MiB}
+    sizes = []
+    for item in text.upper().split(","):
+        unit = units.get(item[-1:], None)
+        try:
+            size = int(item[:-1]) * unit if unit else int(item)
+        except ValueError:
+            raise NightshiftError(f"--sizes: {item!r} is not a size like 256K or 17M") from None
+        if size < 4096 or size % 4096:
+            raise NightshiftError(f"--sizes: {item!r} must be a positive multiple of 4K for direct reads")
+        sizes.append(size)
+    return sizes
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    drives = commands.add_parser(
+        "drives", help="show drives and measure their read ceilings",
+        description="The drives listed in drives.toml: the devices under them and their direct-I/O read ceilings.",
+    )
+    actions = drives.add_subparsers(dest="drives_command", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="each drive's mount, file system, device and disk",
+                              description="Resolve each drive root to its mount, device and whole disk.")
+    show.set_defaults(run=cmd_show)
+    probe = actions.add_parser(
+        "probe", help="measure each drive's direct-I/O read ceiling",
+        description="Write a probe file on each drive, read it with direct I/O at every read size and queue "
+        "depth, print MB/s as a table and save it (drive_ceilings.json next to drives.toml) for the "
+        "streaming dispatcher. If these are the rig's drives, reads run inside the rig's cgroup.",
+    )
+    probe.add_argument("--sizes", default="256K,1M,4M,17M", help="read sizes (default: %(default)s)")
+    probe.add_argument("--depths", default="1,4,16", help="queue depths (default: %(default)s)")
+    probe.add_argument("--seconds", type=float, default=1.0, help="time per cell (default: %(default)s)")
+    probe.add_argument("--file-mib", type=int, default=256, help="probe file size (default: %(default)s)")
+    probe.set_defaults(run=cmd_probe)
+    for action in (show, probe):
+        action.add_argument("--drives-file", type=Path, default=default_drives_file(),
+                            help="drives file (default: drives.toml in the data dir)")

@@ -1,0 +1,120 @@
+"""Per-device read limits for a group of processes: cgroup v1 blkio or v2 io.max, whichever is here.
+
+v1 (`/sys/fs/cgroup/blkio`): `blkio.throttle.read_bps_device` / `read_iops_device`, one
+"MAJOR:MINOR VALUE" line per device. v2 (`/sys/fs/cgroup` with the io controller):
+`io.max` lines "MAJOR:MINOR rbps=VALUE riops=VALUE", after enabling io for child groups.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import NightshiftError
+
+V1_ROOT = Path("/sys/fs/cgroup/blkio")
+V2_ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupError(NightshiftError):
+    """The machine has no usable cgroup read throttle, or a cgroup could not be set up or removed."""
+
+
+@dataclass(frozen=True)
+class ReadThrottle:
+    """One cgroup whose member processes' reads are limited per device."""
+
+    path: Path
+    version: int
+
+    def limit_reads(self, major: int, minor: int, bytes_per_s: int, reads_per_s: int | None = None) -> None:
+        """Cap reads from device MAJOR:MINOR by processes in this group."""
+        if self.version == 1:
+            self._write("blkio.throttle.read_bps_device", f"{major}:{minor} {bytes_per_s}")
+            if reads_per_s:
+                self._write("blkio.throttle.read_iops_device", f"{major}:{minor} {reads_per_s}")
+        else:
+            iops = f" riops={reads_per_s}" if reads_per_s else ""
+            self._write("io.max", f"{major}:{minor} rbps={bytes_per_s}{iops}")
+
+    def read_limits(self) -> dict[tuple[int, int], int]:
+        """The bytes/s cap per (major, minor) as the kernel reports it now."""
+        limits: dict[tuple[int, int], int] = {}
+        name = "blkio.throttle.read_bps_device" if self.version == 1 else "io.max"
+        for line in (self.path / name).read_text().splitlines():
+            device, *values = line.split()
+            major, minor = (int(n) for n in device.split(":"))
+            for value in values:
+                value = value.removeprefix("rbps=")
+                if value.isdigit():
+                    limits[(major, minor)] = int(value)
+                    break
+        return limits
+
+    def add(self, pid: int) -> None:
+        """Move process `pid` (all its threads) into the group."""
+        self._write("cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+
+    @property
+    def procs_file(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    def _write(self, name: str, line: str) -> None:
+        try:
+            (self.path / name).write_text(line + "\n")
+        except OSError as exc:
+            raise CgroupError(f"cannot write {line!r} to {self.path / name}: {exc.strerror}") from exc
+
+
+def throttle_root() -> tuple[int, Path]:
+    """(cgroup version, hierarchy root) of the read throttle this machine offers."""
+    if (V1_ROOT / "blkio.throttle.read_bps_device").exists():
+        return 1, V1_ROOT
+    controllers = V2_ROOT / "cgroup.controllers"
+    if controllers.exists() and "io" in controllers.read_text().split():
+        return 2, V2_ROOT
+    raise CgroupError(
+        "no cgroup read throttle here: neither cgroup v1 blkio (/sys/fs/cgroup/blkio) nor the cgroup v2 io "
+        "controller is available; enable one (e.g. boot with the blkio/io controller mounted) to build a rig"
+    )
+
+
+def create_throttle(name: str) -> ReadThrottle:
+    """A new, empty cgroup `name` under the throttle hierarchy; refuses to reuse an existing one."""
+    version, root = throttle_root()
+    path = root / name
+    if version == 2:
+        _enable_io_for_children(root)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        raise CgroupError(f"cgroup {path} already exists (a rig is up? run `nightshift rig down`)") from None
+    except OSError as exc:
+        raise CgroupError(f"cannot create cgroup {path}: {exc.strerror} (are you root?)") from exc
+    return ReadThrottle(path, version)
+
+
+def _enable_io_for_children(root: Path) -> None:
+    control = root / "cgroup.subtree_control"
+    if "io" not in control.read_text().split():
+        try:
+            control.write_text("+io\n")
+        except OSError as exc:
+            raise CgroupError(f"cannot enable the io controller in {control}: {exc.strerror}") from exc
+
+
+def remove_throttle(path: Path) -> None:
+    """Remove the cgroup at `path` (already gone is fine); refuses while processes are in it."""
+    if not path.exists():
+        return
+    throttle = ReadThrottle(path, 1 if V1_ROOT in path.parents else 2)
+    if pids := throttle.pids():
+        raise CgroupError(f"processes {pids} still run in {path}; stop them, then run `nightshift rig down` again")
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        raise CgroupError(f"cannot remove cgroup {path}: {exc.strerror}") from exc

@@ -1,0 +1,284 @@
+"""A multi-drive rig on one disk: loop devices on sparse files, ext4, mounted, each read-throttled.
+
+Every drive is a real block device (loop with direct I/O, so reads reach the disk rather
+than the host page cache) with real device counters; one cgroup caps each device's read
+rate, and whatever runs inside it (`rig_command`, `join_rig`) sees drives of that speed.
+
+The rig records each thing it makes in `rig.json` before moving on, so `rig_down` can
+remove exactly that, and a failed `rig_up` removes what it had made before re-raising.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine.bench.cgroups import CgroupError, ReadThrottle, create_throttle, remove_throttle, throttle_root
+from engine.errors import NightshiftError
+from engine.io.devices import mount_of, parse_mountinfo
+from engine.io.drives import Drive, format_drives
+
+STATE_FILE = "rig.json"
+MB = 1_000_000
+
+
+class RigError(NightshiftError):
+    """The rig cannot be built, inspected or taken down; the message says what is left and what to do."""
+
+
+@dataclass
+class RigSpec:
+    """What to build: `count` drives of `size_bytes`, each capped at `read_bps` (and `read_iops`)."""
+
+    count: int = 4
+    size_bytes: int = 4 << 30
+    read_bps: int = 200 * MB
+    read_iops: int | None = None
+    name: str = "nightshift-rig"  # cgroup name and drive-name prefix
+
+
+@dataclass
+class RigDrive:
+    name: str
+    image: str
+    mount: str
+    loop: str | None = None
+    major: int | None = None
+    minor: int | None = None
+
+
+@dataclass
+class RigState:
+    """What the rig made, as recorded in rig.json."""
+
+    rig_dir: str
+    spec: RigSpec
+    cgroup: str | None = None
+    drives_file: str | None = None
+    drives_text: str | None = None
+    drives: list[RigDrive] = field(default_factory=list)
+    complete: bool = False
+
+    def save(self) -> None:
+        path = Path(self.rig_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, rig_dir: Path) -> RigState:
+        path = Path(rig_dir) / STATE_FILE
+        if not path.is_file():
+            raise RigError(f"no rig at {rig_dir} (no {STATE_FILE}); `nightshift rig up` builds one")
+        data = json.loads(path.read_text())
+        data["spec"] = RigSpec(**data["spec"])
+        data["drives"] = [RigDrive(**d) for d in data["drives"]]
+        return cls(**data)
+
+    def throttle(self) -> ReadThrottle:
+        if not self.cgroup:
+            raise RigError(f"the rig at {self.rig_dir} has no cgroup; take it down and build it again")
+        version, _ = throttle_root()
+        return ReadThrottle(Path(self.cgroup), version)
+
+    def as_drives(self) -> list[Drive]:
+        return [Drive(d.name, Path(d.mount)) for d in self.drives]
+
+
+def check_can_build() -> None:
+    """Raise RigError saying what is missing (root, loop devices, tools, a read throttle)."""
+    if os.geteuid() != 0:
+        raise RigError("building a rig needs root (loop devices, mounts, cgroups); run it with sudo")
+    if not Path("/dev/loop-control").exists():
+        raise RigError("no loop devices here (/dev/loop-control missing); load the `loop` kernel module")
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        if not shutil.which(tool):
+            raise RigError(f"`{tool}` is not installed; install util-linux and e2fsprogs")
+    try:
+        throttle_root()
+    except CgroupError as exc:
+        raise RigError(str(exc)) from exc
+
+
+def rig_up(rig_dir: Path, spec: RigSpec, drives_file: Path) -> RigState:
+    """Build the rig in `rig_dir` and write its drives to `drives_file`; on any failure, undo and re-raise."""
+    check_can_build()
+    rig_dir = Path(rig_dir).resolve()
+    if (rig_dir / STATE_FILE).exists():
+        raise RigError(f"a rig is already up at {rig_dir}; `nightshift rig down` first")
+    if drives_file.exists():
+        raise RigError(f"{drives_file} already exists; move it away or write the rig's drives elsewhere")
+    rig_dir.mkdir(parents=True, exist_ok=True)
+    state = RigState(str(rig_dir), spec)
+    state.save()
+    try:
+        _build(state, Path(drives_file))
+    except (NightshiftError, OSError) as exc:
+        try:
+            _teardown(state)
+        except RigError as cleanup:
+            raise RigError(f"building the rig failed ({exc}); cleaning up also failed: {cleanup}") from exc
+        raise RigError(f"building the rig failed, nothing was left behind: {exc}") from exc
+    return state
+
+
+def _build(state: RigState, drives_file: Path) -> None:
+    spec, rig_dir = state.spec, Path(state.rig_dir)
+    state.cgroup = str(throttle_root()[1] / spec.name)
+    state.save()
+    throttle = create_throttle(spec.name)
+    for i in range(spec.count):
+        drive = RigDrive(f"rig{i}", str(rig_dir / "images" / f"rig{i}.img"), str(rig_dir / "mnt" / f"rig{i}"))
+        state.drives.append(drive)
+        state.save()
+        _make_image(Path(drive.image), spec.size_bytes)
+        drive.loop = _run("losetup", "--find", "--show", "--direct-io=on", drive.image).strip()
+        state.save()
+        loop_name = Path(drive.loop).name
+        if Path(f"/sys/block/{loop_name}/loop/dio").read_text().strip() != "1":
+            raise RigError(f"{drive.loop} did not take direct I/O; its reads would come from the page cache")
+        rdev = os.stat(drive.loop).st_rdev
+        drive.major, drive.minor = os.major(rdev), os.minor(rdev)
+        state.save()
+        try:
+            Path(drive.mount).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RigError(f"cannot create mount point {drive.mount}: {exc.strerror}") from exc
+        _run("mount", "-o", "noatime", drive.loop, drive.mount)
+        throttle.limit_reads(drive.major, drive.minor, spec.read_bps, spec.read_iops)
+    state.drives_text = format_drives(state.as_drives())
+    state.drives_file = str(drives_file)
+    state.save()
+    drives_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = drives_file.with_name(drives_file.name + ".tmp")
+    tmp.write_text(state.drives_text)
+    os.replace(tmp, drives_file)
+    state.complete = True
+    state.save()
+
+
+def _make_image(path: Path, size: int) -> None:
+    """A sparse file formatted ext4 (inode tables written now, so no background writes skew reads later)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as f:
+        f.truncate(size)
+    _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(path))
+
+
+def rig_down(rig_dir: Path) -> RigState:
+    """Remove everything the rig at `rig_dir` made; what cannot be removed is named in the error."""
+    state = RigState.load(rig_dir)
+    if state.cgroup and Path(state.cgroup).exists() and (pids := state.throttle().pids()):
+        raise RigError(f"processes {pids} still run in the rig ({state.cgroup}); stop them first")
+    _teardown(state)
+    return state
+
+
+def _teardown(state: RigState) -> None:
+    """Undo whatever of `state` exists, last made first; tolerant of things already gone."""
+    problems: list[str] = []
+    if state.drives_file and Path(state.drives_file).is_file():
+        if Path(state.drives_file).read_text() == state.drives_text:
+            Path(state.drives_file).unlink()
+        else:
+            problems.append(f"{state.drives_file} was changed since the rig wrote it; left in place")
+    if state.cgroup:
+        try:
+            remove_throttle(Path(state.cgroup))
+        except CgroupError as exc:
+            problems.append(str(exc))
+    mounted = {m.mount_point for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text())}
+    for drive in reversed(state.drives):
+        if Path(drive.mount) in mounted:
+            if not _try("umount", drive.mount, problems=problems):
+                continue
+        _rmdir(Path(drive.mount), problems)
+        if Path(drive.image).exists():
+            for loop in _loops_backed_by(drive.image):
+                _try("losetup", "-d", loop, problems=problems)
+            if still := _loops_backed_by(drive.image):
+                problems.append(f"{drive.image} is still attached to {', '.join(still)}")
+            else:
+                Path(drive.image).unlink()
+    if problems:
+        raise RigError("the rig was not fully removed: " + "; ".join(problems))
+    rig_dir = Path(state.rig_dir)
+    (rig_dir / STATE_FILE).unlink(missing_ok=True)
+    for leftover in (rig_dir / "mnt", rig_dir / "images", rig_dir):
+        _rmdir(leftover, [])  # a directory holding something we did not make stays
+
+
+def _loops_backed_by(image: str) -> list[str]:
+    out = _run("losetup", "--noheadings", "--output", "NAME", "--associated", image)
+    return out.split()
+
+
+def _rmdir(path: Path, problems: list[str]) -> None:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        problems.append(f"cannot remove {path}: {exc.strerror}")
+
+
+def _run(*argv: str) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True)
+    except OSError as exc:
+        raise RigError(f"cannot run {argv[0]}: {exc.strerror}") from exc
+    if done.returncode != 0:
+        raise RigError(f"`{' '.join(argv)}` failed: {done.stderr.strip() or f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def _try(*argv: str, problems: list[str]) -> bool:
+    try:
+        _run(*argv)
+        return True
+    except RigError as exc:
+        problems.append(str(exc))
+        return False
+
+
+@dataclass(frozen=True)
+class DriveStatus:
+    name: str
+    loop: str | None
+    mount: str
+    mounted: bool
+    direct_io: bool
+    limit_bps: int | None
+
+
+def rig_status(rig_dir: Path) -> tuple[RigState, list[DriveStatus]]:
+    """The recorded rig and, per drive, what the kernel says about it now."""
+    state = RigState.load(rig_dir)
+    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    limits = state.throttle().read_limits() if state.cgroup and Path(state.cgroup).exists() else {}
+    statuses = []
+    for d in state.drives:
+        mounted = Path(d.mount).exists() and mount_of(Path(d.mount), mounts).mount_point == Path(d.mount)
+        dio = Path(f"/sys/block/{Path(d.loop).name}/loop/dio") if d.loop else None
+        statuses.append(DriveStatus(
+            d.name, d.loop, d.mount, mounted, bool(dio and dio.exists() and dio.read_text().strip() == "1"),
+            limits.get((d.major, d.minor)),
+        ))
+    return state, statuses
+
+
+def rig_command(state: RigState, argv: list[str]) -> list[str]:
+    """`argv` wrapped so it runs inside the rig's cgroup (reads throttled per drive)."""
+    if not argv:
+        raise RigError("give a command to run in the rig, e.g. `nightshift rig run -- fio job.fio`")
+    procs = state.throttle().procs_file
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
+
+
+def join_rig(state: RigState) -> None:
+    """Move this process (all its threads) into the rig's cgroup, so its reads are throttled too."""
+    state.throttle().add(os.getpid())

@@ -1,0 +1,1 @@
+"""Instruments: the drive monitor (and, later, barrier trace, config assertions, run catalogue)."""
