@@ -124,6 +124,8 @@ FAMILIES: dict[str, ExpertLayout] = {
 # preset -> (hidden, layers, experts, active, expert hidden, vocab)
 PRESETS = {
     "tiny": (64, 3, 8, 2, 64, 512),
+    # Mid-size: 27 MB of MXFP4 experts per layer (kimi_k3), for memory measurements.
+    "small": (512, 5, 64, 8, 512, 1024),
     # Scaled-down Kimi K3: 12 MoE layers x 128 experts (16 active), 1.6 MiB MXFP4 experts, 2.5 GB of experts.
     "bench": (1024, 13, 128, 16, 1024, 4096),
 }
@@ -172,8 +174,11 @@ def _cast(array: mx.array, dtype: mx.Dtype) -> mx.array:
     return array.astype(dtype) if mx.issubdtype(array.dtype, mx.floating) else array
 
 
-def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0.0) -> Path:
-    """Write a synthetic checkpoint of family `arch` at `preset` size into `out` (a new directory)."""
+def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0.0, layers: int | None = None) -> Path:
+    """Write a synthetic checkpoint of family `arch` at `preset` size into `out` (a new directory).
+
+    `layers` overrides the preset's number of layers (the first is dense in families that have one).
+    """
     if arch not in FAMILIES:
         raise UnsupportedModelError(f"no synthetic preset for {arch!r}; choose one of {', '.join(sorted(FAMILIES))}")
     if preset not in PRESETS:
@@ -184,7 +189,8 @@ def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0
     if out.exists() and any(out.iterdir()):
         raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
     family = FAMILIES[arch]
-    config = family.config(*PRESETS[preset])
+    hidden, preset_layers, experts, active, expert_hidden, vocab = PRESETS[preset]
+    config = family.config(hidden, layers or preset_layers, experts, active, expert_hidden, vocab)
     mx.random.seed(seed)
     model = build_model(config)
     sites = {site.path: site for site in switch_sites(model)}

@@ -1,0 +1,96 @@
+"""A model loaded from the store computes exactly what mlx-lm computes from the original checkpoint.
+
+Synthetic checkpoints (tiny presets) of each family are imported with the trunk kept at the
+checkpoint's precision (`--trunk-bits 16`): every weight then reaches the model bit for bit, so
+logits must match and greedy decoding must pick the same 32 tokens. The int8 trunk is a
+deliberate approximation; its effect is measured in docs/results.md, and checked here only for
+what must hold (it is quantized, smaller, and still loads and decodes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+
+from engine import Drive, ImportOptions, import_checkpoint, open_model, read_manifest, synthesize
+from engine.models import get_classes
+from engine.store.loader import load_store
+from engine.store.safetensors_io import read_header
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
+FAMILIES = ["kimi_k3", "deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss"]
+
+
+def tiny_checkpoint(root: Path, arch: str, skew: float = 0.0) -> Path:
+    return synthesize(arch, "tiny", root / f"{arch}-src", seed=1, skew=skew)
+
+
+def import_tiny(root: Path, src: Path, name: str, trunk_bits: int = 16, drives: int = 2) -> Path:
+    store = root / name
+    roots = [Drive(f"d{i}", root / f"{name}-drive{i}") for i in range(drives)]
+    import_checkpoint(src, store, roots, ImportOptions(trunk_bits=trunk_bits))
+    return store
+
+
+def greedy(model, steps: int = 32) -> list[int]:
+    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
+    return [int(token) for token, _ in tokens]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {arch: tiny_checkpoint(root, arch) for arch in FAMILIES}
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_store_model_matches_mlx_lm_exactly(arch, sources, tmp_path):
+    store = import_tiny(tmp_path, sources[arch], arch)
+    reference, _ = load_model(sources[arch], get_model_classes=get_classes)
+    loaded, _ = load_store(store)
+    x = mx.array([PROMPT])
+    expected, got = reference(x), loaded(x)
+    assert got.dtype == expected.dtype
+    assert mx.allclose(got, expected, rtol=1e-5, atol=1e-5).item()
+    assert greedy(loaded) == greedy(reference)
+
+
+def test_kimi_k3_experts_stay_mxfp4(sources, tmp_path):
+    manifest = read_manifest(import_tiny(tmp_path, sources["kimi_k3"], "k"))
+    for layer in manifest.layers:
+        assert set(layer.quantization) == {"gate_proj", "up_proj", "down_proj"}
+        assert all(q == {"mode": "mxfp4", "bits": 4, "group_size": 32} for q in layer.quantization.values())
+        assert {(t.name, t.dtype) for t in layer.tensors} >= {("gate_proj.weight", "U32"), ("gate_proj.scales", "U8")}
+
+
+def test_expert_files_are_page_aligned_and_split_in_whole_pages(sources, tmp_path):
+    store = import_tiny(tmp_path, sources["gpt_oss"], "g")
+    manifest = read_manifest(store)
+    for layer in manifest.layers:
+        assert layer.file_bytes % 8192 == 0  # whole file and each half: multiples of 4 KiB
+        assert all(t.offset % 4096 == 0 for t in layer.tensors)
+        assert {t.name for t in layer.tensors} >= {"gate_proj.bias", "down_proj.bias"}  # gpt_oss biases
+        for expert in range(layer.num_experts):
+            for _, path in manifest.replica_paths(layer.layer, expert):
+                assert path.stat().st_size == layer.file_bytes
+
+
+def test_int8_trunk_is_quantized_smaller_and_still_decodes(sources, tmp_path):
+    exact = import_tiny(tmp_path, sources["qwen3_moe"], "q16", trunk_bits=16)
+    int8 = import_tiny(tmp_path, sources["qwen3_moe"], "q8", trunk_bits=8)
+    names = {entry.name for entry in read_header(int8 / "trunk.safetensors")}
+    assert "model.embed_tokens.scales" in names and "model.layers.0.self_attn.q_proj.scales" in names
+    assert (int8 / "trunk.safetensors").stat().st_size < 0.5 * (exact / "trunk.safetensors").stat().st_size
+    assert read_manifest(int8).trunk["quantized"]["model.layers.0.mlp.gate"]["bits"] == 8
+    assert len(greedy(load_store(int8)[0], steps=8)) == 8
+
+
+def test_open_model_accepts_a_store_and_generates_with_its_tokenizer(sources, tmp_path):
+    store = import_tiny(tmp_path, sources["kimi_k3"], "chat", trunk_bits=8, drives=1)
+    model = open_model(store)
+    chunks = list(model.generate([{"role": "user", "content": "Reconcile the bank account."}], max_tokens=6))
+    assert len(chunks) == 6 and chunks[-1].stats.generated_tokens == 6
