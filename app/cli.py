@@ -9,18 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import drives, generate, model, rig, say
+from app.commands import drives, generate, jobs, model, reports, review, rig, say, serve
 from app.paths import data_dir
 from engine import NightshiftError
 
 # Command groups, in the order `--help` lists them. A later issue adds its module here.
-GROUPS = [model, generate, drives, rig]
+GROUPS = [model, generate, drives, rig, review, serve, jobs, reports]
 
 # Groups whose commands later issues build; until then they say so plainly.
 PLANNED = {
-    "serve": ("run the scheduler service for scheduled reviews", "[6] Scheduled reviews"),
     "dashboard": ("open the live Textual dashboard", "[7] The Textual dashboard"),
-    "review": ("list and run day-, week- and month-end reviews", "[6] Scheduled reviews"),
     "bench": ("run the engine benchmarks", "[4] Streaming MoE engine"),
     "runs": ("list, compare and export recorded benchmark runs", "[4] Streaming MoE engine"),
 }

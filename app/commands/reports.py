@@ -1,0 +1,70 @@
+"""`nightshift reports list|open`: the reports written so far, from the index in the data dir."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from app.commands import say
+from engine import NightshiftError
+
+
+def _reports() -> list[dict[str, Any]]:
+    from app.daemon.control import request
+    from app.review.index import read_index
+
+    reply = request("reports")
+    return reply["reports"] if reply is not None else read_index()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    reports = _reports()
+    if not reports:
+        say("no reports yet; run one with `nightshift review run month-end --now`")
+    for report in reports:
+        severity = report["by_severity"]
+        gone = "  (file missing)" if report.get("missing") else ""
+        print(f"{report['id']:>4}  {report['created']}  {report['review']:<12} {report['period']:<14} "
+              f"{report['findings']:>3} findings ({severity['high']} high)  {report['path']}{gone}")  # fmt: skip
+    return 0
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    reports = _reports()
+    if not reports:
+        raise NightshiftError("no reports yet; run one with `nightshift review run month-end --now`")
+    wanted = args.report
+    if wanted == "latest":
+        report = reports[-1]
+    else:
+        matches = [r for r in reports if str(r["id"]) == wanted] or [r for r in reports if r["review"] == wanted]
+        if not matches:
+            raise NightshiftError(f"no report {wanted!r}; give an id or review name from `nightshift reports list`")
+        report = matches[-1]
+    if report.get("missing"):
+        raise NightshiftError(f"report {report['id']} was at {report['path']}, which no longer exists")
+    print(report["path"])
+    opener = "open" if sys.platform == "darwin" else "xdg-open"
+    has_display = sys.platform == "darwin" or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    if args.print_only or not has_display or not shutil.which(opener):
+        return 0
+    subprocess.Popen([opener, report["path"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    reports = commands.add_parser("reports", help="list and open review reports", description="List and open reports.")
+    actions = reports.add_subparsers(dest="reports_command", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="list reports, oldest first", description="List reports, oldest first.")
+    listing.set_defaults(run=cmd_list)
+    opening = actions.add_parser(
+        "open", help="print a report's path and open it in the PDF viewer",
+        description="Print the report's path, then open it with the desktop's PDF viewer when there is one.",
+    )  # fmt: skip
+    opening.add_argument("report", nargs="?", default="latest", help="report id, review name or `latest` (default)")
+    opening.add_argument("--print-only", action="store_true", help="only print the path")
+    opening.set_defaults(run=cmd_open)

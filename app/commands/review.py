@@ -1,0 +1,124 @@
+"""`nightshift review list|run`: the reviews that are scheduled, and running one now."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import date, datetime, timezone
+
+from app.commands import say
+from engine import GenerationStats, NightshiftError
+
+EXIT_INTERRUPTED = 130
+POLL_S = 2.0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from app.review.schedule import load_schedules
+
+    schedules, errors = load_schedules()
+    now = datetime.now(timezone.utc)
+    for name, schedule in sorted(schedules.items()):
+        fire = schedule.trigger.get_next_fire_time(None, now)
+        pinned = f", pinned to {schedule.as_of}" if schedule.as_of else ""
+        print(f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z}  {schedule.file}")
+    for error in errors:
+        say(f"error: {error}")
+    if not schedules and not errors:
+        say("no schedules found")
+    return 0
+
+
+def _show(stats: GenerationStats) -> None:
+    if sys.stderr.isatty():
+        print(f"\r  {stats.generated_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s, {stats.elapsed:.0f} s ",
+              end="", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _as_of(args: argparse.Namespace, name: str) -> date:
+    from app.review.runner import as_of_for
+    from app.review.schedule import find_schedule
+
+    return as_of_for(find_schedule(name), datetime.now(timezone.utc), args.as_of, args.now)
+
+
+def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
+    """Queue the run in the running service and follow it; None when no service runs."""
+    from app.daemon.control import request
+
+    reply = request("run", review=args.name, as_of=as_of.isoformat())
+    if reply is None:
+        return None
+    run_id = reply["id"]
+    say(f"queued as run {run_id} in the running service")
+    if args.no_wait:
+        return 0
+    while True:
+        run = request("run_status", id=run_id)["run"]
+        if run["state"] in ("done", "failed", "interrupted"):
+            break
+        if run["state"] == "running" and run.get("progress"):
+            _show(GenerationStats(**{k: run["progress"][k] for k in ("prompt_tokens", "generated_tokens", "time_to_first_token", "elapsed")}))
+        time.sleep(POLL_S)
+    return _outcome(run["state"], run.get("report"), run.get("error"))
+
+
+def _outcome(state: str, report: str | None, error: str | None) -> int:
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if state != "done":
+        raise NightshiftError(f"the review {state}: {error}")
+    print(report)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from app.daemon.runs import RunQueue
+    from app.daemon.work import execute
+
+    as_of = _as_of(args, args.name)
+    in_service = _run_in_service(args, as_of)
+    if in_service is not None:
+        return in_service
+    queue = RunQueue()
+    run = queue.claim(queue.enqueue(args.name, as_of, origin="manual"), os.getpid())
+    say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
+    try:
+        finished = execute(queue, run, say=say, show=_show)
+    except KeyboardInterrupt:
+        queue.finish(run.id, "interrupted", error="interrupted by the user")
+        say("interrupted")
+        return EXIT_INTERRUPTED
+    return _outcome(finished.state, finished.report, finished.error)
+
+
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date; write YYYY-MM-DD") from None
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    review = commands.add_parser(
+        "review", help="list and run day-, week- and month-end reviews",
+        description="Reviews are schedules (TOML) in schedules/ and in the data dir's schedules/.",
+    )  # fmt: skip
+    actions = review.add_subparsers(dest="review_command", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="list reviews and their next run", description="List reviews.")
+    listing.set_defaults(run=cmd_list)
+    run = actions.add_parser(
+        "run", help="run a review now and print the report's path",
+        description="Run review NAME now and print the PDF's path. By default it reviews the period of its "
+        "latest scheduled run; --now reviews the period containing today, --as-of the one containing DATE "
+        "(a schedule that pins `as_of`, like the bundled samples, keeps its period unless --as-of is given). "
+        "With the service running, the run joins its queue; otherwise it runs in this process.",
+    )  # fmt: skip
+    run.add_argument("name", metavar="NAME", help="the review's name (see `nightshift review list`)")
+    when = run.add_mutually_exclusive_group()
+    when.add_argument("--now", action="store_true", help="review the period containing today")
+    when.add_argument("--as-of", type=_date, metavar="DATE", help="review the period containing DATE (YYYY-MM-DD)")
+    run.add_argument("--no-wait", action="store_true", help="with the service running, queue and return at once")
+    run.set_defaults(run=cmd_run)

@@ -1,0 +1,63 @@
+"""`nightshift serve`: run the scheduler service in the foreground; `--install` sets it up to start by itself."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from app.commands import say
+from app.paths import data_dir
+
+
+def log_path():
+    return data_dir() / "nightshift.log"
+
+
+def _logging() -> None:
+    log_path().parent.mkdir(parents=True, exist_ok=True)
+    handlers = [logging.FileHandler(log_path()), logging.StreamHandler()]
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in handlers:
+        handler.setFormatter(formatter)
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.install:
+        from app.daemon.install import install
+
+        path, hint = install()
+        say(f"wrote {path}")
+        say(f"enable it with: {hint}")
+        return 0
+    from app.daemon.service import Service
+
+    _logging()
+    service = Service()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: stop.set())
+    service.start()
+    say(f"serving; log in {log_path()}; stop with Ctrl-C")
+    try:
+        stop.wait()
+    finally:
+        say("stopping (a run in progress is interrupted and queued again)")
+        service.stop()
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the scheduler service for scheduled reviews",
+        description="Fire the schedules in schedules/ and the data dir's schedules/, queue their runs and work "
+        "through them one at a time. Runs missed while the machine was off run once on return, within each "
+        "schedule's grace. One service per data dir.",
+    )
+    serve.add_argument("--install", action="store_true",
+                       help="write a systemd user unit (Linux) or launchd agent (macOS) and say how to enable it")  # fmt: skip
+    serve.set_defaults(run=cmd_serve)

@@ -1,0 +1,89 @@
+"""The control socket: a Unix socket in the data dir, owner-only, one JSON request and reply per connection.
+
+The CLI (and later the dashboard) asks the running service through it; when
+no service answers, `request` returns None and the caller works on the data
+dir directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from app.paths import data_dir
+from engine import NightshiftError
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+MAX_REQUEST = 1 << 16
+
+
+def socket_path() -> Path:
+    return data_dir() / "nightshift.sock"
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    handle_request_json: Handler
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        line = self.rfile.readline(MAX_REQUEST)
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+            reply = self.server.handle_request_json(request)
+        except ValueError as exc:
+            reply = {"ok": False, "error": f"bad request: {exc}"}
+        except NightshiftError as exc:
+            reply = {"ok": False, "error": str(exc)}
+        self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+
+
+class ControlServer:
+    """Serves `handler` on the socket from a background thread; the socket file is 0600."""
+
+    def __init__(self, handler: Handler, path: Path | None = None):
+        self.path = path or socket_path()
+        self.path.unlink(missing_ok=True)  # a stale socket of a killed service (we hold the instance lock)
+        previous = os.umask(0o177)
+        try:
+            self.server = _Server(str(self.path), _Connection)
+        finally:
+            os.umask(previous)
+        os.chmod(self.path, 0o600)
+        self.server.handle_request_json = handler
+        self.thread = threading.Thread(target=self.server.serve_forever, name="control", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.path.unlink(missing_ok=True)
+
+
+def request(command: str, timeout: float = 10.0, **arguments: Any) -> dict[str, Any] | None:
+    """Ask the running service; None when none is running. Errors it reports become NightshiftError."""
+    path = socket_path()
+    if not path.exists():
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(timeout)
+        try:
+            connection.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None  # the socket of a service that is gone
+        connection.sendall(json.dumps({"command": command, **arguments}).encode() + b"\n")
+        with connection.makefile("rb") as replies:
+            reply = json.loads(replies.readline() or b"{}")
+    if not reply.get("ok", False):
+        raise NightshiftError(f"the service says: {reply.get('error', 'no answer')}")
+    return reply

@@ -1,0 +1,69 @@
+"""Single-instance lock: one scheduler service per data dir, and one review generating at a time.
+
+Advisory `flock` locks on files in the data dir; the kernel drops them when a
+process dies, so a killed service never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from app.paths import data_dir
+from engine import NightshiftError
+
+
+class ServiceRunningError(NightshiftError):
+    """A second `nightshift serve` was started on the same data dir."""
+
+
+class InstanceLock:
+    """Held while `nightshift serve` runs; the file holds the holder's pid for the error message."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or data_dir() / "serve.lock"
+        self._handle = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ServiceRunningError(
+                f"nightshift serve is already running for {self.path.parent} (pid {holder}); "
+                "use that one (`nightshift jobs`), or stop it before starting another"
+            ) from None
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+
+@contextmanager
+def engine_lock(waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Held while a review generates, across processes: one engine at a time. `waiting` is told if it blocks."""
+    path = data_dir() / "engine.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

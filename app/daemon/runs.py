@@ -1,0 +1,159 @@
+"""The run queue: every review run, waiting or done, in a SQLite file in the data dir.
+
+It outlives the service: a killed service finds its queued runs on restart,
+and a run it was in the middle of becomes `interrupted` and is queued again.
+A scheduled run is recorded once per (review, due time), so two services, or a
+restart, never queue the same run twice; claiming a run is one atomic update,
+so it never starts twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from app.daemon import clock
+from app.paths import data_dir
+
+STATES = ("queued", "running", "done", "failed", "interrupted")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    review TEXT NOT NULL,
+    as_of TEXT,              -- the date whose period is reviewed; NULL: from the due time
+    due TEXT,                -- the scheduled fire time (ISO, UTC); NULL for runs asked for by hand
+    origin TEXT NOT NULL,    -- schedule | manual | retry
+    state TEXT NOT NULL,
+    created TEXT NOT NULL,
+    started TEXT,
+    finished TEXT,
+    report TEXT,
+    error TEXT,
+    pid INTEGER,
+    progress TEXT            -- JSON: live figures of the generation
+);
+CREATE UNIQUE INDEX IF NOT EXISTS one_run_per_due ON runs (review, due) WHERE due IS NOT NULL AND origin = 'schedule';
+"""
+
+
+@dataclass
+class Run:
+    id: int
+    review: str
+    as_of: date | None
+    due: datetime | None
+    origin: str
+    state: str
+    created: str
+    started: str | None
+    finished: str | None
+    report: str | None
+    error: str | None
+    pid: int | None
+    progress: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Run:
+        values = dict(row)
+        values["as_of"] = date.fromisoformat(values["as_of"]) if values["as_of"] else None
+        values["due"] = datetime.fromisoformat(values["due"]) if values["due"] else None
+        values["progress"] = json.loads(values["progress"]) if values["progress"] else None
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        values = dict(self.__dict__)
+        values["as_of"] = self.as_of.isoformat() if self.as_of else None
+        values["due"] = self.due.isoformat() if self.due else None
+        return values
+
+
+def queue_path() -> Path:
+    return data_dir() / "runs.sqlite"
+
+
+class RunQueue:
+    """Runs in a SQLite file; every method opens its own connection, so threads and processes can share it."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or queue_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(self._connect()) as db, db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _write(self, sql: str, parameters: tuple) -> sqlite3.Cursor:
+        with closing(self._connect()) as db:
+            db.execute("BEGIN IMMEDIATE")
+            cursor = db.execute(sql, parameters)
+            db.execute("COMMIT")
+            return cursor
+
+    def enqueue(self, review: str, as_of: date | None = None, due: datetime | None = None,
+                origin: str = "manual") -> int | None:  # fmt: skip
+        """Queue a run; None when that scheduled run (review, due) is already recorded."""
+        cursor = self._write(
+            "INSERT OR IGNORE INTO runs (review, as_of, due, origin, state, created) VALUES (?, ?, ?, ?, 'queued', ?)",
+            (review, as_of.isoformat() if as_of else None, due.isoformat() if due else None, origin,
+             clock.now().isoformat(timespec="seconds")),
+        )  # fmt: skip
+        return cursor.lastrowid if cursor.rowcount else None
+
+    def claim_next(self, pid: int) -> Run | None:
+        """The oldest queued run, now marked running by `pid`; None when nothing waits."""
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT id FROM runs WHERE state = 'queued' ORDER BY id LIMIT 1").fetchone()
+        if row is None:
+            return None
+        return self.claim(row["id"], pid) or self.claim_next(pid)
+
+    def claim(self, run_id: int, pid: int) -> Run | None:
+        """Mark a queued run as running by `pid`; None if it is not queued (someone else took it)."""
+        cursor = self._write(
+            "UPDATE runs SET state = 'running', started = ?, pid = ? WHERE id = ? AND state = 'queued'",
+            (clock.now().isoformat(timespec="seconds"), pid, run_id),
+        )
+        return self.get(run_id) if cursor.rowcount else None
+
+    def finish(self, run_id: int, state: str, report: str | None = None, error: str | None = None) -> None:
+        self._write(
+            "UPDATE runs SET state = ?, finished = ?, report = ?, error = ? WHERE id = ?",
+            (state, clock.now().isoformat(timespec="seconds"), report, error, run_id),
+        )
+
+    def set_progress(self, run_id: int, progress: dict[str, Any]) -> None:
+        self._write("UPDATE runs SET progress = ? WHERE id = ?", (json.dumps(progress), run_id))
+
+    def recover(self) -> list[int]:
+        """Runs left `running` by a service that died: marked interrupted and queued again. Returns the new ids."""
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT * FROM runs WHERE state = 'running'").fetchall()
+        retried = []
+        for row in rows:
+            run = Run.from_row(row)
+            self.finish(run.id, "interrupted", error="the service stopped during this run; queued again")
+            retried.append(self.enqueue(run.review, run.as_of, run.due, origin="retry"))
+        return retried
+
+    def get(self, run_id: int) -> Run | None:
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return Run.from_row(row) if row else None
+
+    def recent(self, limit: int = 30) -> list[Run]:
+        """Waiting and running runs, then the latest finished ones, newest first."""
+        with closing(self._connect()) as db:
+            rows = db.execute(
+                "SELECT * FROM runs ORDER BY state IN ('queued', 'running') DESC, id DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [Run.from_row(row) for row in rows]

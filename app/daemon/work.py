@@ -1,0 +1,70 @@
+"""Carrying out one queued run: shared by the service's worker and by `nightshift review run` without a service."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from app.commands.model import resolve_model
+from app.daemon import clock
+from app.daemon.lock import engine_lock
+from app.daemon.runs import Run, RunQueue
+from app.review.errors import ReviewInterrupted
+from app.review.runner import as_of_for, run_review
+from app.review.schedule import find_schedule
+from engine import GenerationStats, Model, NightshiftError, open_model
+
+log = logging.getLogger("nightshift.work")
+PROGRESS_EVERY_S = 1.0
+
+
+def _progress_writer(queue: RunQueue, run_id: int) -> Callable[[GenerationStats], None]:
+    """Store live figures in the queue at most once a second (the dashboard and `jobs` read them)."""
+    last = [0.0]
+
+    def write(stats: GenerationStats) -> None:
+        now = time.monotonic()
+        if now - last[0] < PROGRESS_EVERY_S and stats.finish_reason is None:
+            return
+        last[0] = now
+        queue.set_progress(run_id, {
+            "prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
+            "time_to_first_token": round(stats.time_to_first_token, 2), "elapsed": round(stats.elapsed, 2),
+            "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+        })  # fmt: skip
+
+    return write
+
+
+def execute(
+    queue: RunQueue, run: Run, cancel: threading.Event | None = None, say: Callable[[str], None] = log.info,
+    load_model: Callable[[Path], Model] = open_model, show: Callable[[GenerationStats], None] | None = None,
+) -> Run:  # fmt: skip
+    """Carry out a claimed run; it ends done (with its report), failed (with the reason) or interrupted."""
+    try:
+        schedule = find_schedule(run.review)
+        as_of = run.as_of or as_of_for(schedule, run.due or clock.now(), use_now=run.due is not None)
+        model_dir = resolve_model(schedule.generation.model)
+        with engine_lock(waiting=lambda: say("waiting for another review to finish generating")):
+            record = _progress_writer(queue, run.id)
+
+            def progress(stats: GenerationStats) -> None:
+                record(stats)
+                if show is not None:
+                    show(stats)
+
+            entry = run_review(schedule, as_of, model_dir, progress, cancel, say, load_model)
+    except ReviewInterrupted as exc:
+        queue.finish(run.id, "interrupted", error=str(exc))
+    except NightshiftError as exc:
+        say(f"run {run.id} ({run.review}) failed: {exc}")
+        queue.finish(run.id, "failed", error=str(exc))
+    except Exception as exc:  # a bug: recorded so the queue moves on, with the traceback in the log
+        log.exception("run %s (%s) failed", run.id, run.review)
+        queue.finish(run.id, "failed", error=f"internal error: {exc!r}; see the log")
+    else:
+        queue.finish(run.id, "done", report=entry["path"])
+    return queue.get(run.id)

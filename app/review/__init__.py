@@ -1,0 +1,1 @@
+"""Scheduled reviews: schedules, data sources, reconciliation checks, prompts and PDF reports."""

@@ -1,0 +1,97 @@
+"""The model's part of a review: the prompt (a Jinja template) and the generation, with live statistics.
+
+The model gets the findings and summary tables, never raw rows, so the prompt
+stays a few hundred tokens: on a slow CPU every prompt token costs time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
+
+from app.review.checks import CheckResult
+from app.review.errors import ReviewError
+from engine import GenerationStats, Model
+
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
+# "F3: ..." at the start of a line: the model's comment on finding 3.
+COMMENT = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]\s*(.+)$", re.MULTILINE)
+
+Progress = Callable[[GenerationStats], None]
+
+
+@dataclass
+class Prompt:
+    messages: list[dict[str, str]]
+    findings_given: int
+
+
+@dataclass
+class Narrative:
+    text: str
+    summary: str
+    comments: dict[int, str] = field(default_factory=dict)  # finding number (1-based) -> comment
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+def build_prompt(template: str, title: str, window_label: str, result: CheckResult, limit: int) -> Prompt:
+    """The chat messages for a review, from templates/prompts/`template`'s system and user blocks."""
+    environment = Environment(loader=FileSystemLoader(PROMPTS_DIR), undefined=StrictUndefined, autoescape=False)
+    try:
+        compiled = environment.get_template(template)
+    except TemplateNotFound:
+        raise ReviewError(f"no prompt template {template!r} in {PROMPTS_DIR}") from None
+    findings = result.findings[:limit]
+    context = compiled.new_context({
+        "review": title, "window": window_label, "findings": findings, "total_findings": len(result.findings),
+        "omitted": len(result.findings) - len(findings), "tables": result.tables,
+    })  # fmt: skip
+    blocks = {name: "".join(render(context)).strip() for name, render in compiled.blocks.items()}
+    if set(blocks) != {"system", "user"}:
+        raise ReviewError(f"prompt template {template!r} must define exactly the blocks `system` and `user`")
+    return Prompt([{"role": "system", "content": blocks["system"]}, {"role": "user", "content": blocks["user"]}],
+                  len(findings))  # fmt: skip
+
+
+def context_length(model: Model) -> int | None:
+    """The model's context window from its config.json, when it says."""
+    try:
+        config = json.loads((model.path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("max_position_embeddings")
+
+
+def write_narrative(
+    model: Model, prompt: Prompt, max_tokens: int, temp: float, seed: int,
+    progress: Progress | None = None, cancel: threading.Event | None = None,
+) -> Narrative:  # fmt: skip
+    """Generate the narrative; `progress` sees the live statistics after every token."""
+    tokens = model.chat_tokens(prompt.messages)
+    limit = context_length(model)
+    if limit is not None and len(tokens) + max_tokens > limit:
+        raise ReviewError(
+            f"the prompt is {len(tokens)} tokens and {max_tokens} more are asked for, over the model's "
+            f"context of {limit}; lower `prompt_findings` or `max_tokens` in the schedule's [model]"
+        )
+    text, stats = [], GenerationStats(prompt_tokens=len(tokens))
+    for chunk in model.generate(prompt.messages, max_tokens=max_tokens, temp=temp, seed=seed, cancel=cancel):
+        text.append(chunk.text)
+        stats = chunk.stats
+        if progress is not None:
+            progress(stats)
+    return split_narrative("".join(text).strip(), stats)
+
+
+def split_narrative(text: str, stats: GenerationStats) -> Narrative:
+    """The summary (text before the first "F<n>:" line) and the per-finding comments."""
+    comments = {int(number): comment.strip() for number, comment in COMMENT.findall(text)}
+    first = COMMENT.search(text)
+    summary = text[: first.start()].strip() if first else text
+    return Narrative(text, summary, comments, stats)

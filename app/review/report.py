@@ -1,0 +1,62 @@
+"""Render a review as a PDF: Jinja HTML + CSS from templates/reports/, laid out by WeasyPrint.
+
+Nothing is fetched from anywhere but the reports template folder, and the PDF
+is written to a temporary file and renamed only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+from app.review.errors import ReviewError
+
+REPORTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "reports"
+
+
+def local_only_fetcher():
+    """A WeasyPrint URL fetcher that serves files under templates/reports/ and refuses everything else."""
+    from weasyprint.urls import URLFetcher, URLFetchingError
+
+    class LocalOnly(URLFetcher):
+        def fetch(self, url, headers=None):
+            parsed = urlparse(url)
+            path = Path(unquote(parsed.path)).resolve() if parsed.scheme == "file" else None
+            if path is None or not path.is_relative_to(REPORTS_DIR):
+                raise URLFetchingError(f"refused {url}: reports may only use files under {REPORTS_DIR}")
+            return super().fetch(url, headers)
+
+    return LocalOnly(allowed_protocols=("file",))
+
+
+def render_html(template: str, context: dict[str, Any]) -> str:
+    environment = Environment(
+        loader=FileSystemLoader(REPORTS_DIR), autoescape=select_autoescape(default=True), undefined=StrictUndefined
+    )
+    return environment.get_template(template).render(**context)
+
+
+def write_pdf(html: str, target: Path) -> Path:
+    """Lay out `html` and write the PDF at `target` atomically (temp file in the same folder, then rename)."""
+    from weasyprint import HTML
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".pdf.part", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            HTML(string=html, base_url=str(REPORTS_DIR) + os.sep, url_fetcher=local_only_fetcher()).write_pdf(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except OSError as exc:
+        Path(temporary).unlink(missing_ok=True)
+        raise ReviewError(f"cannot write the report {target}: {exc}; check the `output` folder in the schedule") from exc
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target

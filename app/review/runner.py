@@ -1,0 +1,167 @@
+"""Run one review end to end: sources -> checks -> prompt -> model -> PDF -> report index.
+
+Used by `nightshift review run` in the foreground and by the scheduler
+service's worker; both pass a `progress` callback to show live figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import threading
+import time
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from app.review.charts import bar_chart
+from app.review.checks import SEVERITIES, CheckContext, CheckResult, run_checks
+from app.review.errors import ReviewInterrupted
+from app.review.index import add_to_index
+from app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
+from app.review.report import REPORTS_DIR, render_html, write_pdf
+from app.review.schedule import Schedule
+from app.review.sources import Table
+from app.review.verify import known_values, mark_numbers, numbers_in
+from app.review.window import Window, window_containing
+from engine import Model, open_model, sha256_of
+
+Say = Callable[[str], None]
+
+
+def last_due(schedule: Schedule, now: datetime) -> datetime | None:
+    """The schedule's most recent fire time at or before `now` (within the last 400 days)."""
+    fire, last = None, None
+    start = now - timedelta(days=400)
+    while True:
+        fire = schedule.trigger.get_next_fire_time(fire, fire or start)
+        if fire is None or fire > now:
+            return last
+        last = fire
+
+
+def as_of_for(schedule: Schedule, now: datetime, explicit: date | None = None, use_now: bool = False) -> date:
+    """The date whose period a run reviews: explicit, else the pinned one, else now or the last due run."""
+    if explicit is not None:
+        return explicit
+    if schedule.as_of is not None:
+        return schedule.as_of
+    local = now.astimezone(schedule.timezone)
+    due = None if use_now else last_due(schedule, local)
+    return (due or local).date()
+
+
+@dataclass
+class Checked:
+    """A review's deterministic half: the period, the rows read and what the checks found."""
+
+    window: Window
+    previous: Window
+    tables: dict[str, Table]
+    result: CheckResult
+
+
+def run_checks_for(schedule: Schedule, as_of: date) -> Checked:
+    window = window_containing(schedule.period, as_of)
+    previous = window.previous()
+    tables = {name: source.load(previous.start, window.end) for name, source in schedule.sources.items()}
+    result = run_checks(schedule.checks, CheckContext(tables, window, previous, schedule.materiality))
+    return Checked(window, previous, tables, result)
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def _provenance(schedule: Schedule, checked: Checked, model: Model, narrative: Narrative) -> dict[str, Any]:
+    stats = narrative.stats
+    settings = schedule.generation
+    window = checked.window
+    files = [
+        {"source": name, "path": str(table.origin), "sha256": sha256_of(table.origin), "rows": len(table),
+         "rows_in_period": len(table.between(window.start, window.end))}
+        for name, table in checked.tables.items()
+    ]  # fmt: skip
+    templates = [
+        {"name": f"prompts/{schedule.prompt_template}", "sha256": _file_digest(PROMPTS_DIR / schedule.prompt_template)},
+        {"name": f"reports/{schedule.report_template}", "sha256": _file_digest(REPORTS_DIR / schedule.report_template)},
+        {"name": "reports/report.css", "sha256": _file_digest(REPORTS_DIR / "report.css")},
+    ]  # fmt: skip
+    return {
+        "model": str(model.path), "max_tokens": settings.max_tokens, "temp": settings.temp, "seed": settings.seed,
+        "prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
+        "time_to_first_token": stats.time_to_first_token, "elapsed": stats.elapsed,
+        "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
+        "peak_memory_bytes": stats.peak_memory_bytes, "finish_reason": stats.finish_reason,
+        # Later engines count bytes read per drive; shown when the statistics carry them.
+        "drive_bytes": dict(getattr(stats, "bytes_read_per_drive", None) or {}),
+        "files": files, "templates": templates, "schedule": str(schedule.file),
+        "schedule_sha256": _file_digest(schedule.file), "host": platform.node(),
+    }  # fmt: skip
+
+
+def _headline(checked: Checked) -> dict[str, Any]:
+    findings = checked.result.findings
+    return {
+        "findings": len(findings),
+        "by_severity": {severity: sum(f.severity == severity for f in findings) for severity in SEVERITIES},
+        "flagged_amount": sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), 0),
+        "rows": {name: len(table.between(checked.window.start, checked.window.end)) for name, table in checked.tables.items()},
+    }  # fmt: skip
+
+
+def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str, narrative: Narrative,
+                         provenance: dict[str, Any], created: datetime) -> dict[str, Any]:  # fmt: skip
+    """Everything the report template shows; model text is escaped and its numbers checked here."""
+    known = known_values(
+        [number.text for number in numbers_in(prompt_text, set())]
+        + [checked.window.start.year, checked.window.start.month, checked.window.start.day,
+           checked.window.end.day, len(checked.result.findings)]
+    )  # fmt: skip
+    marked_summary = mark_numbers(narrative.summary, known)
+    comments = {n: mark_numbers(text, known) for n, text in narrative.comments.items()}
+    stated = numbers_in(narrative.text, known)
+    charts = [
+        bar_chart(table.chart, checked.window.label, checked.previous.label if any(b for _, _, b in table.chart) else None)
+        if table.chart else None
+        for table in checked.result.tables
+    ]  # fmt: skip
+    return {
+        "schedule": schedule, "window": checked.window, "previous": checked.previous,
+        "findings": checked.result.findings, "tables": list(zip(checked.result.tables, charts)),
+        "summary": marked_summary, "comments": comments, "narrative_numbers": len(stated),
+        "unverified": [n.text for n in stated if not n.verified], "headline": _headline(checked),
+        "provenance": provenance, "created": created, "severities": SEVERITIES,
+    }  # fmt: skip
+
+
+def run_review(
+    schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
+    cancel: threading.Event | None = None, say: Say = lambda message: None,
+    load_model: Callable[[Path], Model] = open_model,
+) -> dict[str, Any]:  # fmt: skip
+    """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
+    started = time.monotonic()
+    checked = run_checks_for(schedule, as_of)
+    say(f"{schedule.name}: {checked.window.label}: {len(checked.result.findings)} finding(s); writing the narrative")
+    settings = schedule.generation
+    prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
+                          settings.prompt_findings)  # fmt: skip
+    model = load_model(model_dir)
+    narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
+    if cancel is not None and cancel.is_set():
+        raise ReviewInterrupted(f"{schedule.name}: stopped while the model was writing; no report was written")
+    created = datetime.now(timezone.utc).astimezone(schedule.timezone)
+    provenance = _provenance(schedule, checked, model, narrative)
+    context = build_report_context(schedule, checked, prompt.messages[1]["content"], narrative, provenance, created)
+    target = schedule.output / f"{schedule.name}-{checked.window.start:%Y-%m-%d}-{created:%Y%m%dT%H%M%S}.pdf"
+    write_pdf(render_html(schedule.report_template, context), target)
+    headline = context["headline"]
+    return add_to_index({
+        "review": schedule.name, "title": schedule.title, "period": checked.window.label,
+        "start": checked.window.start.isoformat(), "end": checked.window.end.isoformat(),
+        "created": created.isoformat(timespec="seconds"), "path": str(target),
+        "findings": headline["findings"], "by_severity": headline["by_severity"],
+        "unverified_numbers": len(context["unverified"]), "seconds": round(time.monotonic() - started, 1),
+    })  # fmt: skip
