@@ -39,7 +39,10 @@ JUMP_S = 30  # wall time running ahead of monotonic time by more than this: a su
 
 
 def record_due_run(review: str, due: datetime) -> None:
-    """The scheduled job: a schedule fell due, so its run joins the queue (once per due time)."""
+    """The scheduled job: a schedule fell due, so its run joins the queue (once per due time).
+
+    `due` is stored as None with the job; QueueExecutor passes the fire time.
+    """
     run_id = RunQueue().enqueue(review, due=due, origin="schedule")
     log.info("%s fell due at %s: %s", review, due.isoformat(), f"queued as run {run_id}" if run_id else "already queued")
 
@@ -56,7 +59,7 @@ class QueueExecutor(BaseExecutor):
                 events.append(JobExecutionEvent(EVENT_JOB_MISSED, job.id, job._jobstore_alias, run_time))
                 continue
             try:
-                job.func(*job.args, due=run_time)
+                job.func(*job.args, **{**job.kwargs, "due": run_time})
             except Exception as exc:  # noqa: BLE001 - logged by APScheduler with its traceback
                 self._run_job_error(job.id, exc, exc.__traceback__)
                 return
@@ -89,6 +92,8 @@ class ReviewScheduler(BackgroundScheduler):
 
 class Service:
     """The scheduler, the worker thread, the watchdog and the control socket of one data dir."""
+
+    watchdog_s: float = WATCHDOG_S
 
     def __init__(self, schedules: dict[str, Schedule] | None = None, work: bool = True):
         self.home = data_dir()
@@ -141,7 +146,7 @@ class Service:
             if job is not None and repr(job.trigger) == repr(schedule.trigger) and job.misfire_grace_time == schedule.grace_seconds:
                 continue
             self.scheduler.add_job(
-                record_due_run, schedule.trigger, args=[name], id=name, name=schedule.title,
+                record_due_run, schedule.trigger, args=[name], kwargs={"due": None}, id=name, name=schedule.title,
                 misfire_grace_time=schedule.grace_seconds, replace_existing=True,
             )  # fmt: skip
             log.info("%s: %s (%s); next run %s", name, schedule.when, schedule.timezone, self.next_runs().get(name))
@@ -156,7 +161,7 @@ class Service:
 
     def _watchdog(self) -> None:
         wall, steady = time.time(), time.monotonic()
-        while not self.stopping.wait(WATCHDOG_S):
+        while not self.stopping.wait(self.watchdog_s):
             jump = (time.time() - wall) - (time.monotonic() - steady)
             if abs(jump) > JUMP_S:
                 log.warning("the clock moved %+.0f s more than the time slept (suspend or clock change); rechecking", jump)

@@ -114,10 +114,13 @@ def _headline(checked: Checked) -> dict[str, Any]:
 def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str, narrative: Narrative,
                          provenance: dict[str, Any], created: datetime) -> dict[str, Any]:  # fmt: skip
     """Everything the report template shows; model text is escaped and its numbers checked here."""
+    # The data, as far as the narrative can know it: the prompt, every finding and every table.
+    texts = [prompt_text, *(f"{f.title} {f.detail}" for f in checked.result.findings),
+             *(" ".join(row) for table in checked.result.tables for row in table.rows)]  # fmt: skip
+    window = checked.window
     known = known_values(
-        [number.text for number in numbers_in(prompt_text, set())]
-        + [checked.window.start.year, checked.window.start.month, checked.window.start.day,
-           checked.window.end.day, len(checked.result.findings)]
+        [number.text for text in texts for number in numbers_in(text, set())]
+        + [window.start.year, window.start.month, window.start.day, window.end.day, len(checked.result.findings)]
     )  # fmt: skip
     marked_summary = mark_numbers(narrative.summary, known)
     comments = {n: mark_numbers(text, known) for n, text in narrative.comments.items()}

@@ -15,8 +15,10 @@ from typing import Iterable
 
 from markupsafe import Markup, escape
 
-# 1,234.56  -45.00  12%  2026  F3 is a label, not a number (letters glued to the digits are skipped).
-NUMBER = re.compile(r"(?<![\w.])[-+−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])[-+−]?\d+(?:\.\d+)?(?![\w])")
+# 1,234.56  -45.00  12%  2026. Not numbers: labels and references glued to letters (F3, INV-5010),
+# and the month and day of an ISO date (only its year is read).
+_START = r"(?<![\w.\-/])[-+−]?"
+NUMBER = re.compile(rf"{_START}\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?(?!\w)|{_START}\d+(?:\.\d+)?(?!\w)")
 
 
 @dataclass

@@ -1,0 +1,120 @@
+"""Report rendering: model text escaped and its numbers checked, nothing fetched, a complete PDF with metadata."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+
+from app.review.charts import bar_chart
+from app.review.narrative import split_narrative
+from app.review.report import REPORTS_DIR, local_only_fetcher, render_html, write_pdf
+from app.review.runner import build_report_context, run_checks_for
+from app.review.schedule import load_schedules
+from app.review.verify import known_values, mark_numbers
+from engine import GenerationStats
+
+NARRATIVE = """The bank shows 1,480.00 not in the ledger and the balance is off by 100.00; roughly 7,777 is at risk. <script>alert(1)</script>
+F1: Check INV-5010 & its duplicate.
+F4: Find the 100.00 difference."""
+
+
+def test_numbers_are_marked_verified_or_not_and_text_is_escaped():
+    known = known_values([Decimal("1480.00"), "100", 2026])
+    html = str(mark_numbers("1,480.00 <b>and</b> 99.5 in 2026", known))
+    assert html == ('<span class="verified">1,480.00</span> &lt;b&gt;and&lt;/b&gt; '
+                    '<span class="unverified" title="not found in the data">99.5</span> in '
+                    '<span class="verified">2026</span>')  # fmt: skip
+    assert "F3" not in str(mark_numbers("F3", known)).replace("F3", "")  # labels are not numbers
+
+
+def test_the_narrative_splits_into_summary_and_comments():
+    narrative = split_narrative(NARRATIVE, GenerationStats())
+    assert narrative.summary.startswith("The bank shows") and narrative.summary.endswith("</script>")
+    assert narrative.comments == {1: "Check INV-5010 & its duplicate.", 4: "Find the 100.00 difference."}
+
+
+def test_the_fetcher_refuses_the_network_and_files_outside_the_templates(tmp_path):
+    from weasyprint.urls import URLFetchingError
+
+    fetcher = local_only_fetcher()
+    for url in ("http://127.0.0.1:9/x.css", "https://example.com/a.png", f"file://{tmp_path}/x.css",
+                f"file://{REPORTS_DIR}/../prompts/review.j2"):  # fmt: skip
+        with pytest.raises(URLFetchingError, match="refused"):
+            fetcher.fetch(url)
+    assert b"@page" in fetcher.fetch(f"file://{REPORTS_DIR / 'report.css'}").read()
+
+
+def test_rendering_fetches_nothing_from_the_network(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    connections = []
+
+    def accept() -> None:
+        try:
+            connections.append(server.accept())
+        except OSError:
+            pass
+
+    listener = threading.Thread(target=accept)
+    listener.start()
+    html = f'<link rel="stylesheet" href="http://127.0.0.1:{port}/x.css"><img src="http://127.0.0.1:{port}/a.png"><p>hi</p>'
+    target = write_pdf(html, tmp_path / "out" / "r.pdf")
+    listener.join()
+    server.close()
+    assert connections == []
+    assert target.read_bytes().startswith(b"%PDF") and list(target.parent.iterdir()) == [target]
+
+
+def test_chart_is_svg_with_escaped_labels():
+    svg = str(bar_chart([("R&D", Decimal("-1200"), Decimal("-300")), ("Sales", Decimal("5000"), None)], "Oct", "Sep"))
+    assert svg.startswith("<svg") and "R&amp;D" in svg and svg.count("<rect") == 3 + 2  # bars + legend
+
+
+@pytest.fixture(scope="module")
+def month_end_html():
+    schedules, _ = load_schedules()
+    schedule = schedules["month-end"]
+    checked = run_checks_for(schedule, schedule.as_of)
+    narrative = split_narrative(NARRATIVE, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
+    provenance = {"model": "/models/m", "max_tokens": 160, "temp": 0.0, "seed": 0, "prompt_tokens": 400,
+                  "generated_tokens": 60, "time_to_first_token": 20.0, "elapsed": 30.0, "prefill_tokens_per_s": 20.0,
+                  "decode_tokens_per_s": 6.0, "peak_memory_bytes": 10**8, "finish_reason": "length",
+                  "drive_bytes": {"ssd0": 123456789}, "files": [], "templates": [], "schedule": str(schedule.file),
+                  "schedule_sha256": "abc", "host": "test"}  # fmt: skip
+    created = datetime(2026, 10, 30, 22, 5, tzinfo=timezone.utc)
+    context = build_report_context(schedule, checked, "", narrative, provenance, created)
+    return render_html(schedule.report_template, context), context
+
+
+def test_model_text_is_escaped_and_unverified_numbers_highlighted(month_end_html):
+    html, context = month_end_html
+    assert "<script>" not in html and "&lt;script&gt;alert(" in html
+    assert context["unverified"] == ["7,777"]
+    assert '<span class="unverified" title="not found in the data">7,777</span>' in html
+    assert '<span class="verified">1,480.00</span>' in html
+    assert "Check INV-5010 &amp; its duplicate." in html
+    assert "ssd0: 123,456,789" in html
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("pdftotext"), reason="pdftotext (poppler-utils) is not installed")
+def test_the_pdf_has_pages_headers_and_metadata(month_end_html, tmp_path):
+    html, _ = month_end_html
+    target = write_pdf(html, tmp_path / "month-end.pdf")
+    text = subprocess.run(["pdftotext", "-layout", str(target), "-"], capture_output=True, text=True, check=True).stdout
+    info = subprocess.run(["pdfinfo", str(target)], capture_output=True, text=True, check=True).stdout
+    pages = int(next(line.split()[-1] for line in info.splitlines() if line.startswith("Pages:")))
+    assert pages >= 3 and f"page {pages} of {pages}" in text
+    assert "Month-end review · October 2026" in text  # running header
+    assert "written by the model" in text and "Provenance" in text
+    assert "Title:           Month-end review: October 2026" in info
+    assert "Author:          nightshift" in info

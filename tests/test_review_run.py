@@ -1,0 +1,145 @@
+"""Running reviews end to end on a tiny real model: in the foreground, through the service, and across a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.review.schedule import BUNDLED_DIR
+from engine import convert_gguf
+from tests.gguf_files import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random llama model (real, just small); its context widened so a review's prompt fits."""
+    folder = tmp_path_factory.mktemp("tiny")
+    model = convert_gguf(write_tiny_llama(folder / "tiny.gguf"), folder / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 8192
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def user_schedule(home: Path, model: Path, name: str = "tiny", max_tokens: int = 8) -> Path:
+    """The bundled month-end review, as a user's schedule that writes with the tiny model."""
+    text = (BUNDLED_DIR / "month-end.toml").read_text()
+    text = text.replace('name = "month-end"', f'name = "{name}"').replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
+    text = text.replace("max_tokens = 160", f'name = "{model}"\nmax_tokens = {max_tokens}')
+    text = text.replace('output = "reports/month-end"', f'output = "reports/{name}"')
+    path = home / "schedules" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_review_run_in_the_foreground_then_jobs_and_reports(home, tiny_model, capsys):
+    user_schedule(home, tiny_model)
+    assert main(["review", "run", "tiny"]) == 0
+    report = Path(capsys.readouterr().out.strip())
+    assert report.is_file() and report.read_bytes().startswith(b"%PDF")
+    assert [p.name for p in report.parent.iterdir()] == [report.name]  # no temporary file left behind
+    assert main(["jobs"]) == 0
+    jobs = capsys.readouterr().out
+    assert "service: not running" in jobs and f"done        tiny" in jobs and str(report) in jobs
+    assert main(["reports", "list"]) == 0
+    assert str(report) in capsys.readouterr().out
+    assert main(["reports", "open", "tiny", "--print-only"]) == 0
+    assert capsys.readouterr().out.strip() == str(report)
+
+
+def test_unknown_review_and_bad_date(home, capsys):
+    assert main(["review", "run", "nope"]) == 1
+    assert "no review named 'nope' (known: daily, month-end, weekly)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["review", "run", "daily", "--as-of", "30/10/2026"])
+    assert "'30/10/2026' is not a date; write YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_review_list_reports_a_broken_schedule_and_lists_the_rest(home, capsys):
+    (home / "schedules").mkdir(parents=True)
+    (home / "schedules" / "bad.toml").write_text('when = "every day at 7"\n[sources]\n')
+    assert main(["review", "list"]) == 0
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()] == ["daily", "month-end", "weekly"]
+    assert f"{home / 'schedules' / 'bad.toml'}:1: field `when`" in captured.err
+
+
+def test_serve_install_writes_a_user_unit(home, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert main(["serve", "--install"]) == 0
+    unit = (tmp_path / "config" / "systemd" / "user" / "nightshift.service").read_text()
+    assert f"ExecStart={sys.executable} -m app.cli serve" in unit and f"NIGHTSHIFT_HOME={home}" in unit
+    assert "systemctl --user daemon-reload && systemctl --user enable --now nightshift.service" in capsys.readouterr().err
+    from app.daemon.install import launchd_plist
+
+    assert "<string>serve</string>" in launchd_plist() and "org.nightshift.serve" in launchd_plist()
+
+
+def serve(home: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (home / "nightshift.sock").exists():
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "the service did not open its socket"
+        time.sleep(0.1)
+    return process
+
+
+def states(home: Path) -> list[tuple[int, str, str]]:
+    with sqlite3.connect(home / "runs.sqlite") as db:
+        return db.execute("SELECT id, review, state FROM runs ORDER BY id").fetchall()
+
+
+def wait_for(condition, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_the_service_runs_queued_reviews_and_a_kill_loses_nothing(home, tiny_model, capsys):
+    user_schedule(home, tiny_model, "long", max_tokens=4000)  # long enough to be killed in the middle
+    user_schedule(home, tiny_model, "short", max_tokens=4)
+    service = serve(home)
+    try:
+        assert stat.S_IMODE((home / "nightshift.sock").stat().st_mode) == 0o600
+        second = subprocess.run([sys.executable, "-m", "app.cli", "serve"], capture_output=True, text=True,
+                                env={**os.environ, "NIGHTSHIFT_HOME": str(home)}, timeout=60)  # fmt: skip
+        assert second.returncode == 1 and "already running" in second.stderr
+        assert main(["review", "run", "long", "--no-wait"]) == 0
+        assert main(["review", "run", "short", "--no-wait"]) == 0
+        assert "queued as run 2 in the running service" in capsys.readouterr().err
+        wait_for(lambda: states(home)[:2] == [(1, "long", "running"), (2, "short", "queued")])
+        assert main(["jobs"]) == 0
+        jobs = capsys.readouterr().out
+        assert "service: running" in jobs and "running     long" in jobs and "queued      short" in jobs
+    finally:
+        service.send_signal(signal.SIGKILL)
+        service.wait()
+    assert states(home) == [(1, "long", "running"), (2, "short", "queued")]  # as the kill left them
+    user_schedule(home, tiny_model, "long", max_tokens=4)  # the retry may finish quickly
+    service = serve(home)
+    try:
+        wait_for(lambda: [s for _, _, s in states(home)] == ["interrupted", "done", "done"])
+        assert [review for _, review, _ in states(home)] == ["long", "short", "long"]
+        assert main(["reports", "list"]) == 0
+        assert capsys.readouterr().out.count(".pdf") == 2
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=60) == 0
+    assert not (home / "nightshift.sock").exists()

@@ -1,0 +1,149 @@
+"""The scheduler service under a controllable clock: month boundary, weekend, missed runs, restarts, two services."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import apscheduler.schedulers.base
+import pytest
+
+from app.daemon import clock
+from app.daemon.lock import ServiceRunningError
+from app.daemon.runs import RunQueue
+from app.daemon.service import Service
+from app.review.schedule import load_schedules
+
+UTC = timezone.utc
+
+
+class Clock:
+    """Wall time that moves only when a test says so; APScheduler and the service both read it."""
+
+    def __init__(self, start: datetime):
+        self.time = start
+
+    def set(self, when: datetime) -> None:
+        self.time = when
+
+
+@pytest.fixture
+def wall(monkeypatch):
+    wall = Clock(datetime(2026, 10, 28, 12, 0, tzinfo=UTC))
+
+    class FrozenDatetime(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return wall.time.astimezone(tz) if tz else wall.time.replace(tzinfo=None)
+
+    monkeypatch.setattr(apscheduler.schedulers.base, "datetime", FrozenDatetime)
+    monkeypatch.setattr(clock, "now", lambda: wall.time)
+    return wall
+
+
+@pytest.fixture
+def bundled(home):
+    schedules, errors = load_schedules()
+    assert not errors
+    return schedules
+
+
+def start(schedules, names) -> Service:
+    service = Service({name: schedules[name] for name in names}, work=False)
+    service.start()
+    service.scheduler.check_now()
+    return service
+
+
+def queued(review: str | None = None) -> list[str]:
+    """Due times (UTC, ISO) of the queued scheduled runs, oldest first."""
+    runs = sorted(RunQueue().recent(100), key=lambda run: run.id)
+    return [run.due.astimezone(UTC).strftime("%Y-%m-%d %H:%M") for run in runs if review in (None, run.review)]
+
+
+def step(service: Service, wall: Clock, until: datetime, every: timedelta) -> None:
+    while wall.time < until:
+        wall.set(min(wall.time + every, until))
+        service.scheduler.check_now()
+
+
+def test_month_end_across_a_month_boundary(home, wall, bundled):
+    service = start(bundled, ["month-end"])
+    try:
+        step(service, wall, datetime(2026, 12, 2, tzinfo=UTC), timedelta(hours=6))
+    finally:
+        service.stop()
+    # 30 Oct 2026 is a Friday (31st a Saturday); 30 Nov a Monday. London is on GMT then.
+    assert queued("month-end") == ["2026-10-30 22:00", "2026-11-30 22:00"]
+
+
+def test_business_days_skip_the_weekend(home, wall, bundled):
+    wall.set(datetime(2026, 10, 29, 12, 0, tzinfo=UTC))
+    service = start(bundled, ["daily", "weekly"])
+    try:
+        step(service, wall, datetime(2026, 11, 3, 12, 0, tzinfo=UTC), timedelta(hours=1))
+    finally:
+        service.stop()
+    assert queued("daily") == ["2026-10-29 18:30", "2026-10-30 18:30", "2026-11-02 18:30"]
+    assert queued("weekly") == ["2026-10-30 17:00"]
+
+
+def test_a_run_missed_while_off_runs_once_within_its_grace(home, wall, bundled):
+    wall.set(datetime(2026, 10, 30, 12, 0, tzinfo=UTC))
+    start(bundled, ["month-end", "daily"]).stop()  # the machine goes off before 18:30 and 22:00
+    wall.set(datetime(2026, 11, 1, 9, 0, tzinfo=UTC))  # back on Sunday morning
+    service = start(bundled, ["month-end", "daily"])
+    service.scheduler.check_now()
+    service.stop()
+    # month-end (grace 3 days) catches up once; daily's 18:30 run is beyond its 6 h grace and is skipped
+    assert queued() == ["2026-10-30 22:00"]
+    service = start(bundled, ["month-end", "daily"])  # a restart does not queue it again
+    service.stop()
+    assert queued() == ["2026-10-30 22:00"]
+
+
+def test_a_clock_jump_is_noticed_without_being_told(home, wall, bundled, monkeypatch):
+    monkeypatch.setattr(Service, "watchdog_s", 0.05)
+    wall.set(datetime(2026, 10, 30, 12, 0, tzinfo=UTC))
+    service = start(bundled, ["month-end"])
+    try:
+        wall.set(datetime(2026, 10, 30, 22, 0, 30, tzinfo=UTC))  # as after a suspend: nobody wakes the scheduler
+        deadline = time.monotonic() + 10
+        while not queued() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        service.stop()
+    assert queued() == ["2026-10-30 22:00"]
+
+
+def test_two_services_on_one_data_dir(home, wall, bundled):
+    service = start(bundled, ["daily"])
+    try:
+        with pytest.raises(ServiceRunningError, match="already running .* stop it before starting another"):
+            Service(bundled, work=False).start()
+    finally:
+        service.stop()
+
+
+def test_the_queue_claims_each_run_once(home):
+    queue = RunQueue()
+    due = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
+    first = queue.enqueue("month-end", due=due, origin="schedule")
+    assert queue.enqueue("month-end", due=due, origin="schedule") is None  # the same due run, recorded once
+    second = RunQueue().enqueue("daily")
+    assert queue.claim_next(pid=1).id == first
+    assert RunQueue().claim(first, pid=2) is None  # taken already
+    assert queue.claim_next(pid=2).id == second
+    assert queue.claim_next(pid=2) is None
+
+
+def test_runs_left_running_are_interrupted_and_queued_again(home):
+    queue = RunQueue()
+    due = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
+    run_id = queue.enqueue("month-end", due=due, origin="schedule")
+    waiting = queue.enqueue("daily")
+    queue.claim(run_id, pid=123)
+    (retry,) = RunQueue().recover()
+    assert queue.get(run_id).state == "interrupted"
+    assert (queue.get(retry).state, queue.get(retry).due, queue.get(retry).origin) == ("queued", due, "retry")
+    assert queue.get(waiting).state == "queued"
