@@ -9,7 +9,7 @@ from engine.errors import (
 )
 from engine.bench.fio import FioError, compare_with_fio
 from engine.bench.probe import QUEUE_DEPTHS, READ_SIZES, probe_drive
-from engine.bench.rig import RigError, RigSpec, RigState, join_rig, rig_command, rig_down, rig_status, rig_up
+from engine.bench.rig import RigError, RigSpec, RigState, inside_rig, rig_command, rig_down, rig_status, rig_up
 from engine.instruments.monitor import DriveMonitor
 from engine.io.ceilings import CEILINGS_FILE, Ceilings
 from engine.io.counters import DriveReadCounters
@@ -18,6 +18,7 @@ from engine.io.drives import Drive, DrivesFileError, load_drives
 from engine.runtime import Chunk, GenerationStats, Model, open_model
 from engine.store.gguf_import import convert_gguf, is_converted_from, sha256_of
 from engine.store.importer import ImportOptions, Progress, import_checkpoint
+from engine.store.moefy import DEFAULT_EXPERTS, DEFAULT_K, moefy
 from engine.store.manifest import Manifest, is_store, read_manifest
 from engine.store.synth import FAMILIES as SYNTH_FAMILIES, synthesize
 from engine.store.upkeep import BadFile, calibration_prompts, measure_routing, place_store, verify_store
@@ -28,6 +29,9 @@ __all__ = [
     "Manifest",
     "Progress",
     "SYNTH_FAMILIES",
+    "DEFAULT_EXPERTS",
+    "DEFAULT_K",
+    "moefy",
     "calibration_prompts",
     "import_checkpoint",
     "is_store",
@@ -50,7 +54,7 @@ __all__ = [
     "RigSpec",
     "RigState",
     "compare_with_fio",
-    "join_rig",
+    "inside_rig",
     "load_drives",
     "probe_drive",
     "resolve_device",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 from app.commands import say
 from app.paths import data_dir
@@ -37,15 +39,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0 or args.file_mib < 1:
         raise NightshiftError("--seconds and --file-mib must be positive")
-    drives = load_drives(args.drives_file)
-    note = _join_rig_if_these_are_its_drives(args.drives_file)
     sizes, depths = _sizes(args.sizes), _ints(args.depths, "--depths")
-    say(f"probing {len(drives)} drive(s): {len(sizes) * len(depths)} cells of {args.seconds:g} s each; {note}")
-    measured = []
-    for drive in drives:
-        say(f"{drive.name}: writing a {args.file_mib} MiB probe file, then reading it")
-        measured.append(probe_drive(drive, sizes, depths, args.seconds, args.file_mib * MiB))
-    ceilings = Ceilings(datetime.now(timezone.utc).isoformat(timespec="seconds"), note, measured)
+    drives = load_drives(args.drives_file)
+    with _inside_rig_if_these_are_its_drives(args.drives_file) as where:
+        say(f"probing {len(drives)} drive(s): {len(sizes) * len(depths)} cells of {args.seconds:g} s each; {where}")
+        measured = []
+        for drive in drives:
+            say(f"{drive.name}: writing a {args.file_mib} MiB probe file, then reading it")
+            measured.append(probe_drive(drive, sizes, depths, args.seconds, args.file_mib * MiB))
+    ceilings = Ceilings(datetime.now(timezone.utc).isoformat(timespec="seconds"), where, measured)
     print(format_table(ceilings, sizes, depths))
     target = Path(args.drives_file).parent / CEILINGS_FILE
     ceilings.save(target)
@@ -64,18 +66,21 @@ def format_table(ceilings, sizes: list[int], depths: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _join_rig_if_these_are_its_drives(drives_file: Path) -> str:
-    """The rig's drives are only throttled inside its cgroup, so probe them from there."""
-    from engine import RigError, RigState, join_rig
+@contextmanager
+def _inside_rig_if_these_are_its_drives(drives_file: Path) -> Iterator[str]:
+    """The rig's drives are only throttled inside its cgroup, so probe them from there; yields where."""
+    from engine import RigError, RigState, inside_rig
 
     try:
         state = RigState.load(rig_dir())
     except RigError:
-        return "outside any rig"
+        yield "outside any rig"
+        return
     if state.drives_file and Path(state.drives_file).resolve() == Path(drives_file).resolve():
-        join_rig(state)
-        return f"inside the rig's cgroup ({state.spec.read_bps / 1e6:g} MB/s per drive)"
-    return "outside the rig (these are not its drives)"
+        with inside_rig(state):
+            yield f"inside the rig's cgroup ({state.spec.read_bps / 1e6:g} MB/s per drive)"
+    else:
+        yield "outside the rig (these are not its drives)"
 
 
 def _size_label(size: int) -> str:

@@ -59,20 +59,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from engine import RigState, compare_with_fio, join_rig
+    from engine import RigState, compare_with_fio, inside_rig
 
     state = RigState.load(rig_dir())
-    join_rig(state)
     limit = state.spec.read_bps
     settings = [(1 * MiB, 4), (17 * MiB, 1)]
+    with inside_rig(state):
+        results = [a for drive in state.as_drives() for a in compare_with_fio(drive, settings, args.seconds)]
     print("drive\tread\tqd\tlimit MB/s\tprobe MB/s\tfio MB/s\tprobe/fio\tfio/limit")
-    worst = 0.0
-    for drive in state.as_drives():
-        for a in compare_with_fio(drive, settings, args.seconds):
-            worst = max(worst, abs(a.fio_bytes_per_s / limit - 1), abs(a.probe_bytes_per_s / limit - 1))
-            print(f"{a.drive}\t{a.read_bytes // MiB} MiB\t{a.queue_depth}\t{limit / 1e6:g}\t"
-                  f"{a.probe_bytes_per_s / 1e6:.1f}\t{a.fio_bytes_per_s / 1e6:.1f}\t"
-                  f"{a.probe_bytes_per_s / a.fio_bytes_per_s:.3f}\t{a.fio_bytes_per_s / limit:.3f}")
+    for a in results:
+        print(f"{a.drive}\t{a.read_bytes // MiB} MiB\t{a.queue_depth}\t{limit / 1e6:g}\t"
+              f"{a.probe_bytes_per_s / 1e6:.1f}\t{a.fio_bytes_per_s / 1e6:.1f}\t"
+              f"{a.probe_bytes_per_s / a.fio_bytes_per_s:.3f}\t{a.fio_bytes_per_s / limit:.3f}")
+    worst = max(max(abs(a.fio_bytes_per_s / limit - 1), abs(a.probe_bytes_per_s / limit - 1)) for a in results)
     say(f"largest deviation from the configured limit: {worst:.1%} ({'within' if worst <= 0.10 else 'OUTSIDE'} 10 %)")
     return 0 if worst <= 0.10 else 1
 

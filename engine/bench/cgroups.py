@@ -83,6 +83,16 @@ def throttle_root() -> tuple[int, Path]:
     )
 
 
+def current_cgroup(version: int) -> Path:
+    """The directory of the throttle hierarchy's cgroup this process is in now."""
+    _, root = throttle_root()
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (version == 1 and "blkio" in controllers.split(",")) or (version == 2 and controllers == ""):
+            return root / path.lstrip("/")
+    raise CgroupError("this process is in no blkio/io cgroup (/proc/self/cgroup lists none)")
+
+
 def create_throttle(name: str) -> ReadThrottle:
     """A new, empty cgroup `name` under the throttle hierarchy; refuses to reuse an existing one."""
     version, root = throttle_root()

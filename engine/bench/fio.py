@@ -50,11 +50,11 @@ def fio_read(path: Path, read_bytes: int, queue_depth: int, seconds: float) -> f
 
 
 def compare_with_fio(
-    drive: Drive, settings: list[tuple[int, int]], seconds: float = 3.0, file_bytes: int = 256 << 20,
+    drive: Drive, settings: list[tuple[int, int]], seconds: float = 3.0,
 ) -> list[Agreement]:
     """Probe and fio, one after the other on the same file, for each (read size, queue depth)."""
     results = []
-    with probe_file(drive, max(file_bytes, 2 * max(size for size, _ in settings))) as path:
+    with probe_file(drive, 4 * max(size for size, _ in settings)) as path:
         with open_direct(path) as f:
             for size, depth in settings:
                 ours = measure(f, size, depth, seconds).bytes_per_s

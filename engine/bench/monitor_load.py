@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import threading
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.probe import measure, probe_file
-from engine.bench.rig import RigState, join_rig
+from engine.bench.rig import RigState, inside_rig
 from engine.instruments.monitor import Cadence, DriveMonitor, DriveRates
 from engine.io.ceilings import ProbeCell
 from engine.io.counters import DriveReadCounters
@@ -66,9 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--read-mib", type=int, default=1)
     parser.add_argument("--queue-depth", type=int, default=4)
     args = parser.parse_args(argv)
-    if args.rig_dir:
-        join_rig(RigState.load(args.rig_dir))
-    report = monitor_under_load(load_drives(args.drives_file), args.seconds, args.read_mib * MiB, args.queue_depth)
+    with inside_rig(RigState.load(args.rig_dir)) if args.rig_dir else nullcontext():
+        report = monitor_under_load(load_drives(args.drives_file), args.seconds, args.read_mib * MiB, args.queue_depth)
     print("drive\treaders MB/s\tmonitor engine MB/s\tmonitor OS MB/s\tOS reads/s\tOS in flight")
     for name, cell in report.cells.items():
         r = report.seen[name]

@@ -2,7 +2,7 @@
 
 Every drive is a real block device (loop with direct I/O, so reads reach the disk rather
 than the host page cache) with real device counters; one cgroup caps each device's read
-rate, and whatever runs inside it (`rig_command`, `join_rig`) sees drives of that speed.
+rate, and whatever runs inside it (`rig_command`, `inside_rig`) sees drives of that speed.
 
 The rig records each thing it makes in `rig.json` before moving on, so `rig_down` can
 remove exactly that, and a failed `rig_up` removes what it had made before re-raising.
@@ -10,15 +10,26 @@ remove exactly that, and a failed `rig_up` removes what it had made before re-ra
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from engine.bench.cgroups import CgroupError, ReadThrottle, create_throttle, remove_throttle, throttle_root
+from engine.bench.cgroups import (
+    CgroupError,
+    ReadThrottle,
+    create_throttle,
+    current_cgroup,
+    remove_throttle,
+    throttle_root,
+)
 from engine.errors import NightshiftError
+from engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
 from engine.io.devices import mount_of, parse_mountinfo
 from engine.io.drives import Drive, format_drives
 
@@ -38,7 +49,6 @@ class RigSpec:
     size_bytes: int = 4 << 30
     read_bps: int = 200 * MB
     read_iops: int | None = None
-    name: str = "nightshift-rig"  # cgroup name and drive-name prefix
 
 
 @dataclass
@@ -49,6 +59,8 @@ class RigDrive:
     loop: str | None = None
     major: int | None = None
     minor: int | None = None
+    image_made: bool = False  # teardown removes only what the rig made
+    mount_made: bool = False
 
 
 @dataclass
@@ -89,6 +101,11 @@ class RigState:
         return [Drive(d.name, Path(d.mount)) for d in self.drives]
 
 
+def cgroup_name(rig_dir: Path) -> str:
+    """The rig's cgroup: named for its directory, so rigs in two data dirs never share one."""
+    return f"nightshift-rig-{hashlib.sha256(str(Path(rig_dir).resolve()).encode()).hexdigest()[:10]}"
+
+
 def check_can_build() -> None:
     """Raise RigError saying what is missing (root, loop devices, tools, a read throttle)."""
     if os.geteuid() != 0:
@@ -122,20 +139,23 @@ def rig_up(rig_dir: Path, spec: RigSpec, drives_file: Path) -> RigState:
             _teardown(state)
         except RigError as cleanup:
             raise RigError(f"building the rig failed ({exc}); cleaning up also failed: {cleanup}") from exc
-        raise RigError(f"building the rig failed, nothing was left behind: {exc}") from exc
+        raise RigError(f"building the rig failed: {exc}; everything it had made was removed") from exc
     return state
 
 
 def _build(state: RigState, drives_file: Path) -> None:
     spec, rig_dir = state.spec, Path(state.rig_dir)
-    state.cgroup = str(throttle_root()[1] / spec.name)
+    throttle = create_throttle(cgroup_name(rig_dir))
+    state.cgroup = str(throttle.path)
     state.save()
-    throttle = create_throttle(spec.name)
     for i in range(spec.count):
         drive = RigDrive(f"rig{i}", str(rig_dir / "images" / f"rig{i}.img"), str(rig_dir / "mnt" / f"rig{i}"))
         state.drives.append(drive)
         state.save()
-        _make_image(Path(drive.image), spec.size_bytes)
+        _make_image(drive, spec.size_bytes)
+        state.save()
+        # Inode tables and journal written now, so no lazy background writes skew reads later.
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", drive.image)
         drive.loop = _run("losetup", "--find", "--show", "--direct-io=on", drive.image).strip()
         state.save()
         loop_name = Path(drive.loop).name
@@ -145,9 +165,12 @@ def _build(state: RigState, drives_file: Path) -> None:
         drive.major, drive.minor = os.major(rdev), os.minor(rdev)
         state.save()
         try:
-            Path(drive.mount).mkdir(parents=True, exist_ok=True)
+            Path(drive.mount).parent.mkdir(parents=True, exist_ok=True)
+            Path(drive.mount).mkdir()
         except OSError as exc:
             raise RigError(f"cannot create mount point {drive.mount}: {exc.strerror}") from exc
+        drive.mount_made = True
+        state.save()
         _run("mount", "-o", "noatime", drive.loop, drive.mount)
         throttle.limit_reads(drive.major, drive.minor, spec.read_bps, spec.read_iops)
     state.drives_text = format_drives(state.as_drives())
@@ -161,12 +184,16 @@ def _build(state: RigState, drives_file: Path) -> None:
     state.save()
 
 
-def _make_image(path: Path, size: int) -> None:
-    """A sparse file formatted ext4 (inode tables written now, so no background writes skew reads later)."""
+def _make_image(drive: RigDrive, size: int) -> None:
+    """A new sparse file of `size` bytes (never one that was there before)."""
+    path = Path(drive.image)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "xb") as f:
-        f.truncate(size)
-    _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(path))
+    try:
+        with open(path, "xb") as f:
+            drive.image_made = True
+            f.truncate(size)
+    except FileExistsError:
+        raise RigError(f"{path} already exists; remove it or build the rig elsewhere") from None
 
 
 def rig_down(rig_dir: Path) -> RigState:
@@ -186,6 +213,7 @@ def _teardown(state: RigState) -> None:
             Path(state.drives_file).unlink()
         else:
             problems.append(f"{state.drives_file} was changed since the rig wrote it; left in place")
+    _remove_rig_ceilings(state)
     if state.cgroup:
         try:
             remove_throttle(Path(state.cgroup))
@@ -196,8 +224,9 @@ def _teardown(state: RigState) -> None:
         if Path(drive.mount) in mounted:
             if not _try("umount", drive.mount, problems=problems):
                 continue
-        _rmdir(Path(drive.mount), problems)
-        if Path(drive.image).exists():
+        if drive.mount_made:
+            _rmdir(Path(drive.mount), problems)
+        if drive.image_made and Path(drive.image).exists():
             for loop in _loops_backed_by(drive.image):
                 _try("losetup", "-d", loop, problems=problems)
             if still := _loops_backed_by(drive.image):
@@ -210,6 +239,19 @@ def _teardown(state: RigState) -> None:
     (rig_dir / STATE_FILE).unlink(missing_ok=True)
     for leftover in (rig_dir / "mnt", rig_dir / "images", rig_dir):
         _rmdir(leftover, [])  # a directory holding something we did not make stays
+
+
+def _remove_rig_ceilings(state: RigState) -> None:
+    """Ceilings probed on the rig's drives describe drives about to vanish; drop them with the drives file."""
+    if not state.drives_file:
+        return
+    path = Path(state.drives_file).parent / CEILINGS_FILE
+    try:
+        roots = {d.root for d in Ceilings.load(path).drives}
+    except CeilingsFileError:
+        return
+    if roots <= {d.mount for d in state.drives}:
+        path.unlink()
 
 
 def _loops_backed_by(image: str) -> list[str]:
@@ -279,6 +321,14 @@ def rig_command(state: RigState, argv: list[str]) -> list[str]:
     return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
 
 
-def join_rig(state: RigState) -> None:
-    """Move this process (all its threads) into the rig's cgroup, so its reads are throttled too."""
-    state.throttle().add(os.getpid())
+@contextmanager
+def inside_rig(state: RigState) -> Iterator[None]:
+    """This process (all its threads) inside the rig's cgroup, its reads throttled, for the block;
+    then back in the cgroup it came from."""
+    throttle = state.throttle()
+    came_from = current_cgroup(throttle.version)
+    throttle.add(os.getpid())
+    try:
+        yield
+    finally:
+        ReadThrottle(came_from, throttle.version).add(os.getpid())

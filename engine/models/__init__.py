@@ -11,7 +11,7 @@ import importlib
 from mlx_lm.utils import _get_classes as mlx_lm_classes
 
 # config["model_type"] -> module in this package.
-FAMILIES: dict[str, str] = {}
+FAMILIES: dict[str, str] = {"llama_moe": "llama_moe"}
 
 
 def get_classes(config: dict):

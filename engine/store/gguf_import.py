@@ -30,6 +30,8 @@ from engine.store.gguf_quant import GROUP_SIZE, QUANT_BITS, Quantized, convert_q
 from engine.store.gguf_tokenizer import GGUFVocab, write_tokenizer
 
 MARKER = "nightshift.json"
+# Bumped whenever the converter's output changes, so older conversions are redone.
+CONVERTER_VERSION = 2
 Progress = Callable[[str], None]
 
 
@@ -203,9 +205,12 @@ def convert_tensors(gguf: GGUFFile, config: dict, progress: Progress | None = No
                 q: Quantized = convert_quantized(type_name, tensor.data, shape[0])
                 if permute_heads:
                     q = q.take_rows(rotary_unpermutation(shape[0], permute_heads))
+                # MLX returns embedding rows in the scales' dtype, which then sets the residual
+                # stream's dtype: widen (exactly) to float32 there so the model computes in float32.
+                scale_type = np.float32 if name == arch.tensor_names["token_embd.weight"] else np.float16
                 weights[f"{name}.weight"] = mx.array(q.weight)
-                weights[f"{name}.scales"] = mx.array(q.scales)
-                weights[f"{name}.biases"] = mx.array(q.biases)
+                weights[f"{name}.scales"] = mx.array(q.scales.astype(scale_type))
+                weights[f"{name}.biases"] = mx.array(q.biases.astype(scale_type))
                 quantization[name] = {"group_size": GROUP_SIZE, "bits": q.bits}
             elif type_name in ("F32", "F16", "BF16"):
                 array = _float_tensor(type_name, tensor.data, shape)
@@ -265,7 +270,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
         mx.save_safetensors(str(staging / "model.safetensors"), weights, metadata={"format": "mlx"})
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         write_tokenizer(vocab, staging)
-        marker = {"source": str(Path(gguf_path).resolve()), "source_sha256": sha256_of(gguf_path)}
+        marker = {
+            "source": str(Path(gguf_path).resolve()),
+            "source_sha256": sha256_of(gguf_path),
+            "converter_version": CONVERTER_VERSION,
+        }
         (staging / MARKER).write_text(json.dumps(marker, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -282,9 +291,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
 
 
 def is_converted_from(model_dir: Path, gguf_sha256: str) -> bool:
-    """True when `model_dir` is a complete conversion of the GGUF with that digest."""
+    """True when `model_dir` is a complete conversion, by this converter, of the GGUF with that digest."""
     marker = Path(model_dir) / MARKER
     try:
-        return json.loads(marker.read_text()).get("source_sha256") == gguf_sha256
+        recorded = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
+    return recorded.get("source_sha256") == gguf_sha256 and recorded.get("converter_version") == CONVERTER_VERSION

@@ -8,7 +8,8 @@ MLX equivalent in affine quantization with group size 32 (w = scale * q + bias):
 - Q8_0 block: f16 d, 32 int8; w = d * q. With q' = q + 128 (unsigned), w = d * q' - 128 d,
   so scale = d and bias = -128 d, which float16 holds exactly (a power-of-two multiple).
 
-Scales and biases keep the file's float16 values bit for bit; nothing is re-quantized.
+Scales and biases keep the file's float16 values bit for bit (the converter may widen them
+to float32, which is exact); nothing is re-quantized.
 Float tensors (F32, F16, BF16) pass through unchanged. Anything else has no exact MLX
 form and is refused rather than silently approximated.
 """

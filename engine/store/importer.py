@@ -286,6 +286,7 @@ def import_checkpoint(
             checksums.update({int(k): v for k, v in json.loads(done_file.read_text()).items()})
         else:
             sums = _import_group(plan, group, staging, name, placement, by_drive, options)
+            os.sync()  # the layer's expert files reach the drives before the layer is recorded as done
             write_json_atomic(done_file, {str(k): v for k, v in sums.items()})
             checksums.update(sums)
         done_bytes += plan.group_bytes(group)
@@ -371,8 +372,6 @@ def _write_expert(layer: MoeLayer, stacked: dict[str, mx.array], expert: int, na
         tmp = path.with_name(path.name + ".partial")
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         tmp.replace(path)
     return sha256_bytes(data)
 

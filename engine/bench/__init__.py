@@ -1,0 +1,1 @@
+"""Benchmark scenarios and the throttled multi-drive rig they run on."""

@@ -1,0 +1,114 @@
+"""The rig: up builds real throttled drives, down removes all of it, a failed up leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.bench.rig import RigError, RigSpec, RigState, cgroup_name, rig_command, rig_down, rig_status, rig_up
+from engine.io.devices import resolve_device
+from engine.io.drives import load_drives
+from tests.rig_helpers import leftovers, requires_rig, rig_place  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.rig, requires_rig]
+
+SMALL = dict(count=2, size_bytes=64 << 20, read_bps=50_000_000)
+
+
+def test_up_builds_throttled_direct_io_drives_and_down_removes_them(rig_place):
+    state = rig_up(rig_place.rig_dir, RigSpec(**SMALL), rig_place.drives_file)
+
+    drives = load_drives(rig_place.drives_file)
+    assert [d.name for d in drives] == ["rig0", "rig1"]
+    for drive, made in zip(drives, state.drives):
+        device = resolve_device(drive.root)
+        assert device.fs_type == "ext4" and device.device == Path(made.loop).name == device.disk
+    _, statuses = rig_status(rig_place.rig_dir)
+    assert [(s.mounted, s.direct_io, s.limit_bps) for s in statuses] == [(True, True, 50_000_000)] * 2
+    inside = subprocess.run(rig_command(state, ["cat", "/proc/self/cgroup"]), capture_output=True, text=True)
+    assert f"blkio:/{cgroup_name(rig_place.rig_dir)}" in inside.stdout
+    assert len(leftovers(*rig_place.markers)["loop devices"]) == 2
+
+    rig_down(rig_place.rig_dir)
+    assert leftovers(*rig_place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
+    assert not rig_place.drives_file.exists() and not rig_place.rig_dir.exists()
+
+
+def test_failure_half_way_through_up_rolls_everything_back(rig_place):
+    # A file where the second drive's mount point must go: mkdir fails after the first
+    # drive is fully built and the second has its image and loop device.
+    blocker = rig_place.rig_dir / "mnt" / "rig1"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("in the way")
+
+    with pytest.raises(RigError, match=re.escape("cannot create mount point") + ".*everything it had made was removed"):
+        rig_up(rig_place.rig_dir, RigSpec(**SMALL), rig_place.drives_file)
+
+    assert leftovers(*rig_place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
+    assert blocker.read_text() == "in the way"  # what we did not make stays
+    assert not (rig_place.rig_dir / "images").exists() and not (rig_place.rig_dir / "rig.json").exists()
+    assert not rig_place.drives_file.exists()
+
+
+def test_an_existing_drives_file_is_never_overwritten(rig_place):
+    rig_place.drives_file.write_text("# the user's own drives\n")
+    with pytest.raises(RigError, match="already exists"):
+        rig_up(rig_place.rig_dir, RigSpec(**SMALL), rig_place.drives_file)
+    assert rig_place.drives_file.read_text() == "# the user's own drives\n"
+    assert not rig_place.rig_dir.exists()
+
+
+def test_down_refuses_while_a_process_runs_in_the_rig(rig_place):
+    state = rig_up(rig_place.rig_dir, RigSpec(**SMALL), rig_place.drives_file)
+    sleeper = subprocess.Popen(rig_command(state, ["sleep", "60"]))
+    try:
+        with pytest.raises(RigError, match=f"processes \\[{sleeper.pid}\\] still run in the rig"):
+            _wait_until_in_rig(state, sleeper.pid) or rig_down(rig_place.rig_dir)
+        assert RigState.load(rig_place.rig_dir).complete  # nothing was torn down
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    rig_down(rig_place.rig_dir)
+
+
+def _wait_until_in_rig(state: RigState, pid: int) -> None:
+    for _ in range(100):
+        if pid in state.throttle().pids():
+            return
+        os.sched_yield()
+        subprocess.run(["true"])
+    raise AssertionError(f"pid {pid} never joined {state.cgroup}")
+
+
+def test_cli_up_status_run_down(rig_place, monkeypatch, capsys):
+    # The CLI builds in the data dir; point it at this test's place (its rig dir is <home>/nightshift-rig).
+    monkeypatch.setenv("NIGHTSHIFT_HOME", str(rig_place.rig_dir.parent))
+    assert main(["rig", "up", "--drives", "2", "--size-mib", "64", "--mbps", "80"]) == 0
+    assert main(["rig", "status"]) == 0
+    out = capsys.readouterr()
+    assert "healthy" in out.err and out.out.count("\ton\t80\t") == 2
+    assert main(["rig", "up", "--drives", "1"]) == 1
+    assert "a rig is already up" in capsys.readouterr().err
+    assert main(["rig", "down"]) == 0
+    assert main(["rig", "status"]) == 1
+    assert "no rig at" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (Debian package `fio`)")
+def test_cli_verify_reads_every_drive_with_probe_and_fio(rig_place, monkeypatch, capsys):
+    monkeypatch.setenv("NIGHTSHIFT_HOME", str(rig_place.rig_dir.parent))
+    assert main(["rig", "up", "--drives", "1", "--size-mib", "128", "--mbps", "100"]) == 0
+    capsys.readouterr()
+    status = main(["rig", "verify", "--seconds", "1"])
+    out = capsys.readouterr()
+    rows = [line.split("\t") for line in out.out.splitlines()[1:]]
+    assert [row[:4] for row in rows] == [["rig0", "1 MiB", "4", "100"], ["rig0", "17 MiB", "1", "100"]]
+    assert status == (0 if "(within 10 %)" in out.err else 1)
+    assert main(["rig", "down"]) == 0
