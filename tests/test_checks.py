@@ -28,12 +28,12 @@ def context(tables: dict[str, Table], as_of: str = "2026-10-15", period: str = "
     return CheckContext(tables, window, window.previous(), Decimal("1000"))
 
 
-def test_match_pairs_by_reference_then_amount_and_nearest_date():
+def test_match_pairs_by_reference_then_amount_and_date():
     bank = table("bank", [("2026-10-01", "100.00", "A"), ("2026-10-05", "50.00", ""), ("2026-10-09", "50.00", "")])
     ledger = table("ledger", [("2026-10-03", "100.00", "A"), ("2026-10-08", "50.00", "X"), ("2026-10-04", "50.00", "Y")])
     result = match(bank, ledger, date_tolerance_days=3)
     pairs = sorted(zip(result.left.tolist(), result.right.tolist()))
-    assert pairs == [(0, 0), (1, 2), (2, 1)]  # 10-05 takes 10-04 (1 day), 10-09 takes 10-08 (1 day)
+    assert pairs == [(0, 0), (1, 2), (2, 1)]  # in date order: 10-05 takes 10-04, 10-09 takes 10-08
     assert result.left_unmatched.size == 0 and result.right_unmatched.size == 0
 
 
@@ -114,11 +114,11 @@ def test_findings_come_most_severe_first():
     assert [f.severity for f in result.findings] == ["high", "medium"]
 
 
-def test_matching_a_large_table_pairs_every_row():
+def test_matching_pairs_every_row_even_when_amounts_repeat():
     rng = np.random.default_rng(0)
     n = 20000
     days = rng.integers(0, 60, n)
-    amounts = rng.choice(np.arange(-100000, 100000), n, replace=False)  # distinct: one right answer
+    amounts = rng.integers(-3000, 3000, n)  # many equal amounts within days of each other
     rows = [(i + 1, date(2026, 9, 1) + np.timedelta64(int(d), "D").astype(object), int(a), {})
             for i, (d, a) in enumerate(zip(days, amounts))]  # fmt: skip
     left = build_table("a", Path("a"), 2, rows)
