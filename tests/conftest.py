@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.default_model import prepare_default_model
+from app.default_model import default_gguf_path, prepare_default_model
 from app.paths import data_dir
 from engine import NightshiftError
 
@@ -23,6 +23,14 @@ def default_model_dir() -> Path:
             return prepare_default_model(say=lambda message: None)
         except NightshiftError as exc:
             pytest.skip(f"the default model cannot be prepared here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def default_gguf(default_model_dir) -> Path:
+    """The GGUF the default model was converted from (kept in the real data dir's cache)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
+        return default_gguf_path()
 
 
 @pytest.fixture

@@ -6,10 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from engine import open_model
+from tests.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -34,8 +38,6 @@ def test_fixed_greedy_continuation(model):
 
 
 def test_generation_is_cancellable(model):
-    import threading
-
     cancel = threading.Event()
     cancel.set()
     chunks = list(model.generate(QUESTION, max_tokens=32, cancel=cancel))
@@ -76,3 +78,13 @@ def test_generate_command_streams_text_and_reports_rates(default_model_dir):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "The capital of France is Paris."
     assert "tok/s" in result.stderr and "time to first token" in result.stderr
+
+
+@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Write a haiku about SSDs."])
+def test_logits_match_an_independent_float64_reference(model, default_gguf, prompt):
+    """The converted model computes what the GGUF's weights define, to float32 accuracy."""
+    ids = model.chat_tokens([{"role": "user", "content": prompt}])
+    want = Float64Llama(default_gguf).last_logits(ids)
+    got = np.array(model.model(mx.array([ids]))[0, -1].astype(mx.float32))
+    assert int(got.argmax()) == int(want.argmax())
+    np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())

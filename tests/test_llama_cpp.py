@@ -2,8 +2,9 @@
 
 Needs llama-cpp-python, either importable here or in the interpreter named by
 NIGHTSHIFT_LLAMA_CPP_PYTHON (it is not a nightshift dependency); skips otherwise.
-Where the two outputs part, llama.cpp quantizes activations to 8 bits, so the
-first differing step must be a near-tie in both models.
+llama.cpp quantizes activations to 8 bits for its dot products, so where the two
+greedy outputs part, the step must be a near-tie in llama.cpp's logits, and the
+exact float64 math (tests/llama_reference.py) must side with nightshift.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlx.core as mx
+import numpy as np
 import pytest
+from mlx_lm import stream_generate
 
-from app.default_model import default_gguf_path
 from engine import open_model
-from tests.conftest import REAL_DATA_DIR
+from tests.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -32,7 +33,7 @@ PROMPTS = [
     "Translate 'good morning' into French, German and Spanish.",
 ]
 MAX_TOKENS = 48
-# Largest gap between the top two logits (in either model) accepted where the outputs part.
+# Largest gap between llama.cpp's top two logits accepted where the outputs part.
 NEAR_TIE = 0.5
 
 
@@ -44,20 +45,9 @@ def _llama_cpp_python() -> str:
     pytest.skip("llama.cpp is absent: install llama-cpp-python or set NIGHTSHIFT_LLAMA_CPP_PYTHON")
 
 
-def _ours(model, ids: list[int]) -> tuple[list[int], list[float]]:
-    """Greedy tokens and, per step, the gap between the top two logits (log-prob gaps are logit gaps)."""
-    from mlx_lm import stream_generate
-
-    tokens, gaps = [], []
-    for response in stream_generate(model.model, model.tokenizer, ids, max_tokens=MAX_TOKENS):
-        top = mx.sort(response.logprobs)[-2:].tolist()
-        tokens.append(response.token)
-        gaps.append(top[1] - top[0])
-    return tokens, gaps
-
-
 @pytest.fixture(scope="module")
-def comparison(default_model_dir):
+def comparison(default_model_dir, default_gguf):
+    """Per prompt: its ids, nightshift's greedy tokens, llama.cpp's answer."""
     python = _llama_cpp_python()
     model = open_model(default_model_dir)
     requests, ours = [], []
@@ -66,29 +56,37 @@ def comparison(default_model_dir):
         ids = model.chat_tokens(messages)
         text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         requests.append({"ids": ids, "text": text, "max_tokens": MAX_TOKENS})
-        ours.append((ids, *_ours(model, ids)))
-    gguf = str(REAL_DATA_DIR / default_gguf_path().relative_to(default_gguf_path().parents[1]))
+        ours.append([r.token for r in stream_generate(model.model, model.tokenizer, ids, max_tokens=MAX_TOKENS)])
     result = subprocess.run(
-        [python, str(Path(__file__).with_name("llama_cpp_reference.py")), gguf],
+        [python, str(Path(__file__).with_name("llama_cpp_reference.py")), str(default_gguf)],
         input=json.dumps({"prompts": requests}), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return list(zip(PROMPTS, ours, json.loads(result.stdout)["answers"]))
+    answers = json.loads(result.stdout)["answers"]
+    return [(prompt, request["ids"], tokens, answer) for prompt, request, tokens, answer in zip(PROMPTS, requests, ours, answers)]
 
 
 def test_tokenization_matches_llama_cpp(comparison):
-    for prompt, (ids, _, _), theirs in comparison:
+    for prompt, ids, _, theirs in comparison:
         assert ids == theirs["tokenized"], prompt
 
 
-def test_greedy_output_matches_llama_cpp_or_parts_at_a_near_tie(comparison, record_property):
-    for prompt, (_, tokens, gaps), theirs in comparison:
+def test_greedy_output_matches_llama_cpp_or_parts_at_a_near_tie(comparison, default_gguf, record_property):
+    exact = Float64Llama(default_gguf)
+    for prompt, ids, tokens, theirs in comparison:
         expected = theirs["tokens"]
-        same = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
-        if same is None:
+        step = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+        if step is None:
             assert tokens == expected, prompt
             record_property(prompt, f"identical, {len(tokens)} tokens")
             continue
-        (_, first), (_, second) = theirs["top2"][same]
-        record_property(prompt, f"part at step {same}: ours gap {gaps[same]:.3f}, llama.cpp gap {first - second:.3f}")
-        assert gaps[same] < NEAR_TIE and first - second < NEAR_TIE, (prompt, same, gaps[same], first - second)
+        (_, first), (_, second) = theirs["top2"][step]
+        logits = exact.last_logits(ids + tokens[:step])
+        record_property(
+            prompt,
+            f"part at step {step}: nightshift {tokens[step]}, llama.cpp {expected[step]}; "
+            f"llama.cpp top-2 gap {first - second:.3f}; float64 logits {logits[tokens[step]]:.4f} "
+            f"vs {logits[expected[step]]:.4f}",
+        )
+        assert first - second < NEAR_TIE, (prompt, step, first - second)
+        assert int(np.argmax(logits)) == tokens[step], (prompt, step, "exact math sides with llama.cpp")
