@@ -13,15 +13,14 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
 from engine import Drive, ImportOptions, import_checkpoint, open_model, read_manifest, synthesize
 from engine.models import get_classes
 from engine.store.loader import load_store
+from engine.store.measure import PROMPT, greedy_tokens
 from engine.store.safetensors_io import read_header
 
-PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 FAMILIES = ["kimi_k3", "deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss"]
 
 
@@ -34,11 +33,6 @@ def import_tiny(root: Path, src: Path, name: str, trunk_bits: int = 16, drives: 
     roots = [Drive(f"d{i}", root / f"{name}-drive{i}") for i in range(drives)]
     import_checkpoint(src, store, roots, ImportOptions(trunk_bits=trunk_bits))
     return store
-
-
-def greedy(model, steps: int = 32) -> list[int]:
-    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
-    return [int(token) for token, _ in tokens]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +50,7 @@ def test_store_model_matches_mlx_lm_exactly(arch, sources, tmp_path):
     expected, got = reference(x), loaded(x)
     assert got.dtype == expected.dtype
     assert mx.allclose(got, expected, rtol=1e-5, atol=1e-5).item()
-    assert greedy(loaded) == greedy(reference)
+    assert greedy_tokens(loaded) == greedy_tokens(reference)
 
 
 def test_kimi_k3_experts_stay_mxfp4(sources, tmp_path):
@@ -86,7 +80,7 @@ def test_int8_trunk_is_quantized_smaller_and_still_decodes(sources, tmp_path):
     assert "model.embed_tokens.scales" in names and "model.layers.0.self_attn.q_proj.scales" in names
     assert (int8 / "trunk.safetensors").stat().st_size < 0.5 * (exact / "trunk.safetensors").stat().st_size
     assert read_manifest(int8).trunk["quantized"]["model.layers.0.mlp.gate"]["bits"] == 8
-    assert len(greedy(load_store(int8)[0], steps=8)) == 8
+    assert len(greedy_tokens(load_store(int8)[0], steps=8)) == 8
 
 
 def test_open_model_accepts_a_store_and_generates_with_its_tokenizer(sources, tmp_path):

@@ -1,0 +1,67 @@
+"""Measurements behind docs/results.md (store section); printed as Markdown, never asserted.
+
+    python -m engine.store.measure trunk DIR    what --trunk-bits 16/8/4 does to logits and greedy tokens
+                                                 (tiny synthetic checkpoints of each family, against mlx-lm)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+
+from engine.io.drives import Drive
+from engine.models import get_classes
+from engine.store.importer import ImportOptions, import_checkpoint
+from engine.store.loader import load_store
+from engine.store.synth import FAMILIES, synthesize
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
+STEPS = 32
+
+
+def greedy_tokens(model, steps: int = STEPS) -> list[int]:
+    """The first `steps` greedy tokens after PROMPT."""
+    steps = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
+    return [int(token) for token, _ in steps]
+
+
+def _agreeing_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def trunk_effect(root: Path) -> list[str]:
+    """One table row per (family, trunk bits): max |logit diff|, greedy tokens equal before divergence, trunk size."""
+    rows = ["| family | trunk bits | trunk.safetensors | logit std | max abs logit diff | greedy tokens equal (of 32) |",
+            "|---|---|---|---|---|---|"]
+    for arch in FAMILIES:
+        src = synthesize(arch, "tiny", root / f"{arch}-src", seed=1)
+        reference, _ = load_model(src, get_model_classes=get_classes)
+        expected, expected_tokens = reference(mx.array([PROMPT])).astype(mx.float32), greedy_tokens(reference)
+        spread = mx.std(expected, axis=-1).mean().item()
+        for bits in (16, 8, 4):
+            store = root / f"{arch}-{bits}"
+            import_checkpoint(src, store, [Drive("d", root / f"{arch}-{bits}-drive")], ImportOptions(trunk_bits=bits))
+            model, _ = load_store(store)
+            diff = mx.abs(model(mx.array([PROMPT])).astype(mx.float32) - expected).max().item()
+            same = _agreeing_prefix(greedy_tokens(model), expected_tokens)
+            size = (store / "trunk.safetensors").stat().st_size
+            rows.append(f"| {arch} | {bits} | {size / 1e3:.0f} kB | {spread:.3g} | {diff:.3g} | {same} |")
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "trunk":
+        print(__doc__, file=sys.stderr)
+        return 2
+    root = Path(argv[1])
+    root.mkdir(parents=True, exist_ok=True)
+    print("\n".join(trunk_effect(root)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
