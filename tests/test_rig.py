@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,11 @@ from tests.rig_helpers import leftovers, requires_rig, rig_place  # noqa: F401 (
 pytestmark = [pytest.mark.rig, requires_rig]
 
 SMALL = dict(count=2, size_bytes=64 << 20, read_bps=50_000_000)
+NIGHTSHIFT = Path(sys.executable).with_name("nightshift")
 
 
 def test_up_builds_throttled_direct_io_drives_and_down_removes_them(rig_place):
-    state = rig_up(rig_place.rig_dir, RigSpec(**SMALL), rig_place.drives_file)
+    state = rig_up(rig_place.rig_dir, RigSpec(**SMALL, read_iops=900), rig_place.drives_file)
 
     drives = load_drives(rig_place.drives_file)
     assert [d.name for d in drives] == ["rig0", "rig1"]
@@ -31,6 +33,9 @@ def test_up_builds_throttled_direct_io_drives_and_down_removes_them(rig_place):
         assert device.fs_type == "ext4" and device.device == Path(made.loop).name == device.disk
     _, statuses = rig_status(rig_place.rig_dir)
     assert [(s.mounted, s.direct_io, s.limit_bps) for s in statuses] == [(True, True, 50_000_000)] * 2
+    if state.throttle().version == 1:
+        iops = (Path(state.cgroup) / "blkio.throttle.read_iops_device").read_text().splitlines()
+        assert set(iops) == {f"{d.major}:{d.minor} 900" for d in state.drives}
     inside = subprocess.run(rig_command(state, ["cat", "/proc/self/cgroup"]), capture_output=True, text=True)
     assert f"blkio:/{cgroup_name(rig_place.rig_dir)}" in inside.stdout
     assert len(leftovers(*rig_place.markers)["loop devices"]) == 2
@@ -93,6 +98,9 @@ def test_cli_up_status_run_down(rig_place, monkeypatch, capsys):
     assert main(["rig", "status"]) == 0
     out = capsys.readouterr()
     assert "healthy" in out.err and out.out.count("\ton\t80\t") == 2
+    inside = subprocess.run([str(NIGHTSHIFT), "rig", "run", "--", "cat", "/proc/self/cgroup"],
+                            capture_output=True, text=True, check=True)
+    assert f":/{cgroup_name(rig_place.rig_dir)}\n" in inside.stdout
     assert main(["rig", "up", "--drives", "1"]) == 1
     assert "a rig is already up" in capsys.readouterr().err
     assert main(["rig", "down"]) == 0
