@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.commands import say
+from app.commands import moefy, say
 from app.paths import cache_dir, models_dir
 from engine import NightshiftError
 
@@ -224,3 +224,4 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     place.add_argument("--no-measure", action="store_true",
                        help="reuse the routing measured last time (or none) instead of measuring again")
     place.set_defaults(run=cmd_place)
+    moefy.register(actions)

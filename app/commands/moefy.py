@@ -1,0 +1,68 @@
+"""`nightshift model moefy`: turn a dense llama (the default model by default) into a sparse MoE model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from app.commands import say
+from app.paths import models_dir
+from engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, moefy
+
+
+def cmd_moefy(args: argparse.Namespace) -> int:
+    from app.commands.model import resolve_model
+
+    source = resolve_model(args.source)
+    k = DEFAULT_K * args.experts // DEFAULT_EXPERTS if args.k is None else args.k
+    name = args.name or f"{source.name}-moe{args.experts}"
+    target = models_dir() / name
+    if target.exists() and not args.force:
+        raise NightshiftError(f"a model named {name!r} already exists at {target}; pick another --name or pass --force")
+    calibration = _read_calibration(args.calibration) if args.calibration else None
+    say(f"splitting {source.name} into {args.experts} experts per layer, {k} active per token")
+    print(moefy(source, target, experts=args.experts, k=k, calibration=calibration, say=say))
+    return 0
+
+
+def _read_calibration(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NightshiftError(f"cannot read the calibration text {path}: {exc}; give a UTF-8 text file") from exc
+    if len(text.split()) < 200:
+        raise NightshiftError(f"the calibration text {path} has {len(text.split())} words; give at least 200")
+    return text
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    moefy_parser = actions.add_parser(
+        "moefy",
+        help="make a sparse MoE model from a dense llama (MoEfication)",
+        description="Split every feed-forward layer of a dense llama into experts (groups of neurons that "
+        "fire together on the calibration text shipped with nightshift), fit a router that picks the top "
+        "k experts per token, and write the result as a new model. With k equal to the number of experts "
+        "the model computes exactly what the dense one does. See docs/moefication.md.",
+    )
+    moefy_parser.add_argument("--source", help="dense model name or directory (default: the default model)")
+    moefy_parser.add_argument(
+        "--experts", type=_positive, default=DEFAULT_EXPERTS, help=f"experts per layer (default {DEFAULT_EXPERTS})"
+    )
+    moefy_parser.add_argument(
+        "--k",
+        type=_positive,
+        help=f"experts active per token (default {DEFAULT_K} of {DEFAULT_EXPERTS}, scaled to --experts)",
+    )
+    moefy_parser.add_argument(
+        "--calibration", metavar="FILE", help="English text to group neurons and fit routers on (default: shipped)"
+    )
+    moefy_parser.add_argument("--name", help="model name (default: SOURCE-moeEXPERTS)")
+    moefy_parser.add_argument("--force", action="store_true", help="replace a model of the same name")
+    moefy_parser.set_defaults(run=cmd_moefy)

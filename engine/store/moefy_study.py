@@ -1,0 +1,190 @@
+"""How much does MoEfication cost? Perplexity against k, for each grouping and router tried.
+
+Runs the dense model in float32 (its quantized weights dequantized exactly) with
+each FFN replaced by `RoutedFFN`: the same neuron groups, top-k selection and
+weight-1 sum as llama_moe, computed with dense matmuls so a sweep is fast on a CPU.
+Groups and routers are fitted on the calibration text; perplexity is measured on
+the separate evaluation text. Prints a markdown table and writes the figures as JSON.
+
+    python -m engine.store.moefy_study --experts 16 32 64 --routers oracle linear mlp --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx_lm.models.activations import swiglu
+
+from engine.store.moefy import (
+    CALIBRATION_TEXT,
+    EVALUATION_TEXT,
+    DenseReference,
+    fit_linear_router,
+    group_neurons,
+    group_outputs,
+    neuron_activations,
+)
+
+Scorer = Callable[[mx.array], mx.array]
+ROUTERS = ("oracle", "linear", "mlp")
+MLP_ROUTER_HIDDEN = 64
+MLP_ROUTER_STEPS = 300
+
+
+class RoutedFFN(nn.Module):
+    """A float llama MLP whose neuron groups are selected top-k per token and summed with weight 1.
+
+    `scorer` maps FFN inputs to per-group scores; None is the oracle, which ranks
+    groups by the norm of their true output (the best any router could do by norm).
+    """
+
+    def __init__(self, mlp: nn.Module, groups: np.ndarray, scorer: Scorer | None):
+        super().__init__()
+        self.mlp = mlp
+        self.order = mx.array(groups.reshape(-1))
+        self.experts, self.size = groups.shape
+        down = mlp.down_proj.weight[:, self.order]
+        self.down = down.reshape(down.shape[0], self.experts, self.size)
+        self.scorer = scorer
+        self.k = self.experts
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = swiglu(self.mlp.gate_proj(x), self.mlp.up_proj(x))[..., self.order]
+        h = h.reshape(*h.shape[:-1], self.experts, self.size)
+        outputs = mx.einsum("...en,den->...ed", h, self.down)
+        scores = mx.linalg.norm(outputs, axis=-1) if self.scorer is None else self.scorer(x)
+        kth = mx.sort(scores, axis=-1)[..., -self.k : -self.k + 1]
+        return (outputs * (scores >= kth)[..., None]).sum(axis=-2)
+
+
+class MLPRouter(nn.Module):
+    """A small two-layer router, for comparison with the linear one."""
+
+    def __init__(self, hidden: int, experts: int, width: int = MLP_ROUTER_HIDDEN):
+        super().__init__()
+        self.layers = [nn.Linear(hidden, width), nn.Linear(width, experts)]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.layers[1](nn.relu(self.layers[0](x)))
+
+
+def fit_mlp_router(x: np.ndarray, targets: np.ndarray, seed: int) -> MLPRouter:
+    """Adam on mean squared error to the (standardised) group output norms."""
+    mx.random.seed(seed)
+    router = MLPRouter(x.shape[1], targets.shape[1])
+    xs, ys = mx.array(x), mx.array((targets - targets.mean(0)) / (targets.std(0) + 1e-6))
+    optimizer = optim.Adam(learning_rate=3e-3)
+    step = nn.value_and_grad(router, lambda model: ((model(xs) - ys) ** 2).mean())
+    for _ in range(MLP_ROUTER_STEPS):
+        _, grads = step(router)
+        optimizer.update(router, grads)
+        mx.eval(router.parameters(), optimizer.state)
+    return router
+
+
+def linear_scorer(weight: np.ndarray, bias: np.ndarray) -> Scorer:
+    w, b = mx.array(weight), mx.array(bias)
+    return lambda x: x @ w.T + b
+
+
+def perplexity(model: nn.Module, windows: list[mx.array]) -> float:
+    """exp of the mean next-token cross-entropy over all windows."""
+    total, count = 0.0, 0
+    for window in windows:
+        logits = model(window[:, :-1]).astype(mx.float32)
+        losses = nn.losses.cross_entropy(logits, window[:, 1:], reduction="sum")
+        total += losses.item()
+        count += window.shape[1] - 1
+    return math.exp(total / count)
+
+
+def k_values(experts: int) -> list[int]:
+    """k from a quarter of the experts to all of them, in eighths of the FFN."""
+    step = max(1, experts // 8)
+    return list(range(experts // 4, experts + 1, step))
+
+
+def study(dense_dir: Path, expert_counts: list[int], routers: list[str], say=print) -> dict:
+    """Perplexity of the dense model and of every (experts, router, k); the figures as a dict."""
+    reference = DenseReference(dense_dir)
+    calibration = reference.mlp_inputs(reference.windows(CALIBRATION_TEXT.read_text()))
+    windows = reference.windows(EVALUATION_TEXT.read_text())
+    dense_mlps = [layer.mlp for layer in reference.layers]
+    started = time.perf_counter()
+    dense = perplexity(reference.model, windows)
+    say(f"dense perplexity {dense:.3f} ({sum(w.shape[1] for w in windows)} tokens, {time.perf_counter() - started:.0f} s)")
+    neurons = reference.config["intermediate_size"]
+    results = {"dense": dense, "neurons": neurons, "evaluation_tokens": sum(w.shape[1] for w in windows), "rows": []}
+    for experts in expert_counts:
+        fitted = []
+        for index, (mlp, x) in enumerate(zip(dense_mlps, calibration)):
+            h = neuron_activations(mlp, x)
+            down = np.array(mlp.down_proj.weight)
+            groups = group_neurons(np.abs(h) * np.linalg.norm(down, axis=0), experts, seed=index)
+            fitted.append((mlp, x, groups, np.linalg.norm(group_outputs(h, down, groups), axis=-1)))
+        for router in routers:
+            scorers = [_scorer(router, x, targets, seed) for seed, (_, x, _, targets) in enumerate(fitted)]
+            routed = [RoutedFFN(mlp, groups, scorer) for (mlp, _, groups, _), scorer in zip(fitted, scorers)]
+            for layer, ffn in zip(reference.layers, routed):
+                layer.mlp = ffn
+            for k in k_values(experts):
+                for ffn in routed:
+                    ffn.k = k
+                value = perplexity(reference.model, windows)
+                row = {"experts": experts, "router": router, "k": k, "perplexity": value, "vs_dense": value / dense - 1}
+                results["rows"].append(row)
+                say(f"experts {experts:3d}  router {router:7s}  k {k:3d}  perplexity {value:10.3f}  ({row['vs_dense']:+.1%})")
+        for layer, mlp in zip(reference.layers, dense_mlps):
+            layer.mlp = mlp
+    return results
+
+
+def _scorer(router: str, x: np.ndarray, targets: np.ndarray, seed: int) -> Scorer | None:
+    if router == "oracle":
+        return None
+    if router == "linear":
+        return linear_scorer(*fit_linear_router(x, targets))
+    return fit_mlp_router(x, targets, seed)
+
+
+def markdown_table(results: dict) -> str:
+    """One row per (experts, router): perplexity and its change from dense at each k."""
+    lines = [
+        f"dense perplexity: {results['dense']:.2f} ({results['evaluation_tokens']} tokens)",
+        "",
+        "| experts x neurons | router | k: perplexity (vs dense) |",
+        "|---|---|---|",
+    ]
+    cells: dict[tuple[int, str], list[str]] = {}
+    for row in results["rows"]:
+        cell = f"{row['k']}: {row['perplexity']:.2f} ({row['vs_dense']:+.0%})"
+        cells.setdefault((row["experts"], row["router"]), []).append(cell)
+    for (experts, router), row_cells in cells.items():
+        lines.append(f"| {experts} x {results['neurons'] // experts} | {router} | {'; '.join(row_cells)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dense", type=Path, help="dense llama model directory (e.g. the default model's)")
+    parser.add_argument("--experts", type=int, nargs="+", default=[16], help="expert counts to try")
+    parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS), help="routers to try")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    results = study(args.dense, args.experts, args.routers)
+    print(markdown_table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

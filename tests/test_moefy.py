@@ -1,0 +1,150 @@
+"""MoEfication on a tiny llama: grouping, router fit, exactness with every expert, top-k routing, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from app.cli import main
+from engine import NightshiftError, UnsupportedModelError, convert_gguf, open_model
+from engine.store.moefy import CALIBRATION_TEXT, EVALUATION_TEXT, fit_linear_router, group_neurons, moefy
+from tests.gguf_files import TINY, write_tiny_llama
+
+EXPERTS = 8
+# Enough tokens for the tiny model's 128 neurons and 64-wide routers, few enough to keep the tests quick.
+SHORT_CALIBRATION = CALIBRATION_TEXT.read_text()[:2500]
+
+
+def tiny_moefy(dense, out, experts=EXPERTS, k=EXPERTS):
+    return moefy(dense, out, experts=experts, k=k, calibration=SHORT_CALIBRATION, say=lambda message: None)
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory):
+    """A tiny dense llama model directory (Q4_1 linears, like the default model)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return convert_gguf(write_tiny_llama(root / "tiny.gguf"), root / "dense")
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tiny_dense, tmp_path_factory):
+    """The tiny llama MoEfied with every expert active."""
+    out = tmp_path_factory.mktemp("moe") / "tiny-moe"
+    return tiny_moefy(tiny_dense, out)
+
+
+def test_grouping_is_a_partition_into_equal_groups():
+    magnitude = np.abs(np.random.default_rng(1).normal(size=(300, 96)))
+    groups = group_neurons(magnitude, 8)
+    assert groups.shape == (8, 12)
+    assert np.array_equal(np.sort(groups.reshape(-1)), np.arange(96))
+
+
+def test_grouping_finds_neurons_that_fire_together():
+    rng = np.random.default_rng(2)
+    planted = rng.permutation(64).reshape(4, 16)
+    magnitude = np.full((400, 64), 0.01)
+    for token in range(400):
+        magnitude[token, planted[rng.integers(4)]] = rng.uniform(1, 2, size=16)
+    found = {frozenset(group) for group in group_neurons(magnitude, 4).tolist()}
+    assert found == {frozenset(group) for group in planted.tolist()}
+
+
+def test_grouping_rejects_a_count_that_does_not_divide_the_neurons():
+    with pytest.raises(NightshiftError, match="do not split into 7 equal experts"):
+        group_neurons(np.ones((10, 96)), 7)
+
+
+def test_router_fit_recovers_a_linear_map():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(500, 20)).astype(np.float32)
+    weight, bias = rng.normal(size=(6, 20)), rng.normal(size=6)
+    fitted_weight, fitted_bias = fit_linear_router(x, x @ weight.T + bias, ridge=1e-9)
+    np.testing.assert_allclose(fitted_weight, weight, atol=1e-4)
+    np.testing.assert_allclose(fitted_bias, bias, atol=1e-4)
+
+
+def test_shipped_texts_are_separate_and_substantial():
+    calibration, evaluation = CALIBRATION_TEXT.read_text(), EVALUATION_TEXT.read_text()
+    assert len(calibration.split()) > 2000 and len(evaluation.split()) > 800
+    sentences = {s.strip() for s in calibration.split(".") if len(s.strip()) > 30}
+    assert not any(s.strip() in sentences for s in evaluation.split(".") if len(s.strip()) > 30)
+
+
+def test_checkpoint_is_a_llama_moe_with_experts_from_every_neuron(tiny_dense, tiny_moe):
+    config = json.loads((tiny_moe / "config.json").read_text())
+    assert config["model_type"] == "llama_moe"
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (EXPERTS, EXPERTS)
+    assert {p.name for p in tiny_dense.glob("tokenizer*")} <= {p.name for p in tiny_moe.iterdir()}
+    weights = mx.load(str(tiny_moe / "model.safetensors"))
+    size = TINY["ffn"] // EXPERTS
+    assert weights["model.layers.0.mlp.switch_mlp.gate_proj.weight"].shape == (EXPERTS, size, TINY["hidden"] // 8)
+    assert weights["model.layers.0.mlp.switch_mlp.down_proj.weight"].shape == (EXPERTS, TINY["hidden"], size)
+    assert weights["model.layers.0.mlp.router.weight"].shape == (EXPERTS, TINY["hidden"])
+    assert not [name for name in weights if ".mlp.gate_proj" in name or ".mlp.down_proj" in name]
+
+
+def test_every_expert_active_is_the_dense_model(tiny_dense, tiny_moe):
+    dense, sparse = open_model(tiny_dense), open_model(tiny_moe)
+    prompt = mx.array(dense.tokenizer.encode("the quick brown fox jumps over the lazy dog"))[None]
+    expected, got = dense.model(prompt), sparse.model(prompt)
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-4)
+    greedy = [[c.token for c in m.generate_tokens(prompt[0].tolist(), max_tokens=16)] for m in (dense, sparse)]
+    assert greedy[0] == greedy[1]
+
+
+def test_router_picks_the_top_k_experts(tiny_moe):
+    sparse = open_model(tiny_moe)
+    mlp = sparse.model.layers[0].mlp
+    scores = mx.array([3.0, -1.0, 7.0, 0.5, 2.0, -4.0, 6.0, 1.0])
+    mlp.router.weight = mx.zeros_like(mlp.router.weight)
+    mlp.router.bias = scores
+    x = mx.random.normal((1, 5, TINY["hidden"]), key=mx.random.key(4))
+    for k, chosen in ((1, [2]), (3, [2, 6, 0])):
+        mlp.num_experts_per_tok = k
+        indices = mx.broadcast_to(mx.array(chosen), (1, 5, k))
+        expected = mlp.switch_mlp(x, indices).sum(axis=-2)
+        np.testing.assert_allclose(np.array(mlp(x)), np.array(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_fewer_experts_change_the_output(tiny_dense, tmp_path):
+    sparse = open_model(tiny_moefy(tiny_dense, tmp_path / "k2", k=2))
+    dense = open_model(tiny_dense)
+    prompt = mx.array(dense.tokenizer.encode("hello there"))[None]
+    assert not np.allclose(np.array(sparse.model(prompt)), np.array(dense.model(prompt)), atol=1e-3)
+
+
+def test_bad_requests_are_refused_before_anything_is_written(tiny_dense, tiny_moe, tmp_path):
+    with pytest.raises(NightshiftError, match="k must be between 1 and the number of experts"):
+        tiny_moefy(tiny_dense, tmp_path / "out", experts=4, k=5)
+    with pytest.raises(NightshiftError, match="do not split into 5 equal experts"):
+        tiny_moefy(tiny_dense, tmp_path / "out", experts=5, k=2)
+    with pytest.raises(UnsupportedModelError, match="MoEfication takes a dense llama"):
+        tiny_moefy(tiny_moe, tmp_path / "out", experts=4, k=2)
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_moefy_refuses_to_replace_a_model_and_needs_a_source(home, tiny_dense, capsys):
+    (home / "models" / "taken").mkdir(parents=True)
+    assert main(["model", "moefy", "--source", str(tiny_dense), "--name", "taken"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert main(["model", "moefy"]) == 1
+    assert "nightshift model default" in capsys.readouterr().err
+
+
+def test_cli_moefy_refuses_a_calibration_text_too_short(home, tiny_dense, tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("only a few words here")
+    assert main(["model", "moefy", "--source", str(tiny_dense), "--calibration", str(tmp_path / "short.txt")]) == 1
+    assert "has 5 words; give at least 200" in capsys.readouterr().err
+
+
+def test_cli_moefy_writes_a_model_into_the_data_dir(home, tiny_dense, tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(SHORT_CALIBRATION)
+    command = ["model", "moefy", "--source", str(tiny_dense), "--calibration", str(tmp_path / "text.txt")]
+    assert main([*command, "--experts", "4", "--k", "3", "--name", "m"]) == 0
+    config = json.loads((home / "models" / "m" / "config.json").read_text())
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (4, 3)
+    assert not [p for p in (home / "models").iterdir() if p.name.startswith(".")]
