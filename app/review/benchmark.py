@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from app.review.checks import CheckContext, check_duplicates, check_totals
-from app.review.matching import sweep, match
+from app.review.matching import match
 from app.review.sources import CsvSource, Table
 from app.review.window import window_containing
 
@@ -49,13 +49,25 @@ def write_sample(folder: Path, rows: int, missing: int, seed: int = 0) -> None:
         out.writelines(f"{cleared[i]},{amounts[i]},\n" for i in order if keep[i])
 
 
+def sweep(left_days: list[int], right_days: list[int], tolerance: int) -> int:
+    """Pairs within one group, both lists sorted by day: the matcher's rule, one row at a time."""
+    pairs, j = 0, 0
+    for day in left_days:
+        while j < len(right_days) and right_days[j] < day - tolerance:
+            j += 1
+        if j < len(right_days) and right_days[j] <= day + tolerance:
+            pairs += 1
+            j += 1
+    return pairs
+
+
 def python_match(left: Table, right: Table, tolerance: int) -> int:
     """The same matching in plain Python: rows grouped by amount in dictionaries, each group swept by date."""
     groups: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
     for side, table in ((0, left), (1, right)):
         for amount, day in zip(table.amounts.tolist(), table.dates.astype(np.int64).tolist()):
             groups[amount][side].append(day)
-    return sum(len(sweep(sorted(lefts), sorted(rights), tolerance)) for lefts, rights in groups.values())
+    return sum(sweep(sorted(lefts), sorted(rights), tolerance) for lefts, rights in groups.values())
 
 
 def timed(action):

@@ -1,12 +1,11 @@
 """Two-source matching (bank vs ledger) with numpy: reference first, then amount, dates within a tolerance.
 
 Each pass groups rows by a key (reference and amount, then amount alone).
-Most groups hold one row per side: those are paired in one vectorised step
-when their dates are close enough. Groups with several rows on a side (the
-same amount paid twice in a week) go through a date-ordered sweep, which
-pairs as many rows as the tolerance allows: every row's window of acceptable
-dates has the same width, so taking the earliest acceptable counterpart for
-each row in date order is optimal.
+Within a group rows are paired in date order, each left row taking the
+earliest right row within the tolerance: every row's window of acceptable
+dates has the same width, so this pairs as many rows as possible (an amount
+paid twice in a week still pairs both). All groups advance together, one
+vectorised step per round.
 """
 
 from __future__ import annotations
@@ -39,50 +38,42 @@ def _factorize(*columns: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def sweep(left_days: list[int], right_days: list[int], tolerance: int) -> list[tuple[int, int]]:
-    """Positions of pairs within one group; both lists sorted by day."""
-    pairs, j = [], 0
-    for i, day in enumerate(left_days):
-        while j < len(right_days) and right_days[j] < day - tolerance:
-            j += 1  # too early for this row, so for every later one too
-        if j < len(right_days) and right_days[j] <= day + tolerance:
-            pairs.append((i, j))
-            j += 1
-    return pairs
-
-
 def pair_by_key(left_keys: np.ndarray, left_days: np.ndarray, right_keys: np.ndarray, right_days: np.ndarray,
                 tolerance: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """One-to-one pairs (positions into the inputs) with equal keys and days at most `tolerance` apart."""
+    """One-to-one pairs (positions into the inputs) with equal keys and days at most `tolerance` apart.
+
+    Both sides are sorted by (key, day); every group then advances two cursors
+    at once, one vectorised step per round: a right row too early for the
+    current left row is passed over, one within reach is paired, and a left
+    row nothing can reach is left alone. Rounds = the largest group's rows.
+    """
     if len(left_keys) == 0 or len(right_keys) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     left_codes, right_codes = _factorize(left_keys, right_keys)
     groups = int(max(left_codes.max(), right_codes.max())) + 1
+    left_order = np.lexsort((left_days, left_codes))
+    right_order = np.lexsort((right_days, right_codes))
+    left_sorted_days, right_sorted_days = left_days[left_order], right_days[right_order]
     left_count = np.bincount(left_codes, minlength=groups)
     right_count = np.bincount(right_codes, minlength=groups)
-    # Right rows ordered by (group, day): each group is one slice, found by searchsorted.
-    right_order = np.lexsort((right_days, right_codes))
-    right_start = np.searchsorted(right_codes[right_order], np.arange(groups))
+    left_start = np.cumsum(left_count) - left_count
+    right_start = np.cumsum(right_count) - right_count
 
-    single = (left_count == 1) & (right_count == 1)
-    lone = np.flatnonzero(single[left_codes])
-    partner = right_order[right_start[left_codes[lone]]]
-    close = np.abs(left_days[lone] - right_days[partner]) <= tolerance
-    pairs_left, pairs_right = [lone[close]], [partner[close]]
-
-    crowded = np.flatnonzero((left_count > 0) & (right_count > 0) & ~single)
-    if len(crowded):
-        left_order = np.lexsort((left_days, left_codes))
-        left_start = np.searchsorted(left_codes[left_order], np.arange(groups))
-        swept_left, swept_right = [], []
-        for group in crowded.tolist():
-            lefts = left_order[left_start[group] : left_start[group] + left_count[group]]
-            rights = right_order[right_start[group] : right_start[group] + right_count[group]]
-            for i, j in sweep(left_days[lefts].tolist(), right_days[rights].tolist(), tolerance):
-                swept_left.append(lefts[i])
-                swept_right.append(rights[j])
-        pairs_left.append(np.array(swept_left, dtype=np.int64))
-        pairs_right.append(np.array(swept_right, dtype=np.int64))
+    both = np.flatnonzero((left_count > 0) & (right_count > 0))
+    at_left, at_right = left_start[both].copy(), right_start[both].copy()
+    end_left, end_right = at_left + left_count[both], at_right + right_count[both]
+    pairs_left, pairs_right = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    active = np.arange(len(both))
+    while len(active):
+        i, j = at_left[active], at_right[active]
+        left_day, right_day = left_sorted_days[i], right_sorted_days[j]
+        early = right_day < left_day - tolerance
+        hit = ~early & (right_day <= left_day + tolerance)
+        pairs_left.append(left_order[i[hit]])
+        pairs_right.append(right_order[j[hit]])
+        at_right[active[early | hit]] += 1
+        at_left[active[~early]] += 1
+        active = active[(at_left[active] < end_left[active]) & (at_right[active] < end_right[active])]
     return np.concatenate(pairs_left), np.concatenate(pairs_right)
 
 
