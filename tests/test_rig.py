@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,17 @@ def test_cli_verify_reads_every_drive_with_probe_and_fio(rig_place, monkeypatch,
     assert [row[:4] for row in rows] == [["rig0", "1 MiB", "4", "100"], ["rig0", "17 MiB", "1", "100"]]
     assert status == (0 if "(within 10 %)" in out.err else 1)
     assert main(["rig", "down"]) == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_up_leaves_nothing_behind(rig_place):
+    env = {**os.environ, "NIGHTSHIFT_HOME": str(rig_place.rig_dir.parent)}
+    up = subprocess.Popen([str(NIGHTSHIFT), "rig", "up", "--drives", "4", "--size-mib", "256"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while up.poll() is None and not (rig_place.rig_dir / "rig.json").exists():
+        time.sleep(0.005)
+    up.send_signal(signal.SIGINT)  # building has begun: the record exists
+    _, err = up.communicate(timeout=60)
+    assert up.returncode != 0 and "KeyboardInterrupt" in err
+    assert leftovers(*rig_place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
+    assert not (rig_place.rig_dir / "rig.json").exists() and not rig_place.drives_file.exists()

@@ -134,12 +134,14 @@ def rig_up(rig_dir: Path, spec: RigSpec, drives_file: Path) -> RigState:
     state.save()
     try:
         _build(state, Path(drives_file))
-    except (NightshiftError, OSError) as exc:
+    except BaseException as exc:  # Ctrl-C half-way must not leave half a rig either
         try:
             _teardown(state)
         except RigError as cleanup:
-            raise RigError(f"building the rig failed ({exc}); cleaning up also failed: {cleanup}") from exc
-        raise RigError(f"building the rig failed: {exc}; everything it had made was removed") from exc
+            raise RigError(f"building the rig failed ({exc!r}); cleaning up also failed: {cleanup}") from exc
+        if isinstance(exc, (NightshiftError, OSError)):
+            raise RigError(f"building the rig failed: {exc}; everything it had made was removed") from exc
+        raise
     return state
 
 

@@ -136,12 +136,12 @@ class DriveMonitor:
         values has shape (samples, drives, len(FIELDS)). Copies, safe to keep."""
         with self._lock:
             n = min(self._written, len(self._times))
-            order = (np.arange(self._written - n, self._written)) % len(self._times)
-            times, values = self._times[order], self._values[order]
-        if seconds is not None and n:
-            keep = times >= times[-1] - seconds
-            times, values = times[keep], values[keep]
-        return times, values
+            order = np.arange(self._written - n, self._written) % len(self._times)
+            times = self._times[order]
+            if seconds is not None and n:
+                first = int(np.searchsorted(times, times[-1] - seconds))
+                order, times = order[first:], times[first:]
+            return times, self._values[order]
 
     def latest(self) -> tuple[float, dict[str, dict[str, float]]]:
         """(time, {drive: {field: value}}) of the newest sample."""
