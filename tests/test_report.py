@@ -33,9 +33,9 @@ def test_numbers_are_marked_verified_or_not_and_text_is_escaped():
     assert "F3" not in str(mark_numbers("F3", known)).replace("F3", "")  # labels are not numbers
 
 
-def test_the_narrative_splits_into_summary_and_comments():
+def test_the_narrative_keeps_its_text_and_picks_out_comments():
     narrative = split_narrative(NARRATIVE, GenerationStats())
-    assert narrative.summary.startswith("The bank shows") and narrative.summary.endswith("</script>")
+    assert narrative.text == NARRATIVE
     assert narrative.comments == {1: "Check INV-5010 & its duplicate.", 4: "Find the 100.00 difference."}
 
 

@@ -23,7 +23,7 @@ PROMPTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
 # "F3: ..." at the start of a line: the model's comment on finding 3.
 COMMENT = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]\s*(.+)$", re.MULTILINE)
 
-Progress = Callable[[GenerationStats], None]
+Progress = Callable[[GenerationStats, str], None]  # live statistics and the text written so far
 
 
 @dataclass
@@ -35,7 +35,6 @@ class Prompt:
 @dataclass
 class Narrative:
     text: str
-    summary: str
     comments: dict[int, str] = field(default_factory=dict)  # finding number (1-based) -> comment
     stats: GenerationStats = field(default_factory=GenerationStats)
 
@@ -72,7 +71,7 @@ def write_narrative(
     model: Model, prompt: Prompt, max_tokens: int, temp: float, seed: int,
     progress: Progress | None = None, cancel: threading.Event | None = None,
 ) -> Narrative:  # fmt: skip
-    """Generate the narrative; `progress` sees the live statistics after every token."""
+    """Generate the narrative; `progress` sees the live statistics and the text so far after every token."""
     tokens = model.chat_tokens(prompt.messages)
     limit = context_length(model)
     if limit is not None and len(tokens) + max_tokens > limit:
@@ -85,13 +84,11 @@ def write_narrative(
         text.append(chunk.text)
         stats = chunk.stats
         if progress is not None:
-            progress(stats)
+            progress(stats, "".join(text))
     return split_narrative("".join(text).strip(), stats)
 
 
 def split_narrative(text: str, stats: GenerationStats) -> Narrative:
-    """The summary (text before the first "F<n>:" line) and the per-finding comments."""
+    """The narrative with its per-finding comments ("F3: ..." lines) picked out."""
     comments = {int(number): comment.strip() for number, comment in COMMENT.findall(text)}
-    first = COMMENT.search(text)
-    summary = text[: first.start()].strip() if first else text
-    return Narrative(text, summary, comments, stats)
+    return Narrative(text, comments, stats)

@@ -122,7 +122,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
         [number.text for text in texts for number in numbers_in(text, set())]
         + [window.start.year, window.start.month, window.start.day, window.end.day, len(checked.result.findings)]
     )  # fmt: skip
-    marked_summary = mark_numbers(narrative.summary, known)
+    marked_text = mark_numbers(narrative.text, known)  # shown verbatim; comments also go by their findings
     comments = {n: mark_numbers(text, known) for n, text in narrative.comments.items()}
     stated = numbers_in(narrative.text, known)
     charts = [
@@ -133,7 +133,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
     return {
         "schedule": schedule, "window": checked.window, "previous": checked.previous,
         "findings": checked.result.findings, "tables": list(zip(checked.result.tables, charts)),
-        "summary": marked_summary, "comments": comments, "narrative_numbers": len(stated),
+        "narrative": marked_text, "comments": comments, "narrative_numbers": len(stated),
         "unverified": [n.text for n in stated if not n.verified], "headline": _headline(checked),
         "provenance": provenance, "created": created, "severities": SEVERITIES,
     }  # fmt: skip
