@@ -136,3 +136,9 @@ def test_ctrl_c_during_up_leaves_nothing_behind(rig_place):
     assert up.returncode != 0 and "KeyboardInterrupt" in err
     assert leftovers(*rig_place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
     assert not (rig_place.rig_dir / "rig.json").exists() and not rig_place.drives_file.exists()
+
+
+def test_an_unreadable_rig_record_is_named(tmp_path):
+    (tmp_path / "rig.json").write_text('{"spec": {"count": 2, "colour": "red"}}')
+    with pytest.raises(RigError, match="not a rig record nightshift can read"):
+        rig_down(tmp_path)

@@ -86,10 +86,14 @@ class RigState:
         path = Path(rig_dir) / STATE_FILE
         if not path.is_file():
             raise RigError(f"no rig at {rig_dir} (no {STATE_FILE}); `nightshift rig up` builds one")
-        data = json.loads(path.read_text())
-        data["spec"] = RigSpec(**data["spec"])
-        data["drives"] = [RigDrive(**d) for d in data["drives"]]
-        return cls(**data)
+        try:
+            data = json.loads(path.read_text())
+            data["spec"] = RigSpec(**data["spec"])
+            data["drives"] = [RigDrive(**d) for d in data["drives"]]
+            return cls(**data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RigError(f"{path} is not a rig record nightshift can read ({exc}); remove what it lists "
+                           "by hand (umount, losetup -d, rmdir the cgroup), then delete it") from exc
 
     def throttle(self) -> ReadThrottle:
         if not self.cgroup:
