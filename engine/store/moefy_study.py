@@ -108,9 +108,9 @@ def perplexity(model: nn.Module, windows: list[mx.array]) -> float:
 
 
 def k_values(experts: int) -> list[int]:
-    """k from a quarter of the experts to all of them, in eighths of the FFN."""
-    step = max(1, experts // 8)
-    return list(range(experts // 4, experts + 1, step))
+    """k from five eighths of the experts to all of them, in sixteenths of the FFN (below, the cost explodes)."""
+    step = max(1, experts // 16)
+    return list(range(experts * 5 // 8, experts + 1, step))
 
 
 def study(dense_dir: Path, expert_counts: list[int], routers: list[str], say=print) -> dict:
