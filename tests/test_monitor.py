@@ -63,3 +63,18 @@ def test_a_known_read_load_shows_in_both_counters(tmp_path):
     assert values[:, 0, ENGINE_IN_FLIGHT].max() <= 1
     cadence = monitor.cadence()
     assert cadence.samples == len(values) and 0 < cadence.cpu_fraction < 1
+
+
+def test_cli_watch_prints_each_drive_every_interval(home, tmp_path, capsys):
+    from app.cli import main
+    from engine.io.drives import Drive, format_drives
+
+    home.mkdir()
+    (home / "drives.toml").write_text(format_drives([Drive("d0", tmp_path), Drive("d1", tmp_path)]))
+    assert main(["drives", "watch", "--seconds", "0.3", "--every", "0.1"]) == 0
+    out = capsys.readouterr()
+    rows = [line.split("\t") for line in out.out.splitlines()]
+    assert rows[0] == ["time_s", "drive", "read MB/s", "reads/s", "in flight"]
+    assert [row[1] for row in rows[1:]] == ["d0", "d1"] * 3
+    assert all(float(row[2]) >= 0 for row in rows[1:]) and "slots skipped" in out.err
+    assert main(["drives", "watch", "--every", "0"]) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +53,27 @@ def cmd_probe(args: argparse.Namespace) -> int:
     target = Path(args.drives_file).parent / CEILINGS_FILE
     ceilings.save(target)
     say(f"saved to {target}")
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from engine import DriveMonitor, load_drives, resolve_device
+
+    if args.every <= 0 or args.seconds <= 0:
+        raise NightshiftError("--every and --seconds must be positive")
+    drives = load_drives(args.drives_file)
+    devices = [resolve_device(d.root).counters_name for d in drives]
+    print("time_s\tdrive\tread MB/s\treads/s\tin flight")
+    with DriveMonitor([d.name for d in drives], devices) as monitor:
+        start = time.monotonic()
+        for _ in range(max(1, round(args.seconds / args.every))):
+            time.sleep(args.every)
+            for name, r in monitor.rates(args.every).items():
+                print(f"{time.monotonic() - start:.1f}\t{name}\t{r.os_bytes_per_s / 1e6:.1f}\t"
+                      f"{r.os_reads_per_s:.0f}\t{r.os_in_flight:.2f}", flush=True)
+    c = monitor.cadence()
+    say(f"{c.samples} samples, gap p50 {c.p50_gap_s * 1e3:.2f} ms, p99 {c.p99_gap_s * 1e3:.2f} ms, "
+        f"{c.skipped_slots} slots skipped, sampler CPU {c.cpu_fraction:.1%} of one core")
     return 0
 
 
@@ -133,6 +155,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     probe.add_argument("--seconds", type=float, default=1.0, help="time per cell (default: %(default)s)")
     probe.add_argument("--file-mib", type=int, default=256, help="probe file size (default: %(default)s)")
     probe.set_defaults(run=cmd_probe)
-    for action in (show, probe):
+    watch = actions.add_parser(
+        "watch", help="live read rates of each drive from the OS device counters",
+        description="Sample each drive's device counters every 10 ms and print MB/s, reads/s and reads in "
+        "flight per drive every --every seconds, whoever is reading.",
+    )
+    watch.add_argument("--every", type=float, default=1.0, help="print interval in seconds (default: %(default)s)")
+    watch.add_argument("--seconds", type=float, default=10.0, help="how long to watch (default: %(default)s)")
+    watch.set_defaults(run=cmd_watch)
+    for action in (show, probe, watch):
         action.add_argument("--drives-file", type=Path, default=default_drives_file(),
                             help="drives file (default: drives.toml in the data dir)")
