@@ -144,7 +144,9 @@ def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResu
         return CheckResult()
     codes = np.zeros(len(table), dtype=np.int64)
     for key in keys:
-        _, inverse = np.unique(table.column(key), return_inverse=True)
+        column = table.column(key)
+        # Text as fixed-width unicode: numpy sorts that in C, object arrays through Python comparisons.
+        _, inverse = np.unique(column.astype(str) if column.dtype == object else column, return_inverse=True)
         codes = codes * np.int64(inverse.max() + 1) + inverse
         _, codes = np.unique(codes, return_inverse=True)
     order = np.argsort(codes, kind="stable")
