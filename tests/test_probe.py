@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
 import pytest
 
@@ -101,3 +102,10 @@ def test_fio_reads_the_same_file_as_the_probe(tmp_path):
     (agreement,) = compare_with_fio(Drive("d", tmp_path), [(64 * KiB, 2)], seconds=1)
     assert agreement.fio_bytes_per_s > 0 and agreement.probe_bytes_per_s > 0
     assert not (tmp_path / PROBE_FILE).exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a tmpfs at /dev/shm")
+def test_a_drive_without_a_block_device_is_still_probed():
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        ceiling = probe_drive(Drive("shm", root), (4 * KiB,), (1,), 0.02, MiB)
+    assert ceiling.device.startswith("none") and ceiling.cells[0].reads > 0

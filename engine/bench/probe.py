@@ -21,7 +21,7 @@ import numpy as np
 from engine.errors import NoSpaceError
 from engine.io.ceilings import DriveCeiling, ProbeCell
 from engine.io.counters import DriveReadCounters
-from engine.io.devices import resolve_device
+from engine.io.devices import DeviceNotFoundError, resolve_device
 from engine.io.direct import ALIGNMENT, DirectFile, aligned_buffer, open_direct, round_up
 from engine.io.drives import Drive
 
@@ -40,9 +40,12 @@ def probe_drive(
     counters: DriveReadCounters | None = None,
 ) -> DriveCeiling:
     """Measure `drive` at every (read size, queue depth); counts reads in `counters` when given."""
-    device = resolve_device(drive.root)
+    try:
+        device = resolve_device(drive.root).device
+    except DeviceNotFoundError:
+        device = "none (no block device under this root)"  # still worth probing, e.g. ZFS
     with probe_file(drive, max(file_bytes, 2 * max(read_sizes))) as path, open_direct(path) as f:
-        ceiling = DriveCeiling(drive.name, str(drive.root), device.device, f.mode)
+        ceiling = DriveCeiling(drive.name, str(drive.root), device, f.mode)
         for size in read_sizes:
             for depth in queue_depths:
                 ceiling.cells.append(measure(f, size, depth, seconds, drive.name, counters))
