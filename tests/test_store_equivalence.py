@@ -21,7 +21,7 @@ from engine.store.loader import load_store
 from engine.store.measure import PROMPT, greedy_tokens
 from engine.store.safetensors_io import read_header
 
-FAMILIES = ["kimi_k3", "deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss"]
+FAMILIES = ["kimi_k3", "deepseek_v3", "kimi_k2", "qwen3_moe", "mixtral", "gpt_oss"]
 
 
 def tiny_checkpoint(root: Path, arch: str, skew: float = 0.0) -> Path:
@@ -88,3 +88,19 @@ def test_open_model_accepts_a_store_and_generates_with_its_tokenizer(sources, tm
     model = open_model(store)
     chunks = list(model.generate([{"role": "user", "content": "Reconcile the bank account."}], max_tokens=6))
     assert len(chunks) == 6 and chunks[-1].stats.generated_tokens == 6
+
+
+def test_quantize_experts_turns_float_experts_into_affine_4_bit(sources, tmp_path):
+    store = tmp_path / "q4"
+    import_checkpoint(sources["deepseek_v3"], store, [Drive("d", tmp_path / "d")],
+                      ImportOptions(trunk_bits=16, quantize_experts=True))
+    manifest = read_manifest(store)
+    for layer in manifest.layers:
+        assert all(q == {"mode": "affine", "bits": 4, "group_size": 64} for q in layer.quantization.values())
+    float_bytes = 3 * 64 * 64 * 4  # three float32 64x64 projections
+    assert sum(t.nbytes for t in manifest.layers[0].tensors) < float_bytes / 4  # before page padding
+    reference, _ = load_model(sources["deepseek_v3"], get_model_classes=get_classes)
+    x = mx.array([PROMPT])
+    expected, got = reference(x), load_store(store)[0](x)
+    assert not mx.array_equal(got, expected).item()  # 4-bit experts are an approximation...
+    assert mx.abs(got - expected).max().item() < 0.5  # ...but of the same model

@@ -65,6 +65,11 @@ def deepseek_v3(hidden: int, layers: int, experts: int, active: int, expert_hidd
     )
 
 
+def kimi_k2(*sizes: int) -> dict:
+    """Kimi K2 is a DeepSeek V3 architecture under its own model_type (mlx-lm maps it back)."""
+    return {**deepseek_v3(*sizes), "model_type": "kimi_k2"}
+
+
 def qwen3_moe(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
         model_type="qwen3_moe", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
@@ -116,6 +121,7 @@ W123 = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 FAMILIES: dict[str, ExpertLayout] = {
     "kimi_k3": ExpertLayout(kimi_k3, "block_sparse_moe.experts.{e}.{proj}", W123, mxfp4=True),
     "deepseek_v3": ExpertLayout(deepseek_v3, "mlp.experts.{e}.{proj}", {}, mxfp4=False),
+    "kimi_k2": ExpertLayout(kimi_k2, "mlp.experts.{e}.{proj}", {}, mxfp4=False),
     "qwen3_moe": ExpertLayout(qwen3_moe, "mlp.experts.{e}.{proj}", {}, mxfp4=False),
     "mixtral": ExpertLayout(mixtral, "block_sparse_moe.experts.{e}.{proj}", W123, mxfp4=False),
     "gpt_oss": ExpertLayout(gpt_oss, None, {}, mxfp4=True),
