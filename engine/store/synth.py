@@ -94,7 +94,7 @@ def gpt_oss(hidden: int, layers: int, experts: int, active: int, expert_hidden: 
         intermediate_size=expert_hidden, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
         num_local_experts=experts, num_experts_per_tok=active, sliding_window=16, rope_theta=10000,
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        quantization={"group_size": 32, "bits": 4, "mode": "mxfp4"},
+        quantization_config={"quant_method": "mxfp4"},
     )
 
 
@@ -102,7 +102,7 @@ def gpt_oss(hidden: int, layers: int, experts: int, active: int, expert_hidden: 
 class ExpertLayout:
     """How a family's checkpoints name and encode routed experts.
 
-    `template` is the per-expert key under the layer (None: stacked, as mlx-lm names them);
+    `template` is the per-expert key under the layer (None: gpt_oss's stacked, fused gate_up layout);
     `renames` maps mlx-lm projection names to the checkpoint's; `mxfp4` says experts ship packed MXFP4.
     Unquantized experts are float32: mlx's CPU `gather_mm` takes nothing else.
     """
@@ -258,22 +258,11 @@ def _expert_tensors(model, site, family: ExpertLayout, rng: np.random.Generator)
     """The routed experts of one site, in the family's checkpoint layout."""
     module = dict(tree_flatten(model.parameters()))
     layer_prefix = site.path[: site.path.index(f"layers.{site.layer}.") + len(f"layers.{site.layer}.")]
+    if family.template is None:
+        return _fused_gate_up_experts(module, site, rng)
     tensors = []
     for proj in site.projections:
         rows, cols = module[f"{site.path}.{proj}.weight"].shape[1:]
-        bias = module.get(f"{site.path}.{proj}.bias")
-        if family.template is None:
-            stacked = [_expert(rng, (rows, cols), family) for _ in range(site.num_experts)]
-            names = ("weight", "scales") if family.mxfp4 else ("weight",)
-            for i, suffix in enumerate(names):
-                array = np.stack([parts[i] for parts in stacked])
-                if suffix == "weight" and family.mxfp4:
-                    array = array.view(np.uint32)
-                tensors.append(out_tensor(f"{site.path}.{proj}.{suffix}", mx.array(array)))
-            if bias is not None:
-                values = rng.normal(0, 0.02, size=(site.num_experts, rows)).astype(np.float32)
-                tensors.append(out_tensor(f"{site.path}.{proj}.bias", _cast(mx.array(values), family.dtype)))
-            continue
         for e in range(site.num_experts):
             key = layer_prefix + family.template.format(e=e, proj=family.renames.get(proj, proj))
             parts = _expert(rng, (rows, cols), family)
@@ -283,6 +272,38 @@ def _expert_tensors(model, site, family: ExpertLayout, rng: np.random.Generator)
             else:
                 tensors.append(out_tensor(f"{key}.weight", parts[0]))
     return tensors
+
+
+def _fused_gate_up_experts(module: dict, site, rng: np.random.Generator) -> list[OutTensor]:
+    """gpt_oss's layout: all experts of a layer stacked, gate and up rows interleaved in one
+    `gate_up_proj`, MXFP4 as 16-byte blocks of 32 codes, a bias per projection."""
+    inner, hidden = module[f"{site.path}.gate_proj.weight"].shape[1:]
+    experts = site.num_experts
+    gate = [random_mxfp4(rng, (inner, hidden)) for _ in range(experts)]
+    up = [random_mxfp4(rng, (inner, hidden)) for _ in range(experts)]
+    down = [random_mxfp4(rng, (hidden, inner)) for _ in range(experts)]
+
+    def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.empty((a.shape[0] * 2, *a.shape[1:]), dtype=a.dtype)
+        out[0::2], out[1::2] = a, b
+        return out
+
+    def blocks(codes: list[np.ndarray]) -> np.ndarray:
+        stacked = np.stack(codes)
+        return stacked.reshape(*stacked.shape[:-1], stacked.shape[-1] // 16, 16)
+
+    def bias(rows: int) -> mx.array:
+        return mx.array(rng.normal(0, 0.02, size=(experts, rows)).astype(np.float32)).astype(mx.bfloat16)
+
+    prefix = site.path
+    return [
+        out_tensor(f"{prefix}.gate_up_proj_blocks", mx.array(blocks([interleave(g[0], u[0]) for g, u in zip(gate, up)]))),
+        out_tensor(f"{prefix}.gate_up_proj_scales", mx.array(np.stack([interleave(g[1], u[1]) for g, u in zip(gate, up)]))),
+        out_tensor(f"{prefix}.gate_up_proj_bias", bias(2 * inner)),
+        out_tensor(f"{prefix}.down_proj_blocks", mx.array(blocks([d[0] for d in down]))),
+        out_tensor(f"{prefix}.down_proj_scales", mx.array(np.stack([d[1] for d in down]))),
+        out_tensor(f"{prefix}.down_proj_bias", bias(hidden)),
+    ]
 
 
 def _expert(rng: np.random.Generator, shape: tuple[int, int], family: ExpertLayout):
