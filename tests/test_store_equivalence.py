@@ -104,3 +104,18 @@ def test_quantize_experts_turns_float_experts_into_affine_4_bit(sources, tmp_pat
     expected, got = reference(x), load_store(store)[0](x)
     assert not mx.array_equal(got, expected).item()  # 4-bit experts are an approximation...
     assert mx.abs(got - expected).max().item() < 0.5  # ...but of the same model
+
+
+def test_mlx_lm_quantized_checkpoint_keeps_its_affine_experts(sources, tmp_path):
+    """An mlx-lm 4-bit conversion (stacked affine experts, quantized trunk) imports unchanged."""
+    from mlx_lm.convert import convert
+
+    converted = tmp_path / "mlx-4bit"
+    convert(str(sources["qwen3_moe"]), mlx_path=str(converted), quantize=True, q_bits=4, q_group_size=32)
+    store = tmp_path / "store"
+    import_checkpoint(converted, store, [Drive("d", tmp_path / "d")], ImportOptions(trunk_bits=16))
+    for layer in read_manifest(store).layers:
+        assert all(q == {"mode": "affine", "bits": 4, "group_size": 32} for q in layer.quantization.values())
+    reference, _ = load_model(converted, get_model_classes=get_classes)
+    x = mx.array([PROMPT])
+    assert mx.array_equal(load_store(store)[0](x), reference(x)).item()

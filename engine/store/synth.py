@@ -217,7 +217,7 @@ def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0
         tensors: list[OutTensor] = []
         layer_sites = [s for s in sites.values() if s.layer == layer]
         hot = {s.path: _hot_rows(rng, s.num_experts, skew) for s in layer_sites}
-        for name, value in trunk[layer]:
+        for name, value in _released_names(trunk[layer]):
             value = _skewed(name, value, hot)
             value = _cast(value, family.dtype) if cast(name) else value
             mx.eval(value)
@@ -234,6 +234,26 @@ def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0
     if out.exists():
         out.rmdir()
     staging.rename(out)
+    return out
+
+
+def _released_names(tensors: list[tuple[str, mx.array]]) -> list[tuple[str, mx.array]]:
+    """MLA attention as checkpoints ship it: one `kv_b_proj` where mlx-lm splits `embed_q`/`unembed_out`.
+
+    kv_b_proj holds, per head, the key rows (qk_nope) then the value rows (v_head), each kv_lora wide.
+    """
+    named = dict(tensors)
+    out = []
+    for name, value in tensors:
+        if name.endswith("self_attn.unembed_out.weight"):
+            continue
+        if name.endswith("self_attn.embed_q.weight"):
+            values = named[name.replace("embed_q", "unembed_out")]  # (heads, v_head, kv_lora)
+            keys = value.swapaxes(-1, -2)  # (heads, qk_nope, kv_lora)
+            joined = mx.concatenate([keys, values], axis=1)
+            out.append((name.replace("embed_q", "kv_b_proj"), joined.reshape(-1, joined.shape[-1])))
+            continue
+        out.append((name, value))
     return out
 
 
