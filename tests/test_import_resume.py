@@ -1,0 +1,43 @@
+"""An import killed outright (SIGKILL, no clean-up) leaves no complete-looking store, and resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from app.cli import main
+from engine import ModelFormatError, open_model, read_manifest, synthesize, verify_store
+
+
+@pytest.mark.slow
+def test_killed_import_resumes_from_the_layers_already_done(home, tmp_path, capsys):
+    src = synthesize("kimi_k3", "small", tmp_path / "src", layers=6)
+    store = home / "models" / "killed"
+    command = [sys.executable, "-m", "app.cli", "model", "import", str(src), "--name", "killed"]
+    env = {**os.environ, "NIGHTSHIFT_HOME": str(home)}
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (store / ".import" / "layer-0002.done.json").exists():
+            assert child.poll() is None, "the import ended before it could be interrupted"
+            assert time.monotonic() < deadline, "the import made no progress"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    assert not (store / "manifest.json").exists()
+    with pytest.raises(ModelFormatError, match="did not finish"):
+        open_model(store)
+    assert main(["model", "list"]) == 0
+    assert "killed\timport unfinished" in capsys.readouterr().out
+
+    assert main(["model", "import", str(src), "--name", "killed"]) == 0
+    assert "(resuming)" in capsys.readouterr().err
+    assert len(read_manifest(store).layers) == 5
+    assert not verify_store(store)
+    assert not list(store.rglob("*.partial"))
