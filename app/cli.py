@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import drives, generate, jobs, model, reports, review, rig, say, serve
+from app.commands import dashboard, drives, generate, jobs, model, reports, review, rig, say, serve
 from app.paths import data_dir
 from engine import NightshiftError
 
 # Command groups, in the order `--help` lists them. A later issue adds its module here.
-GROUPS = [model, generate, drives, rig, review, serve, jobs, reports]
+GROUPS = [model, generate, drives, rig, review, serve, jobs, reports, dashboard]
 
 # Groups whose commands later issues build; until then they say so plainly.
 PLANNED = {
-    "dashboard": ("open the live Textual dashboard", "[7] The Textual dashboard"),
     "bench": ("run the engine benchmarks", "[4] Streaming MoE engine"),
     "runs": ("list, compare and export recorded benchmark runs", "[4] Streaming MoE engine"),
 }
@@ -54,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None and sys.stdin.isatty() and sys.stdout.isatty():
+        args = parser.parse_args(["dashboard"])  # `nightshift` alone, in a terminal: the dashboard
     if not getattr(args, "run", None):
         parser.print_help()
         return 0

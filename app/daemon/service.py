@@ -103,6 +103,7 @@ class Service:
         self.queue: RunQueue | None = None
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
+        self.running: tuple[int, threading.Event] | None = None  # the run being worked on and its cancel event
         self.threads: list[threading.Thread] = []
         self.models: dict[Path, Model] = {}
         self.scheduler: ReviewScheduler | None = None
@@ -177,7 +178,11 @@ class Service:
                 self.wake_worker.clear()
                 continue
             log.info("run %s: %s started", run.id, run.review)
-            finished = execute(self.queue, run, self.stopping, log.info, self._model)
+            self.running = (run.id, threading.Event())
+            if self.stopping.is_set():
+                self.running[1].set()
+            finished = execute(self.queue, run, self.running[1], log.info, self._model)
+            self.running = None
             log.info("run %s: %s %s %s", run.id, run.review, finished.state, finished.report or finished.error or "")
 
     def _model(self, path: Path) -> Model:
@@ -188,7 +193,7 @@ class Service:
         return self.models[path]
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A control-socket request: jobs, run, run_status, reports, ping."""
+        """A control-socket request: jobs, run, run_status, cancel, pause, resume, reports, ping."""
         command = request.get("command")
         if command == "ping":
             return {"ok": True, "pid": os.getpid()}
@@ -208,10 +213,24 @@ class Service:
             return {"ok": run is not None, "run": run.as_dict() if run else None, "error": "no such run"}
         if command == "reports":
             return {"ok": True, "reports": read_index()}
+        if command == "cancel":
+            running = self.running
+            if running is None or running[0] != int(request.get("id", 0)):
+                return {"ok": False, "error": f"run {request.get('id')} is not running"}
+            running[1].set()
+            return {"ok": True}
+        if command in ("pause", "resume"):
+            review = str(request.get("review"))
+            if review not in self.schedules:
+                return {"ok": False, "error": f"no review named {review!r} in this service"}
+            (self.scheduler.pause_job if command == "pause" else self.scheduler.resume_job)(review)
+            return {"ok": True, "next_runs": self.next_runs()}
         return {"ok": False, "error": f"unknown command {command!r}"}
 
     def stop(self) -> None:
         self.stopping.set()
+        if (running := self.running) is not None:
+            running[1].set()
         self.wake_worker.set()
         if self.control is not None:
             self.control.stop()

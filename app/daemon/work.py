@@ -19,13 +19,14 @@ from engine import GenerationStats, Model, NightshiftError, open_model
 
 log = logging.getLogger("nightshift.work")
 PROGRESS_EVERY_S = 1.0
+TEXT_KEPT = 4000  # characters of the text being written kept with the progress (the dashboard shows it)
 
 
-def _progress_writer(queue: RunQueue, run_id: int) -> Callable[[GenerationStats], None]:
+def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[[GenerationStats, str], None]:
     """Store live figures in the queue at most once a second (the dashboard and `jobs` read them)."""
     last = [0.0]
 
-    def write(stats: GenerationStats) -> None:
+    def write(stats: GenerationStats, text: str) -> None:
         now = time.monotonic()
         if now - last[0] < PROGRESS_EVERY_S and stats.finish_reason is None:
             return
@@ -34,6 +35,7 @@ def _progress_writer(queue: RunQueue, run_id: int) -> Callable[[GenerationStats]
             "prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
             "time_to_first_token": round(stats.time_to_first_token, 2), "elapsed": round(stats.elapsed, 2),
             "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+            "max_tokens": max_tokens, "text": text[-TEXT_KEPT:],
         })  # fmt: skip
 
     return write
@@ -49,10 +51,10 @@ def execute(
         as_of = run.as_of or as_of_for(schedule, run.due or clock.now(), use_now=run.due is not None)
         model_dir = resolve_model(schedule.generation.model)
         with engine_lock(waiting=lambda: say("waiting for another review to finish generating")):
-            record = _progress_writer(queue, run.id)
+            record = _progress_writer(queue, run.id, schedule.generation.max_tokens)
 
-            def progress(stats: GenerationStats) -> None:
-                record(stats)
+            def progress(stats: GenerationStats, text: str) -> None:
+                record(stats, text)
                 if show is not None:
                     show(stats)
 

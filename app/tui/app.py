@@ -1,0 +1,181 @@
+"""The dashboard app: its screens (one mode each), bindings, the refresh loop and the service actions.
+
+The refresh loop is one thread worker at a time: `_poll` collects a snapshot
+off the UI thread and posts it back as a `Refreshed` message; the handler
+applies it and re-arms the timer, so polls never overlap and a slow service
+never stalls input. Drives refresh every tick (10 Hz); the queue, reports and
+the running job every `SERVICE_EVERY` ticks.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+
+from app.tui.feed import Feed, ServiceState, Snapshot
+from app.tui.screens import HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
+from app.tui.widgets.plot import History
+from engine import NightshiftError
+
+TICK_S = 0.1
+SERVICE_EVERY = 5
+VIEWER_VARIABLE = "NIGHTSHIFT_PDF_VIEWER"
+
+
+def viewer_command() -> list[str] | None:
+    """How to open a PDF: $NIGHTSHIFT_PDF_VIEWER, else `open` (macOS) or `xdg-open`; None when there is none."""
+    if os.environ.get(VIEWER_VARIABLE):
+        return shlex.split(os.environ[VIEWER_VARIABLE])
+    opener = "open" if sys.platform == "darwin" else "xdg-open"
+    return [opener] if shutil.which(opener) else None
+
+
+class Dashboard(App):
+    """`nightshift dashboard`."""
+
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "nightshift"
+    MODES = {"live": LiveScreen, "queue": QueueScreen, "reports": ReportsScreen, "runs": RunsScreen}
+    DEFAULT_MODE = "live"
+    ENABLE_COMMAND_PALETTE = False  # every action has a key; the footer needs the room at 80 columns
+    BINDINGS = [
+        Binding("1", "switch_mode('live')", "Live"),
+        Binding("2", "switch_mode('queue')", "Queue"),
+        Binding("3", "switch_mode('reports')", "Reports"),
+        Binding("4", "switch_mode('runs')", "Runs"),
+        Binding("s", "start_service", "Start scheduler here"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    class Refreshed(Message):
+        def __init__(self, snapshot: Snapshot):
+            super().__init__()
+            self.snapshot = snapshot
+
+    def __init__(self, feed: Feed | None = None, tick_s: float = TICK_S):
+        super().__init__()
+        self.feed = feed
+        self.tick_s = tick_s
+        self.ticks = 0
+        self.snapshot: Snapshot | None = None
+        self.service: ServiceState | None = None
+        self.own_service = None  # app.daemon.service.Service started by this dashboard (s)
+        self.tokens_history = History()
+        self.drive_histories: dict[str, History] = {}
+        self._last_progress: tuple | None = None
+
+    def on_mount(self) -> None:
+        if self.feed is None:
+            self.feed = Feed()
+        self._poll()
+
+    @work(thread=True, exclusive=True, group="poll")
+    def _poll(self) -> None:
+        with_service = self.ticks % SERVICE_EVERY == 0
+        pid = self.service.pid if self.service is not None else None
+        self.post_message(self.Refreshed(self.feed.collect(with_service, pid)))
+
+    def on_dashboard_refreshed(self, message: Refreshed) -> None:
+        snapshot = message.snapshot
+        self.ticks += 1
+        self.snapshot = snapshot
+        if snapshot.service is not None:
+            self.service = snapshot.service
+            self._record_tokens(snapshot.service)
+        for row in snapshot.drives:
+            self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
+        if isinstance(self.screen, (LiveScreen, QueueScreen, ReportsScreen, RunsScreen)):
+            self.screen.show(snapshot, self.service)
+        self.set_timer(self.tick_s, self._poll)
+
+    def _record_tokens(self, service: ServiceState) -> None:
+        """One point per new progress record of the running job (the service stores one a second)."""
+        current = service.current
+        progress = (current or {}).get("progress")
+        if not progress:
+            return
+        key = (current["id"], progress.get("elapsed"))
+        if key != self._last_progress:
+            self._last_progress = key
+            self.tokens_history.append(progress.get("decode_tokens_per_s", 0.0))
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen([*self.BINDINGS, *self.screen.BINDINGS]))
+
+    def ask_service(self, command: str, done: str, **arguments: Any) -> None:
+        """Send a command to the service and say how it went; without a service, say how to start one."""
+        from app.daemon.control import request
+
+        try:
+            reply = request(command, timeout=5.0, **arguments)
+        except NightshiftError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if reply is None:
+            self.notify("no service running: press s to start the scheduler here, or run `nightshift serve`",
+                        severity="warning")  # fmt: skip
+            return
+        self.notify(done)
+        self.ticks = 0  # the next poll reads the queue again
+
+    def action_start_service(self) -> None:
+        if self.service is not None and self.service.running:
+            self.notify("a service is already running", severity="warning")
+            return
+        self._start_service()
+
+    @work(thread=True, exclusive=True, group="service")
+    def _start_service(self) -> None:
+        """The same service as `nightshift serve`, under the same single-instance lock, in this process."""
+        from app.daemon.service import Service
+
+        service = Service()
+        try:
+            service.start()
+        except NightshiftError as exc:
+            service.lock.release()
+            self.call_from_thread(self.notify, str(exc), severity="error")
+            return
+        self.own_service = service
+        self.ticks = 0
+        self.call_from_thread(self.notify, "scheduler started in this dashboard; it stops when you quit")
+
+    def open_report(self, report: dict[str, Any]) -> None:
+        path = Path(report["path"])
+        if not path.is_file():
+            self.notify(f"{path} is no longer there", severity="error")
+            return
+        command = viewer_command()
+        if command is None:
+            self.notify(f"no PDF viewer found (set {VIEWER_VARIABLE}); the report is {path}", severity="warning")
+            return
+        try:
+            subprocess.Popen([*command, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+        except OSError as exc:
+            self.notify(f"cannot run {command[0]}: {exc}", severity="error")
+            return
+        self.notify(f"opened {path.name}")
+
+    def catalogue(self) -> tuple[list[dict[str, Any]], str]:
+        """Benchmark runs from the engine's run catalogue, and a note when there are none to show."""
+        return [], "the run catalogue (issue [4]) is not in the engine yet: no benchmark runs to show"
+
+    def on_unmount(self) -> None:
+        if self.own_service is not None:
+            self.own_service.stop()
+        if self.feed is not None:
+            self.feed.close()

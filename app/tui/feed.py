@@ -1,0 +1,175 @@
+"""What the dashboard shows, gathered in one place: the service's queue and reports, drive rates, memory.
+
+`Feed.collect()` runs on a worker thread and returns a `Snapshot` of plain data;
+the app applies it on its own thread. The service is asked over its control
+socket (`app.daemon.control.request`); with none running, the same figures come
+from the data dir (the run queue, the report index, the schedule files).
+Per-drive rates come from a `DriveMonitor` the dashboard runs over the drives in
+drives.toml: OS device counters, so they show every read of the drive, the
+service's included.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from app.paths import data_dir
+from engine import CEILINGS_FILE, Ceilings, DriveMonitor, NightshiftError, load_drives, resolve_device
+
+RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
+CPU_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class DriveRow:
+    """One drive now: read MB/s from its device counters and its measured ceiling (None: not probed)."""
+
+    name: str
+    device: str
+    mb_per_s: float
+    ceiling_mb_per_s: float | None
+
+    @property
+    def share(self) -> float | None:
+        return self.mb_per_s / self.ceiling_mb_per_s if self.ceiling_mb_per_s else None
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """The queue as the service (or, with none running, the data dir) reports it."""
+
+    running: bool
+    pid: int | None
+    runs: list[dict[str, Any]]
+    next_runs: dict[str, str | None]
+    reports: list[dict[str, Any]]
+    error: str | None = None  # the service answered with an error, or the data dir could not be read
+
+    @property
+    def current(self) -> dict[str, Any] | None:
+        """The running job, if any."""
+        return next((run for run in self.runs if run["state"] == "running"), None)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The service's resident memory against the machine's RAM (the budget models are sized for)."""
+
+    service_bytes: int | None
+    total_bytes: int
+    available_bytes: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one refresh shows; `service` is None on the ticks that only refresh the drives."""
+
+    drives: list[DriveRow]
+    memory: Memory
+    cpu_fraction: float  # the dashboard process's CPU time over wall time since the last snapshot
+    service: ServiceState | None = None
+    drive_note: str = ""  # why there are no drive rows, when there are none
+    taken_at: float = field(default_factory=time.time)
+
+
+def drives_file() -> Path:
+    return data_dir() / "drives.toml"
+
+
+def _ceilings() -> dict[str, float]:
+    """Best measured MB/s per drive from `nightshift drives probe`; empty when never probed."""
+    try:
+        ceilings = Ceilings.load(drives_file().parent / CEILINGS_FILE)
+    except NightshiftError:
+        return {}
+    return {drive.name: drive.best().bytes_per_s / 1e6 for drive in ceilings.drives if drive.cells}
+
+
+def service_state() -> ServiceState:
+    """Ask the service; with none answering, read the data dir the same way `nightshift jobs` does."""
+    from app.commands.jobs import scheduled_without_service
+    from app.daemon.control import request
+    from app.daemon.runs import RunQueue
+    from app.review.index import read_index
+
+    try:
+        pong = request("ping", timeout=2.0)
+        if pong is not None:
+            jobs = request("jobs", timeout=2.0, limit=30)
+            reports = request("reports", timeout=2.0)["reports"]
+            return ServiceState(True, pong["pid"], jobs["runs"], jobs["next_runs"], reports)
+        runs = [run.as_dict() for run in RunQueue().recent(30)]
+        return ServiceState(False, None, runs, scheduled_without_service(), read_index())
+    except (NightshiftError, OSError, ValueError) as exc:
+        return ServiceState(False, None, [], {}, [], error=str(exc))
+
+
+class Feed:
+    """The dashboard's sources; `collect()` is called from one worker at a time, never concurrently."""
+
+    def __init__(self) -> None:
+        self.monitor: DriveMonitor | None = None
+        self.devices: list[str] = []
+        self.note = ""
+        self.ceilings = _ceilings()
+        try:
+            drives = load_drives(drives_file())
+            self.devices = [resolve_device(drive.root).counters_name for drive in drives]
+            self.monitor = DriveMonitor([drive.name for drive in drives], self.devices, history_s=5.0).start()
+        except NightshiftError as exc:
+            self.note = f"no drive rates: {exc}"
+        self.process = psutil.Process(os.getpid())
+        self._cpu = (time.monotonic(), self._cpu_seconds())
+        self.cpu_fraction = 0.0
+
+    def _cpu_seconds(self) -> float:
+        times = self.process.cpu_times()
+        return times.user + times.system
+
+    def _cpu_fraction(self) -> float:
+        """This process's CPU time over wall time, measured over windows of at least CPU_WINDOW_S."""
+        now = time.monotonic()
+        then, cpu_then = self._cpu
+        if now - then >= CPU_WINDOW_S:
+            cpu = self._cpu_seconds()
+            self.cpu_fraction = (cpu - cpu_then) / (now - then)
+            self._cpu = (now, cpu)
+        return self.cpu_fraction
+
+    def drive_rows(self) -> list[DriveRow]:
+        if self.monitor is None:
+            return []
+        try:
+            rates = self.monitor.rates(RATE_WINDOW_S)
+        except RuntimeError:  # fewer than two samples yet
+            return []
+        return [
+            DriveRow(name, device, 0.0 if math.isnan(rate.os_bytes_per_s) else rate.os_bytes_per_s / 1e6,
+                     self.ceilings.get(name))
+            for (name, rate), device in zip(rates.items(), self.devices)
+        ]  # fmt: skip
+
+    def memory(self, service_pid: int | None) -> Memory:
+        ram = psutil.virtual_memory()
+        try:
+            rss = psutil.Process(service_pid).memory_info().rss if service_pid else None
+        except psutil.Error:
+            rss = None
+        return Memory(rss, ram.total, ram.available)
+
+    def collect(self, with_service: bool, service_pid: int | None) -> Snapshot:
+        service = service_state() if with_service else None
+        pid = service.pid if service is not None else service_pid
+        return Snapshot(self.drive_rows(), self.memory(pid), self._cpu_fraction(), service, self.note)
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None

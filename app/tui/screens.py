@@ -1,0 +1,290 @@
+"""The dashboard's screens: Live, Queue, Reports, Runs, plus help and confirmation dialogs.
+
+Every screen draws from the app's latest snapshot (`app.snapshot`) in `show()`;
+the app calls it on the screen in view whenever a snapshot arrives, and a
+screen calls it itself when it comes back into view.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Header, Input, Static
+
+from app.tui.feed import ServiceState, Snapshot
+from app.tui.format import duration, gib, seconds, stamp
+from app.tui.widgets.drives import DrivePanel
+from app.tui.widgets.job import JobPanel
+from app.tui.widgets.text import Line, Table
+
+if TYPE_CHECKING:
+    from app.tui.app import Dashboard
+
+
+class DashboardScreen(Screen):
+    """A screen that redraws from the app's latest snapshot."""
+
+    app: Dashboard
+
+    def compose_frame(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Line(id="banner")
+
+    def on_screen_resume(self) -> None:
+        if self.app.snapshot is not None:
+            self.show(self.app.snapshot, self.app.service)
+
+    def show(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        banner = self.query_one("#banner", Line)
+        if service is None:
+            banner.set("reading the queue…")
+        elif service.error:
+            banner.set(f"cannot read the queue: {service.error}")
+        elif service.running:
+            where = "in this dashboard" if self.app.own_service else f"pid {service.pid}"
+            banner.set(f"service running ({where})  ·  dashboard CPU {snapshot.cpu_fraction:.1%} of a core")
+        else:
+            banner.set("no service running: schedules do not fire. Press s to start the scheduler here "
+                          f"(it stops when the dashboard quits)  ·  dashboard CPU {snapshot.cpu_fraction:.1%}")  # fmt: skip
+        banner.set_class(service is not None and not service.running, "warning")
+        self.draw(snapshot, service)
+
+    def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        """Screen-specific part of `show`."""
+
+
+class LiveScreen(DashboardScreen):
+    """Tokens/s, per-drive throughput, memory and the running job with its text."""
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_frame()
+        yield Line(id="memory")
+        yield DrivePanel(self.app.drive_histories, id="drives")
+        yield JobPanel(self.app.tokens_history, id="job")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#drives").border_title = "drives: read MB/s (OS counters), share of probed ceiling"
+        self.query_one("#job").border_title = "running job"
+
+    def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        memory = snapshot.memory
+        service_mem = gib(memory.service_bytes) if memory.service_bytes is not None else "—"
+        self.query_one("#memory", Line).set(
+            f"memory: service {service_mem} of {gib(memory.total_bytes)} RAM, {gib(memory.available_bytes)} free"
+        )
+        self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note)
+        if service is not None:
+            self.query_one(JobPanel).show(service.current)
+
+
+class QueueScreen(DashboardScreen):
+    """Scheduled reviews with their next run; queued, running and recent runs."""
+
+    BINDINGS = [
+        Binding("n", "run_now", "Run now"),
+        Binding("p", "pause", "Pause/resume"),
+        Binding("c", "cancel", "Cancel job"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_frame()
+        with Horizontal(id="queue"):
+            yield Table("review", "next run", id="schedules")
+            yield Table("run", "state", "review", "created", "took", "detail", id="runs")
+        yield Footer()
+
+    def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        if service is None:
+            return
+        self.query_one("#schedules", Table).fill([
+            (name, (name, stamp(when) if when else ("paused" if service.running else "—")))
+            for name, when in sorted(service.next_runs.items())
+        ])  # fmt: skip
+        self.query_one("#runs", Table).fill([
+            (str(run["id"]), (str(run["id"]), run["state"], run["review"], stamp(run["created"]),
+                              duration(run), run.get("error") or (run.get("report") or "").rsplit("/", 1)[-1]))
+            for run in service.runs
+        ])  # fmt: skip
+
+    def _review(self) -> str | None:
+        return self.query_one("#schedules", Table).selected()
+
+    def action_run_now(self) -> None:
+        if review := self._review():
+            self.app.ask_service("run", f"queued a run of {review}", review=review)
+
+    def action_pause(self) -> None:
+        review = self._review()
+        service = self.app.service
+        if review and service is not None:
+            paused = service.running and service.next_runs.get(review) is None
+            verb = "resume" if paused else "pause"
+            self.app.ask_service(verb, f"{review}: {verb}d", review=review)
+
+    def action_cancel(self) -> None:
+        service = self.app.service
+        current = service.current if service is not None else None
+        if current is None:
+            self.notify("no job is running", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.app.ask_service("cancel", f"run {current['id']} cancelled", id=current["id"])
+
+        self.app.push_screen(
+            ConfirmScreen(f"Cancel run {current['id']} ({current['review']})? The text written so far is lost "
+                          "and no report is written."), confirmed)  # fmt: skip
+
+
+class ReportsScreen(DashboardScreen):
+    """Reports newest first; the selected one's findings summary, and opening its PDF."""
+
+    BINDINGS = [Binding("o", "open", "Open PDF")]
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_frame()
+        yield Table("id", "created", "review", "period", "findings", "status", id="reports")
+        yield Line(id="summary")
+        yield Footer()
+
+    def _reports(self) -> list[dict[str, Any]]:
+        service = self.app.service
+        return list(reversed(service.reports)) if service is not None else []
+
+    def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        if service is None:
+            return
+        self.query_one("#reports", Table).fill([
+            (str(r["id"]), (str(r["id"]), stamp(r["created"]), r["review"], r["period"], str(r["findings"]),
+                            "missing" if r.get("missing") else "ok"))
+            for r in self._reports()
+        ])  # fmt: skip
+        self._summarise()
+
+    def _report(self) -> dict[str, Any] | None:
+        key = self.query_one("#reports", Table).selected()
+        return next((r for r in self._reports() if str(r["id"]) == key), None)
+
+    def _summarise(self) -> None:
+        report = self._report()
+        summary = self.query_one("#summary", Line)
+        if report is None:
+            summary.set("no reports yet: run a review from the Queue screen (2, then n)")
+            return
+        severity = ", ".join(f"{n} {level}" for level, n in report["by_severity"].items())
+        summary.set(
+            f"{report.get('title', report['review'])}, {report['period']}: {report['findings']} findings ({severity}); "
+            f"{report.get('unverified_numbers', 0)} number(s) in the narrative not found in the data; "
+            f"written in {seconds(report.get('seconds'))}\n{report['path']}"
+            + ("\n(the PDF is no longer there)" if report.get("missing") else "")
+        )  # fmt: skip
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._summarise()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
+        report = self._report()
+        if report is not None:
+            self.app.open_report(report)
+
+
+class RunsScreen(DashboardScreen):
+    """The benchmark catalogue, filterable, with two runs side by side."""
+
+    BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter")]
+    AUTO_FOCUS = "#catalogue"
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_frame()
+        yield Input(placeholder="filter: any text in a run's row", id="filter")
+        yield Table("run", "when", "scenario", "model", "tok/s", "verdict", id="catalogue")
+        yield Line(id="compare")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.marked: list[str] = []
+
+    def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        runs, note = self.app.catalogue()
+        wanted = self.query_one("#filter", Input).value.lower()
+        rows = [(str(r["id"]), tuple(str(r.get(k, "—")) for k in ("id", "when", "scenario", "model", "tok_s", "verdict")))
+                for r in runs]  # fmt: skip
+        self.query_one("#catalogue", Table).fill([row for row in rows if wanted in " ".join(row[1]).lower()])
+        by_id = {str(r["id"]): r for r in runs}
+        compared = [by_id[key] for key in self.marked if key in by_id]
+        self.query_one("#compare", Line).set(compare(compared) if compared else note or "mark two runs with m to compare them")
+
+    def action_filter(self) -> None:
+        self.query_one("#filter", Input).focus()
+
+    def action_mark(self) -> None:
+        key = self.query_one("#catalogue", Table).selected()
+        if key is not None:
+            self.marked = [*[k for k in self.marked if k != key], key][-2:]
+
+
+def compare(runs: list[dict[str, Any]]) -> str:
+    """The marked runs' figures side by side, one line per figure either of them has."""
+    keys = sorted({key for run in runs for key in run})
+    width = max(map(len, keys), default=0)
+    return "\n".join(f"{key:<{width}}  " + "  ".join(f"{str(run.get(key, '—')):<24}" for run in runs) for key in keys)
+
+
+class HelpScreen(ModalScreen):
+    """Every binding of the app and of the screen below, and where the figures come from."""
+
+    BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
+
+    def __init__(self, bindings: list[Binding]):
+        super().__init__()
+        self.bindings = bindings
+
+    def compose(self) -> ComposeResult:
+        lines = [f"{b.key_display or b.key:>6}  {b.description}" for b in self.bindings if b.description]
+        with Vertical(id="help"):
+            yield Static("nightshift dashboard: keys", classes="title")
+            yield Static("\n".join(lines), markup=False)
+            yield Static(HELP_NOTES, classes="note", markup=False)
+            yield Button("Close", id="close")
+
+    def on_button_pressed(self) -> None:
+        self.dismiss()
+
+
+HELP_NOTES = (
+    "Drive MB/s: the OS's read counters of each drive in drives.toml, sampled every 10 ms, averaged over 1 s; "
+    "share of the best ceiling from `nightshift drives probe`. Tokens/s, TTFT and the text: the running job's "
+    "progress, stored by the service once a second."
+)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes/no before an action that loses work."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+
+    def __init__(self, question: str):
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Static(self.question, markup=False)
+            with Horizontal(id="answers"):
+                yield Button("Yes (y)", id="yes", variant="error")
+                yield Button("No (n)", id="no", variant="primary")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

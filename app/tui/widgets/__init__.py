@@ -1,0 +1,1 @@
+"""The dashboard's own widgets, one module each."""

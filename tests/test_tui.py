@@ -1,0 +1,194 @@
+"""The dashboard driven with the Pilot against a real service (its own process) running a tiny real model.
+
+Every screen is exercised as a user would: keys, the queue's actions (run now,
+cancel with confirmation, pause/resume), the reports list opening a PDF, the
+runs and help screens, starting the scheduler in-process, and drive rates from
+a real drives.toml while the drive is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.daemon.lock import InstanceLock, ServiceRunningError
+from app.tui.app import VIEWER_VARIABLE, Dashboard
+from app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
+from app.tui.widgets.text import Line, Table
+from engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
+from engine.io.direct import aligned_buffer, open_direct
+from engine.io.drives import Drive, format_drives
+from tests.test_review_run import serve, tiny_model, user_schedule  # noqa: F401 - tiny_model is a fixture
+
+MiB = 1 << 20
+
+
+async def until(pilot, condition, seconds: float = 120.0, what: str = "") -> None:
+    """Let the app run until `condition()` holds."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        await pilot.pause(0.1)
+
+
+def text(app: Dashboard, selector: str) -> str:
+    return app.screen.query_one(selector, Line).text
+
+
+def cells(app: Dashboard, selector: str) -> list[list[str]]:
+    table = app.screen.query_one(selector, Table)
+    return [list(map(str, cells)) for _, cells in table.shown]
+
+
+def run_state(app: Dashboard, review: str) -> str | None:
+    runs = [run for run in (app.service.runs if app.service else []) if run["review"] == review]
+    return runs[0]["state"] if runs else None
+
+
+async def select(pilot, selector: str, key: str) -> None:
+    """Put the cursor of table `selector` on the row `key` and focus it."""
+    table = pilot.app.screen.query_one(selector, Table)
+    table.focus()
+    await until(pilot, lambda: key in [k for k, _ in table.shown], 30, f"row {key} in {selector}")
+    table.move_cursor(row=[k for k, _ in table.shown].index(key), animate=False)
+    await pilot.pause()
+
+
+@pytest.mark.slow
+def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monkeypatch):
+    user_schedule(home, tiny_model, "long", max_tokens=4000)  # runs until cancelled
+    user_schedule(home, tiny_model, "short", max_tokens=4)
+    opened = tmp_path / "opened.txt"
+    viewer = f"{sys.executable} -c \"import pathlib, sys; pathlib.Path(r'{opened}').write_text(sys.argv[1])\""
+    monkeypatch.setenv(VIEWER_VARIABLE, viewer)
+    service = serve(home)
+
+    async def drive() -> None:
+        app = Dashboard()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.service is not None and app.service.running, 30, "the service")
+            assert isinstance(app.screen, LiveScreen)
+            assert f"pid {service.pid}" in text(app, "#banner")
+            assert "memory: service" in text(app, "#memory") and "service — " not in text(app, "#memory")
+
+            # Queue: the schedules (bundled and the user's) with their next run; run the long one now.
+            await pilot.press("2")
+            assert isinstance(app.screen, QueueScreen)
+            await until(pilot, lambda: {"long", "short", "month-end"} <= {row[0] for row in cells(app, "#schedules")}, 10)
+            assert all(row[1] not in ("—", "paused") for row in cells(app, "#schedules"))
+            await select(pilot, "#schedules", "long")
+            await pilot.press("n")
+            await until(pilot, lambda: run_state(app, "long") == "running", 60, "the run to start")
+
+            # Live: the running job with its figures, text and a tokens/s history.
+            await pilot.press("1")
+            await until(pilot, lambda: len(app.tokens_history) >= 2, 60, "two progress records")
+            assert text(app, "#job .title").startswith("run 1: long (manual")
+            figures = app.screen.query_one("JobPanel").figures.text
+            assert "/4000 tokens" in figures and "tok/s" in figures and "TTFT" in figures and "ETA" in figures
+            assert app.screen.query_one("JobPanel").text.text == app.service.current["progress"]["text"]
+
+            # Cancel asks first: "no" keeps it running, "yes" ends it.
+            await pilot.press("2", "c")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("n")
+            assert isinstance(app.screen, QueueScreen)
+            await pilot.pause(1.0)
+            assert run_state(app, "long") == "running"
+            await pilot.press("c", "y")
+            await until(pilot, lambda: run_state(app, "long") == "interrupted", 60, "the cancel")
+            assert ["1", "interrupted", "long"] == cells(app, "#runs")[0][:3]
+
+            # Pause and resume a schedule.
+            await select(pilot, "#schedules", "short")
+            await pilot.press("p")
+            await until(pilot, lambda: app.service.next_runs.get("short") is None, 10, "the pause")
+            await until(pilot, lambda: ["short", "paused"] in cells(app, "#schedules"), 5)
+            await pilot.press("p")
+            await until(pilot, lambda: app.service.next_runs.get("short") is not None, 10, "the resume")
+
+            # A short run writes a report; the Reports screen lists it and opens it in the viewer.
+            await pilot.press("n")
+            await until(pilot, lambda: run_state(app, "short") == "done", 120, "the short run")
+            await pilot.press("3")
+            assert isinstance(app.screen, ReportsScreen)
+            await until(pilot, lambda: len(cells(app, "#reports")) == 1, 10)
+            report = app.service.reports[0]
+            assert cells(app, "#reports")[0][2:] == ["short", report["period"], str(report["findings"]), "ok"]
+            assert f"{report['findings']} findings" in text(app, "#summary") and report["path"] in text(app, "#summary")
+            await pilot.press("o")
+            await until(pilot, lambda: opened.exists() and opened.read_text() == report["path"], 10, "the viewer")
+
+            # Runs: the catalogue screen says what it lacks; help lists this screen's keys too.
+            await pilot.press("4")
+            assert isinstance(app.screen, RunsScreen)
+            await until(pilot, lambda: "run catalogue" in text(app, "#compare"), 5)
+            await pilot.press("2", "question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            assert "Pause/resume" in str(app.screen.query_one("#help").query("Static")[1].render())
+            await pilot.press("escape")
+            assert isinstance(app.screen, QueueScreen)
+
+    try:
+        asyncio.run(drive())
+    finally:
+        service.terminate()
+        assert service.wait(timeout=60) == 0
+
+
+@pytest.mark.slow
+def test_without_a_service_it_offers_to_start_the_scheduler_under_the_same_lock(home):
+    async def drive() -> None:
+        app = Dashboard()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.service is not None, 30, "the first refresh")
+            assert "no service running" in text(app, "#banner") and "Press s" in text(app, "#banner")
+            await pilot.press("2", "n")  # an action that needs the service says how to get one
+            await pilot.pause(0.2)
+            await pilot.press("s")
+            await until(pilot, lambda: app.service.running, 30, "the in-process scheduler")
+            assert "in this dashboard" in text(app, "#banner")
+            with pytest.raises(ServiceRunningError):
+                InstanceLock().acquire()  # a second dashboard or `nightshift serve` cannot run jobs too
+            await pilot.press("s")  # a second start is refused
+            await pilot.pause(0.2)
+        assert app.own_service is not None and not (home / "nightshift.sock").exists()
+
+    asyncio.run(drive())
+    lock = InstanceLock()
+    lock.acquire()  # released when the dashboard quit
+    lock.release()
+
+
+def test_drive_rows_show_reads_and_the_share_of_the_probed_ceiling(home, tmp_path):
+    root = tmp_path / "drive"
+    root.mkdir()
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "drives.toml").write_text(format_drives([Drive("disk0", root)]))
+    cell = ProbeCell(MiB, 4, 100, 1.0, 400e6, 0.001, 0.002)
+    Ceilings("2026-11-29T20:00:00+00:00", "test", [DriveCeiling("disk0", str(root), "x", "direct", [cell])]).save(
+        home / "drive_ceilings.json"
+    )
+    data = root / "data.bin"
+    data.write_bytes(os.urandom(32 * MiB))
+
+    async def drive() -> None:
+        app = Dashboard()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: "disk0" in app.drive_histories, 30, "the first drive rates")
+            before = len(app.drive_histories["disk0"])
+            with open_direct(data) as f:  # real reads around the page cache: the device counters see them
+                buffer = aligned_buffer(MiB)
+                for offset in range(0, 32 * MiB, MiB):
+                    f.read_into(buffer, offset)
+            await until(pilot, lambda: max(app.drive_histories["disk0"]) > 0, 10, "a read rate")
+            await until(pilot, lambda: len(app.drive_histories["disk0"]) >= before + 10, 10, "ten more refreshes")
+            line = app.screen.query_one("DriveLine").figures.text
+            assert line.startswith("disk0") and "MB/s" in line and "of 400" in line
+
+    asyncio.run(drive())
