@@ -1,0 +1,101 @@
+"""The barrier trace: what each pass (one layer's demand for its experts) waited on.
+
+A pass records, for every expert it needed, where the bytes came from (a drive
+read it issued, a prefetch read it joined, or the RAM cache), the drive, start
+and end of the read and its size; how long the layer stalled reading the router's
+indices back from MLX (evaluation, not I/O); and how long it then waited for
+reads. The read that landed last is the barrier: shaving anything else is moot.
+Times are seconds since the trace began.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+CACHE = "cache"
+DEMAND = "demand"
+PREFETCH = "prefetch"
+
+
+@dataclass(frozen=True)
+class ExpertRead:
+    """How one expert reached a pass: source is CACHE, DEMAND (read for this pass) or PREFETCH (joined)."""
+
+    expert: int
+    source: str
+    drive: str = ""
+    start: float = 0.0
+    end: float = 0.0
+    nbytes: int = 0
+    split: bool = False
+
+
+@dataclass
+class PassTrace:
+    layer: int
+    began: float
+    readback_s: float = 0.0  # router indices evaluated and copied to the host
+    predict_s: float = 0.0  # next layer's router on this hidden state (prefetch prediction)
+    wait_s: float = 0.0  # from asking for the experts until the last one landed
+    reads: list[ExpertRead] = field(default_factory=list)
+
+    @property
+    def last(self) -> ExpertRead | None:
+        """The read that landed last (the barrier), or None when nothing was read."""
+        timed = [r for r in self.reads if r.source != CACHE]
+        return max(timed, key=lambda r: r.end) if timed else None
+
+
+class Trace:
+    """The most recent passes (a ring of `keep`), appended by the streaming layer; thread-safe reads."""
+
+    def __init__(self, keep: int = 100_000):
+        self.origin = time.perf_counter()
+        self._passes: deque[PassTrace] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def begin(self, layer: int) -> PassTrace:
+        return PassTrace(layer=layer, began=self.now())
+
+    def add(self, record: PassTrace) -> None:
+        with self._lock:
+            self._passes.append(record)
+
+    def passes(self) -> list[PassTrace]:
+        with self._lock:
+            return list(self._passes)
+
+    def summary(self) -> dict:
+        """Totals over the kept passes: where a layer's time went, and which drive held the barrier."""
+        passes = self.passes()
+        barrier: dict[str, int] = {}
+        for p in passes:
+            if p.last is not None:
+                barrier[p.last.drive] = barrier.get(p.last.drive, 0) + 1
+        sources: dict[str, int] = {}
+        for p in passes:
+            for r in p.reads:
+                sources[r.source] = sources.get(r.source, 0) + 1
+        return {
+            "passes": len(passes),
+            "readback_s": sum(p.readback_s for p in passes),
+            "predict_s": sum(p.predict_s for p in passes),
+            "wait_s": sum(p.wait_s for p in passes),
+            "barrier_drive_counts": barrier,
+            "expert_sources": sources,
+        }
+
+    def dump_jsonl(self, path) -> None:
+        """One JSON object per pass (with its barrier read), for offline study."""
+        with open(path, "w") as f:
+            for p in self.passes():
+                record = asdict(p)
+                record["last"] = asdict(p.last) if p.last else None
+                f.write(json.dumps(record) + "\n")

@@ -1,0 +1,1 @@
+"""The streaming MoE engine: routed experts read from the drives as the router asks for them."""

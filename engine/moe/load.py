@@ -1,0 +1,53 @@
+"""Open a store for streaming: the trunk resident in RAM, the routed experts left on the drives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.errors import ModelFormatError
+from engine.io.ceilings import Ceilings
+from engine.io.drives import Drive
+from engine.moe.settings import StreamSettings
+from engine.moe.stream import ExpertStream
+from engine.moe.streaming import install
+from engine.store.families import build_model, quantize_as_stored
+from engine.store.manifest import Manifest, read_manifest
+from engine.store.safetensors_io import read_header, read_tensor
+
+
+def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
+    """`manifest` with drive roots taken from `drives` where given (e.g. the rig's mounts), by name."""
+    for drive in drives or []:
+        if drive.name not in manifest.drives:
+            raise ModelFormatError(
+                f"drive {drive.name!r} holds nothing of store {manifest.name!r} (its drives: "
+                f"{', '.join(manifest.drives)}); name the drives the store was placed on"
+            )
+        manifest.drives[drive.name] = str(drive.root)
+    return manifest
+
+
+def load_streaming(store: Path, settings: StreamSettings | None = None, drives: list[Drive] | None = None,
+                   ceilings: Ceilings | None = None) -> tuple[nn.Module, dict, ExpertStream]:
+    """The model of the store at `store` with streaming expert layers, its config, and the stream behind them."""
+    store = Path(store)
+    manifest = with_drives(read_manifest(store), drives)
+    trunk_path = store / manifest.trunk["file"]
+    if not trunk_path.is_file():
+        raise ModelFormatError(f"{trunk_path} is missing; import the model again")
+    weights = {entry.name: read_tensor(entry) for entry in read_header(trunk_path)}
+    model = build_model(manifest.config)
+    stream = ExpertStream(manifest, settings or StreamSettings(), ceilings)
+    try:
+        install(model, manifest, stream)
+        quantize_as_stored(model, weights)
+        model.eval()
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        stream.close()
+        raise ModelFormatError(f"the store at {store} does not match its model: {exc}") from exc
+    mx.eval(model.parameters())
+    return model, manifest.config, stream

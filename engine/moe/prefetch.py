@@ -1,0 +1,65 @@
+"""Next-layer prediction: layer L+1's router applied to layer L's hidden state.
+
+The hidden state changes little from one layer to the next (the residual stream),
+so the next router's top-k on it is a cheap guess at the experts L+1 will ask for;
+the guess is read ahead while L computes. Recall (the share of experts a layer
+needed that had been predicted) is counted per layer, so prefetch can be turned
+off where it does not pay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+Router = Callable[[mx.array], mx.array]  # hidden state (..., D) -> expert logits (..., E)
+
+
+def router_of(block: nn.Module, num_experts: int, input_dims: int) -> Router | None:
+    """The router inside an MoE block: a child whose 2-D weight has one row per expert.
+
+    A Linear (quantized or not) is called as is; a gate with its own call convention
+    (e.g. DeepSeek's `MoEGate`) contributes its weight matrix only. None when no
+    child fits or its input is not the switch's input (e.g. a latent projection sits between).
+    """
+    for child in block.children().values():
+        if not isinstance(child, nn.Module) or "weight" not in child:
+            continue
+        weight = child["weight"]
+        if weight.ndim != 2 or weight.shape[0] != num_experts:
+            continue
+        if isinstance(child, nn.QuantizedLinear):
+            if weight.shape[1] * 32 // child.bits == input_dims:
+                return child
+        elif weight.shape[1] == input_dims:
+            return child if isinstance(child, nn.Linear) else (lambda x, w=weight: x @ w.T)
+    return None
+
+
+def predict(router: Router, x: mx.array, k: int) -> list[int]:
+    """Union over rows of the top-k experts of `router(x)`, sorted."""
+    logits = router(x)
+    logits = logits.reshape(-1, logits.shape[-1])
+    top = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
+    return sorted(set(np.array(top).ravel().tolist()))
+
+
+@dataclass
+class Recall:
+    """Per layer: experts needed, and how many of them had been predicted."""
+
+    needed: int = 0
+    predicted_hits: int = 0
+    predicted: int = 0
+
+    @property
+    def recall(self) -> float:
+        return self.predicted_hits / self.needed if self.needed else 0.0
+
+    @property
+    def precision(self) -> float:
+        return self.predicted_hits / self.predicted if self.predicted else 0.0

@@ -1,0 +1,250 @@
+"""Expert reads: direct I/O into pooled buffers, from the replica expected to finish first.
+
+Two thread pools, sized separately: demand (a layer is waiting) and prefetch (a
+prediction). Both share one dispatcher, so in-flight bytes per drive count every
+read. An expert already in flight is never read twice: a demand joins the
+prefetch read under way. A failed read (I/O error, short file, bad checksum) falls
+back to the next replica; with none left the error names every drive and file.
+Optionally an expert with replicas on two devices is read as two halves at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from engine.errors import NightshiftError
+from engine.instruments.trace import DEMAND, PREFETCH, ExpertRead
+from engine.io.counters import DriveReadCounters
+from engine.io.direct import DirectReadError, open_direct
+from engine.moe.buffers import BufferPool
+from engine.moe.dispatch import Dispatcher
+from engine.moe.settings import StreamSettings
+from engine.store.manifest import Manifest, MoeLayer, sha256_bytes
+from engine.store.placement import existing_parent
+from engine.store.safetensors_io import DTYPES
+
+Key = tuple[int, int]  # (layer, expert)
+Tensors = dict[str, mx.array]
+
+
+class ExpertReadError(NightshiftError):
+    """No replica of an expert could be read."""
+
+
+@dataclass
+class LoadedExpert:
+    tensors: Tensors
+    read: ExpertRead
+    nbytes: int
+
+
+@dataclass
+class ReadCounts:
+    """What the reader did; config assertions check these prove a setting fired."""
+
+    demand_reads: int = 0
+    prefetch_reads: int = 0
+    joined_prefetch: int = 0  # demands served by a prefetch read (landed or still in flight)
+    split_reads: int = 0
+    fallbacks: int = 0  # replicas that failed and were passed over
+    wasted_prefetch: int = 0  # prefetched experts the layer did not use
+
+
+def decode(buffer, layer: MoeLayer) -> Tensors:
+    """The tensors of one expert file, copied out of `buffer` (which is reused) as unsigned integers.
+
+    Only data is made here (reader threads must not build MLX graph nodes: each thread has its
+    own MLX stream); `as_stored` gives them their dtypes on the thread that computes.
+    """
+    data = np.frombuffer(buffer, dtype=np.uint8, count=layer.file_bytes)
+    out = {}
+    for slot in layer.tensors:
+        itemsize = DTYPES[slot.dtype][1]
+        out[slot.name] = mx.array(data[slot.offset : slot.offset + slot.nbytes].view(f"<u{itemsize}").reshape(slot.shape))
+    return out
+
+
+def as_stored(raw: Tensors, layer: MoeLayer) -> Tensors:
+    """`decode`'s arrays viewed as the dtypes the store recorded (a no-op for unsigned tensors)."""
+    out = {}
+    for slot in layer.tensors:
+        dtype = DTYPES[slot.dtype][0]
+        out[slot.name] = raw[slot.name] if raw[slot.name].dtype == dtype else raw[slot.name].view(dtype)
+    return out
+
+
+class ExpertReader:
+    def __init__(self, manifest: Manifest, settings: StreamSettings, dispatcher: Dispatcher,
+                 counters: DriveReadCounters, clock: Callable[[], float]):
+        self.manifest = manifest
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.counters = counters
+        self.clock = clock
+        self.counts = ReadCounts()
+        self._demand = ThreadPoolExecutor(settings.demand_threads, thread_name_prefix="ns-demand")
+        self._prefetch = self._demand if settings.shared_pool else ThreadPoolExecutor(
+            settings.prefetch_threads, thread_name_prefix="ns-prefetch")
+        threads = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
+        self._halves = ThreadPoolExecutor(threads, thread_name_prefix="ns-half") if settings.split_reads else None
+        self.buffers = BufferPool(threads, max(layer.file_bytes for layer in manifest.layers))
+        self.layers = {layer.layer: layer for layer in manifest.layers}
+        self.devices = {name: _device(root) for name, root in manifest.drives.items()}
+        self._inflight: dict[Key, Future[LoadedExpert]] = {}
+        self._lock = threading.RLock()  # re-entered when a done-callback runs at once on a landed read
+
+    def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
+        """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
+        pending = []
+        with self._lock:
+            for expert in experts:
+                future = self._inflight.get((layer, expert))
+                if future is None:
+                    future = self._demand.submit(self._load, layer, expert, DEMAND)
+                    self._inflight[(layer, expert)] = future
+                    self.counts.demand_reads += 1
+                    pending.append((future, DEMAND))
+                else:
+                    self.counts.joined_prefetch += 1
+                    pending.append((future, PREFETCH))
+            self._drop_unused(layer, set(experts))
+        return pending
+
+    def wait(self, layer: int, experts: list[int], pending: list[tuple[Future[LoadedExpert], str]]
+             ) -> list[tuple[LoadedExpert, str]]:
+        """The experts started by `demand`, once all have landed; the first read error is raised."""
+        try:
+            return [(future.result(), source) for future, source in pending]
+        finally:
+            with self._lock:
+                for expert, (future, _) in zip(experts, pending):
+                    if self._inflight.get((layer, expert)) is future:
+                        del self._inflight[(layer, expert)]
+
+    def prefetch(self, layer: int, experts: list[int]) -> int:
+        """Start reads of the experts of `layer` not yet in flight; returns how many were started."""
+        started = 0
+        with self._lock:
+            for expert in experts:
+                if (layer, expert) not in self._inflight:
+                    self._inflight[(layer, expert)] = self._prefetch.submit(self._load, layer, expert, PREFETCH)
+                    started += 1
+            self.counts.prefetch_reads += started
+        return started
+
+    def close(self) -> None:
+        for pool in {self._demand, self._prefetch, self._halves} - {None}:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _drop_unused(self, layer: int, used: set[int]) -> None:
+        """Forget prefetches of `layer` that this pass does not use, once they land (caller holds the lock)."""
+        for key in [k for k in self._inflight if k[0] == layer and k[1] not in used]:
+            future = self._inflight[key]
+            self.counts.wasted_prefetch += 1
+            future.add_done_callback(lambda f, key=key: self._forget(key, f))
+
+    def _forget(self, key: Key, future: Future) -> None:
+        with self._lock:
+            if self._inflight.get(key) is future:
+                del self._inflight[key]
+
+    def _load(self, layer: int, expert: int, source: str) -> LoadedExpert:
+        spec = self.layers[layer]
+        with self.buffers.take() as buffer:
+            read = self._read(buffer, spec, expert, source)
+            return LoadedExpert(decode(buffer, spec), read, spec.file_bytes)
+
+    def _read(self, buffer, spec: MoeLayer, expert: int, source: str) -> ExpertRead:
+        """Fill `buffer` with the expert's file: split over two devices if asked, else whole, falling back."""
+        replicas = self.manifest.replica_paths(spec.layer, expert)
+        problems: list[str] = []
+        if self._halves is not None:
+            pair = self._split_pair(replicas, spec.file_bytes // 2)
+            if pair is not None:
+                read = self._read_split(buffer, spec, expert, source, pair, problems)
+                if read is not None:
+                    return read
+        remaining = dict(replicas)
+        while remaining:
+            drive, ahead = self.dispatcher.choose(list(remaining), spec.file_bytes)
+            path = remaining.pop(drive)
+            start = self.clock()
+            ok = self._read_part(buffer, path, drive, ahead, 0, spec.file_bytes, problems)
+            if ok and self._intact(buffer, spec, expert, path, drive, problems):
+                return ExpertRead(expert, source, drive, start, self.clock(), spec.file_bytes)
+        names = "; ".join(problems)
+        raise ExpertReadError(
+            f"expert {expert} of layer {spec.layer}: no replica could be read ({names}); "
+            "check the drive, then run `nightshift model verify` and re-import if no replica is intact"
+        )
+
+    def _split_pair(self, replicas: list[tuple[str, Path]], half: int) -> list[tuple[str, Path, int]] | None:
+        """Two replicas on different devices (dispatcher's choice), or None when there are not two."""
+        first, first_ahead = self.dispatcher.choose([d for d, _ in replicas], half)
+        others = [d for d, _ in replicas if self.devices[d] != self.devices[first]]
+        if not others:
+            self.dispatcher.finished(first, half, first_ahead, 0.0, ok=False)
+            return None
+        second, second_ahead = self.dispatcher.choose(others, half)
+        paths = dict(replicas)
+        return [(first, paths[first], first_ahead), (second, paths[second], second_ahead)]
+
+    def _read_split(self, buffer, spec: MoeLayer, expert: int, source: str,
+                    pair: list[tuple[str, Path, int]], problems: list[str]) -> ExpertRead | None:
+        half = spec.file_bytes // 2
+        start = self.clock()
+        (d0, p0, a0), (d1, p1, a1) = pair
+        other = self._halves.submit(self._read_part, buffer, p1, d1, a1, half, half, problems)
+        ok = self._read_part(buffer, p0, d0, a0, 0, half, problems)
+        ok = other.result() and ok
+        if not ok or not self._intact(buffer, spec, expert, p0, f"{d0}+{d1}", problems):
+            return None
+        with self._lock:
+            self.counts.split_reads += 1
+        return ExpertRead(expert, source, f"{d0}+{d1}", start, self.clock(), spec.file_bytes, split=True)
+
+    def _read_part(self, buffer, path: Path, drive: str, ahead: int, offset: int, length: int,
+                   problems: list[str]) -> bool:
+        """Read `length` bytes at `offset` of `path` into the same place of `buffer`; False (noted) on failure."""
+        start = self.clock()
+        done = 0
+        self.counters.started(drive)
+        try:
+            with open_direct(path) as f:
+                done = f.read_into(memoryview(buffer)[offset : offset + length], offset)
+            if done != length:
+                raise DirectReadError(f"{path}: {done} bytes at {offset}, expected {length} (file truncated?)")
+            return True
+        except (DirectReadError, OSError) as exc:
+            done = 0
+            with self._lock:
+                self.counts.fallbacks += 1
+            problems.append(f"drive {drive}: {exc}")
+            return False
+        finally:
+            self.counters.finished(drive, done)
+            self.dispatcher.finished(drive, length, ahead, self.clock() - start, ok=done == length)
+
+    def _intact(self, buffer, spec: MoeLayer, expert: int, path: Path, drive: str, problems: list[str]) -> bool:
+        if not self.settings.verify_checksums:
+            return True
+        expected = self.manifest.experts[spec.layer][expert]["sha256"]
+        if sha256_bytes(memoryview(buffer)[: spec.file_bytes]) == expected:
+            return True
+        problems.append(f"drive {drive}: {path}: checksum mismatch")
+        with self._lock:
+            self.counts.fallbacks += 1
+        return False
+
+
+def _device(root: str) -> int:
+    """st_dev of a drive root: replicas on one device do not read in parallel."""
+    return os.stat(existing_parent(Path(root))).st_dev

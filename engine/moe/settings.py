@@ -1,0 +1,48 @@
+"""How the streaming engine reads experts: every knob a benchmark may A/B, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from engine.errors import NightshiftError
+
+DISPATCH_POLICIES = ("least_completion", "first_replica")
+CACHE_POLICIES = ("lru", "frequency")
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Settings of one streaming configuration; `fingerprint()` in the catalogue keys on them.
+
+    shared_pool: demand and prefetch reads go to one pool (the A/B against separate pools).
+    prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
+    """
+
+    demand_threads: int = 4
+    prefetch_threads: int = 2
+    shared_pool: bool = False
+    dispatch: str = "least_completion"
+    split_reads: bool = False
+    prefetch: bool = True
+    prefetch_off: frozenset[int] = field(default_factory=frozenset)
+    cache_bytes: int = 0
+    cache_policy: str = "lru"
+    verify_checksums: bool = False
+    trace: bool = False
+
+    def __post_init__(self):
+        if self.demand_threads < 1 or self.prefetch_threads < 1:
+            raise NightshiftError("demand and prefetch threads must be at least 1 each")
+        if self.dispatch not in DISPATCH_POLICIES:
+            raise NightshiftError(f"dispatch policy {self.dispatch!r}: choose one of {', '.join(DISPATCH_POLICIES)}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise NightshiftError(f"cache policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}")
+        if self.cache_bytes < 0:
+            raise NightshiftError("the expert cache budget must be 0 (off) or more bytes")
+        object.__setattr__(self, "prefetch_off", frozenset(self.prefetch_off))
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready values (sets as sorted lists)."""
+        data = asdict(self)
+        data["prefetch_off"] = sorted(self.prefetch_off)
+        return data

@@ -1,0 +1,124 @@
+"""Everything behind one model's streaming layers: reads, cache, next-layer prefetch, trace, figures."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from engine.instruments.trace import CACHE, ExpertRead, PassTrace, Trace
+from engine.io.ceilings import Ceilings
+from engine.io.counters import DriveReadCounters
+from engine.moe.cache import ExpertCache
+from engine.moe.dispatch import Dispatcher, estimates_from
+from engine.moe.prefetch import Recall, Router, predict, router_of
+from engine.moe.reader import ExpertReader, Tensors, as_stored
+from engine.moe.settings import StreamSettings
+from engine.store.manifest import Manifest
+
+
+@dataclass
+class NextLayer:
+    """The MoE layer after a given one, and (once resolved against a real hidden state) its router."""
+
+    layer: int
+    block: nn.Module
+    num_experts: int
+    router: Router | None = None
+    resolved: bool = False
+
+
+class ExpertStream:
+    def __init__(self, manifest: Manifest, settings: StreamSettings, ceilings: Ceilings | None = None):
+        self.manifest = manifest
+        self.settings = settings
+        drives = list(manifest.drives)
+        self.counters = DriveReadCounters(drives)
+        self.dispatcher = Dispatcher(estimates_from(ceilings, drives), settings.dispatch)
+        self.trace = Trace(keep=100_000 if settings.trace else 4096)
+        self.reader = ExpertReader(manifest, settings, self.dispatcher, self.counters, self.trace.now)
+        self.cache: ExpertCache[Tensors] | None = (
+            ExpertCache(settings.cache_bytes, settings.cache_policy) if settings.cache_bytes else None
+        )
+        self.recall: dict[int, Recall] = {}
+        self._next: dict[int, NextLayer] = {}
+        self._predicted: dict[int, set[int]] = {}
+
+    def follow(self, layer: int, next_layer: int, block: nn.Module, num_experts: int) -> None:
+        """Declare that `next_layer` (its MoE block `block`) follows `layer`: its router predicts from here."""
+        self._next[layer] = NextLayer(next_layer, block, num_experts)
+
+    def experts(self, layer: int, x: mx.array, indices: mx.array) -> tuple[list[int], np.ndarray, list[Tensors]]:
+        """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, their tensors)."""
+        record = self.trace.begin(layer)
+        start = time.perf_counter()
+        host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
+        record.readback_s = time.perf_counter() - start
+        unique = np.unique(host).tolist()
+        self._score(layer, unique)
+        found = {e: t for e in unique if (t := self._cached(layer, e)) is not None}
+        missing = [e for e in unique if e not in found]
+        pending = self.reader.demand(layer, missing)
+        self._prefetch_next(layer, x, host.shape[-1], record)
+        start = time.perf_counter()
+        landed = self.reader.wait(layer, missing, pending)
+        record.wait_s = time.perf_counter() - start
+        spec = self.reader.layers[layer]
+        for expert, (loaded, _) in zip(missing, landed):
+            found[expert] = as_stored(loaded.tensors, spec)
+            record.reads.append(loaded.read)
+            if self.cache is not None:
+                self.cache.put((layer, expert), found[expert], loaded.nbytes)
+        record.reads += [ExpertRead(e, CACHE) for e in unique if e not in missing]
+        self.trace.add(record)
+        return unique, host, [found[e] for e in unique]
+
+    def figures(self) -> dict:
+        """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall."""
+        drives = {name: {"bytes": s.bytes, "reads": s.reads}
+                  for name, s in zip(self.counters.names, self.counters.snapshot())}
+        needed = sum(r.needed for r in self.recall.values())
+        hits = sum(r.predicted_hits for r in self.recall.values())
+        return {
+            "drives": drives,
+            "reads": vars(self.reader.counts).copy(),
+            "cache_hits": self.cache.hits if self.cache else 0,
+            "cache_misses": self.cache.misses if self.cache else 0,
+            "prefetch_recall": hits / needed if needed else 0.0,
+            "recall_per_layer": {layer: round(r.recall, 4) for layer, r in sorted(self.recall.items())},
+        }
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def _cached(self, layer: int, expert: int) -> Tensors | None:
+        return self.cache.get((layer, expert)) if self.cache is not None else None
+
+    def _score(self, layer: int, needed: list[int]) -> None:
+        """Recall of the prediction made for this layer, if one was."""
+        predicted = self._predicted.pop(layer, None)
+        if predicted is None:
+            return
+        recall = self.recall.setdefault(layer, Recall())
+        recall.needed += len(needed)
+        recall.predicted += len(predicted)
+        recall.predicted_hits += len(predicted.intersection(needed))
+
+    def _prefetch_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> None:
+        """Predict the next MoE layer's experts from `x` and start reading those not cached."""
+        nxt = self._next.get(layer)
+        if nxt is None or not self.settings.prefetch or nxt.layer in self.settings.prefetch_off:
+            return
+        if not nxt.resolved:
+            nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
+        if nxt.router is None:
+            return
+        start = time.perf_counter()
+        guess = predict(nxt.router, x, k)
+        record.predict_s = time.perf_counter() - start
+        self._predicted[nxt.layer] = set(guess)
+        wanted = [e for e in guess if self.cache is None or (nxt.layer, e) not in self.cache]
+        self.reader.prefetch(nxt.layer, wanted)

@@ -1,0 +1,87 @@
+"""The streaming expert layer: a drop-in for mlx-lm's `SwitchGLU` / `SwitchMLP`.
+
+It takes the same `(x, indices)`, brings in exactly the experts this call selects
+(cache, prefetch in flight, or a demand read), stacks them and runs the family's
+own switch module on the stack with the indices remapped into it, so the math is
+mlx-lm's `gather_qmm` / `gather_mm` (and bias, activation) unchanged: greedy output
+is token-identical to the model held fully in RAM.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from engine.errors import ModelFormatError
+from engine.moe.stream import ExpertStream
+from engine.store.families import SWITCH_LINEAR_TYPES, switch_sites
+from engine.store.manifest import Manifest, MoeLayer
+
+
+class StreamingSwitch(nn.Module):
+    """Routed experts of one layer, read from the drives on each call."""
+
+    def __init__(self, switch: nn.Module, layer: MoeLayer, stream: ExpertStream):
+        super().__init__()
+        # Plain attributes, not children: the experts are not parameters of the resident model.
+        object.__setattr__(self, "_switch", switch)
+        object.__setattr__(self, "_stream", stream)
+        object.__setattr__(self, "_empty", switch.parameters())
+        self.layer_index = layer.layer
+        self.tensor_names = [slot.name for slot in layer.tensors]
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        unique, host, experts = self._stream.experts(self.layer_index, x, indices)
+        stacked = [(name, mx.stack([e[name] for e in experts])) for name in self.tensor_names]
+        local = mx.array(np.searchsorted(unique, host).astype(np.uint32)).astype(indices.dtype)
+        self._switch.update(tree_unflatten(stacked))
+        try:
+            return self._switch(x, local)
+        finally:
+            self._switch.update(self._empty)  # the output holds what it needs; drop the stack here
+
+
+def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
+    """`switch` with one placeholder expert, quantized as the store's experts are; checked against the files."""
+    for name, proj in list(switch.children().items()):
+        if not isinstance(proj, SWITCH_LINEAR_TYPES):
+            continue
+        proj.weight = mx.zeros((1, *proj.weight.shape[1:]), dtype=proj.weight.dtype)
+        if "bias" in proj:
+            proj.bias = mx.zeros((1, *proj.bias.shape[1:]), dtype=proj.bias.dtype)
+        if name in layer.quantization:
+            q = layer.quantization[name]
+            setattr(switch, name, proj.to_quantized(group_size=q["group_size"], bits=q["bits"], mode=q["mode"]))
+    wanted = {slot.name for slot in layer.tensors}
+    have = {name for name, _ in tree_flatten(switch.parameters())}
+    if have != wanted:
+        raise ModelFormatError(
+            f"layer {layer.layer}: the store's expert files hold {sorted(wanted)} but the model needs {sorted(have)}; "
+            "import the model again"
+        )
+    mx.eval(switch.parameters())
+    return switch
+
+
+def module_at(model: nn.Module, path: str) -> nn.Module:
+    module = model
+    for part in path.split("."):
+        module = module[int(part)] if isinstance(module, list) else getattr(module, part)
+    return module
+
+
+def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
+    """Replace every routed-expert module of `model` with a StreamingSwitch reading through `stream`."""
+    layers = {layer.layer: layer for layer in manifest.layers}
+    sites = switch_sites(model)
+    for site in sites:
+        if site.layer not in layers:
+            raise ModelFormatError(f"the store has no expert files for layer {site.layer}; import the model again")
+        parent_path, name = site.path.rsplit(".", 1)
+        parent = module_at(model, parent_path)
+        switch = slim_switch(getattr(parent, name), layers[site.layer])
+        setattr(parent, name, StreamingSwitch(switch, layers[site.layer], stream))
+    for site, nxt in zip(sites, sites[1:]):
+        stream.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)

@@ -1,0 +1,141 @@
+"""The streaming layer computes exactly what the model held in RAM computes, and survives bad replicas.
+
+Tiny synthetic checkpoints of each family are imported into a two-drive store; the model
+opened for streaming (experts read from the drive files on every call, prefetch on) must
+pick the same greedy tokens as the store loaded fully into RAM, which the store's own
+tests prove equal to mlx-lm on the original checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.moe.load import load_streaming
+from engine.moe.reader import ExpertReadError
+from engine.moe.settings import StreamSettings
+from engine.store.loader import load_store
+from engine.store.manifest import read_manifest, write_manifest
+from engine.store.measure import greedy_tokens
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+
+QUICK = ["kimi_k3", "deepseek_v3", "qwen3_moe"]
+MORE = ["gpt_oss", "mixtral"]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {arch: tiny_checkpoint(root, arch) for arch in QUICK}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, sources) -> dict[str, Path]:
+    """Stores the tests only read from; a test that damages files imports its own."""
+    root = tmp_path_factory.mktemp("stores")
+    return {arch: import_tiny(root, src, f"{arch}-store") for arch, src in sources.items()}
+
+
+@pytest.fixture(scope="module")
+def in_ram_tokens(stores) -> dict[str, list[int]]:
+    return {arch: greedy_tokens(load_store(store)[0]) for arch, store in stores.items()}
+
+
+def replicate_everywhere(store: Path) -> None:
+    """Give every expert a replica on every drive of the store (copies of its one file)."""
+    manifest = read_manifest(store)
+    for layer in manifest.layers:
+        for expert in range(layer.num_experts):
+            (holder, source), = manifest.replica_paths(layer.layer, expert)
+            for root in manifest.drives.values():
+                target = Path(root) / source.relative_to(manifest.drives[holder])
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, target)
+            manifest.experts[layer.layer][expert]["replicas"] = list(manifest.drives)
+    write_manifest(store, manifest)
+
+
+def streamed_tokens(store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
+                    ) -> tuple[list[int], dict]:
+    """Greedy tokens from the streamed model and the stream's figures; `devices` overrides drive -> device."""
+    model, _, stream = load_streaming(store, settings)
+    stream.reader.devices.update(devices or {})
+    try:
+        return greedy_tokens(model, steps), stream.figures()
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("arch", QUICK)
+def test_streamed_greedy_tokens_equal_the_model_in_ram(arch, stores, in_ram_tokens):
+    tokens, figures = streamed_tokens(stores[arch], StreamSettings())
+    assert tokens == in_ram_tokens[arch]
+    assert sum(d["bytes"] for d in figures["drives"].values()) > 0  # the experts did come from the drives
+    assert figures["reads"]["demand_reads"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", MORE)
+def test_streamed_tokens_equal_for_gpt_oss_biases_and_mixtral(arch, tmp_path):
+    store = import_tiny(tmp_path, tiny_checkpoint(tmp_path, arch), f"{arch}-store")
+    assert streamed_tokens(store, StreamSettings())[0] == greedy_tokens(load_store(store)[0])
+
+
+def test_every_mechanism_on_keeps_tokens_identical(sources, in_ram_tokens, tmp_path):
+    store = import_tiny(tmp_path, sources["kimi_k3"], "kimi")
+    replicate_everywhere(store)
+    settings = StreamSettings(shared_pool=True, split_reads=True, cache_bytes=200_000, cache_policy="frequency",
+                              verify_checksums=True, trace=True)
+    # Both drives sit on this machine's one disk: call them two devices so halves are split between them.
+    tokens, figures = streamed_tokens(store, settings, devices={"d0": 1, "d1": 2})
+    assert tokens == in_ram_tokens["kimi_k3"]
+    assert figures["reads"]["split_reads"] > 0
+    assert figures["cache_hits"] > 0
+    assert figures["prefetch_recall"] > 0
+
+
+def test_a_bad_replica_falls_back_to_another(sources, in_ram_tokens, tmp_path):
+    store = import_tiny(tmp_path, sources["qwen3_moe"], "qwen")
+    replicate_everywhere(store)
+    manifest = read_manifest(store)
+    for layer in manifest.layers:  # drive d0 loses every expert file of every layer (truncated)
+        for expert in range(layer.num_experts):
+            path = dict(manifest.replica_paths(layer.layer, expert))["d0"]
+            path.write_bytes(b"")
+    tokens, figures = streamed_tokens(store, StreamSettings(dispatch="first_replica"))
+    assert tokens == in_ram_tokens["qwen3_moe"]
+    assert figures["reads"]["fallbacks"] > 0
+    assert figures["drives"]["d1"]["bytes"] > 0 and figures["drives"]["d0"]["bytes"] == 0
+
+
+def test_corrupt_replica_is_caught_by_checksums_and_skipped(sources, in_ram_tokens, tmp_path):
+    store = import_tiny(tmp_path, sources["qwen3_moe"], "qwen")
+    replicate_everywhere(store)
+    manifest = read_manifest(store)
+    layer = manifest.layers[0]
+    for expert in range(layer.num_experts):
+        path = dict(manifest.replica_paths(layer.layer, expert))["d0"]
+        data = bytearray(path.read_bytes())
+        data[100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    settings = StreamSettings(dispatch="first_replica", verify_checksums=True)
+    assert streamed_tokens(store, settings)[0] == in_ram_tokens["qwen3_moe"]
+
+
+def test_no_replica_left_stops_with_an_error_naming_drive_and_file(sources, tmp_path):
+    store = import_tiny(tmp_path, sources["deepseek_v3"], "deepseek")
+    manifest = read_manifest(store)
+    layer = manifest.layers[-1]
+    broken = []
+    for expert in range(layer.num_experts):
+        for drive, path in manifest.replica_paths(layer.layer, expert):
+            path.unlink()
+            broken.append((drive, path))
+    with pytest.raises(ExpertReadError) as caught:
+        streamed_tokens(store, StreamSettings(), steps=4)
+    message = str(caught.value)
+    assert f"layer {layer.layer}" in message
+    assert any(f"drive {drive}" in message and str(path) in message for drive, path in broken)
