@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_config
 
-from engine.errors import ModelFormatError, NightshiftError
+from engine.errors import ModelFormatError, NightshiftError, NoSpaceError
 from engine.io.drives import Drive
 from engine.store.families import (
     SwitchSite,
@@ -267,7 +267,10 @@ def import_checkpoint(
     for drive in drives:
         budget = drive.budget_bytes
         if budget is not None and needed.get(drive.name, 0) > budget:
-            raise NightshiftError(f"drive {drive.name} would need {needed[drive.name] / 1e9:.2f} GB, over its budget")
+            raise NoSpaceError(
+                f"drive {drive.name} would need {needed[drive.name] / 1e9:.2f} GB, over its budget of "
+                f"{budget / 1e9:.2f} GB; raise budget_gb in the drives file or add a drive"
+            )
     trunk_estimate = sum(plan.group_bytes(g) for g in plan.groups) - sum(sizes.values())
     check_devices([*drives, Drive("(store directory)", store)], {**needed, "(store directory)": max(trunk_estimate, 0)})
 
