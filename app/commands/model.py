@@ -52,16 +52,8 @@ def _drives(drives_file: str | None, store: Path):
 
 
 def _progress_line(progress) -> None:
-    eta = progress.eta
-    eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if eta is not None else "?"
-    rate = progress.done_bytes / progress.elapsed / 1e6 if progress.elapsed > 0 else 0.0
-    print(
-        f"\rnightshift: imported {progress.done_bytes / 1e9:.2f} of {progress.total_bytes / 1e9:.2f} GB "
-        f"({100 * progress.done_bytes / max(progress.total_bytes, 1):.0f} %), {rate:.0f} MB/s, ETA {eta_text}  ",
-        end="" if progress.done_bytes < progress.total_bytes else "\n",
-        file=sys.stderr,
-        flush=True,
-    )
+    done = progress.done_bytes >= progress.total_bytes
+    print(f"\rnightshift: {progress.describe()}  ", end="\n" if done else "", file=sys.stderr, flush=True)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -73,7 +65,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     options = ImportOptions(trunk_bits=args.trunk_bits, quantize_experts=args.quantize_experts)
     say(f"importing {args.src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
     manifest = import_checkpoint(Path(args.src), store, _drives(args.drives, store), options, _progress_line)
-    say(f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e9:.2f} GB of experts on "
+    say(f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e6:,.1f} MB of experts on "
         f"{', '.join(manifest.drives)}")
     print(store)
     return 0

@@ -46,6 +46,7 @@ from engine.store.manifest import (
     Manifest,
     MoeLayer,
     expert_relpath,
+    human_size,
     sha256_bytes,
     write_json_atomic,
     write_manifest,
@@ -85,6 +86,15 @@ class Progress:
         if self.done_bytes <= 0 or self.elapsed <= 0:
             return None
         return (self.total_bytes - self.done_bytes) * self.elapsed / self.done_bytes
+
+    def describe(self) -> str:
+        """One status line: bytes done of total, percent, rate, time left."""
+        eta = self.eta
+        left = f"{int(eta // 60)}:{int(eta % 60):02d}" if eta is not None else "?"
+        rate = human_size(self.done_bytes / self.elapsed) + "/s" if self.elapsed > 0 else "?"
+        percent = 100 * self.done_bytes / max(self.total_bytes, 1)
+        return (f"imported {human_size(self.done_bytes)} of {human_size(self.total_bytes)} ({percent:.0f} %), "
+                f"{rate}, ETA {left}")
 
 
 @dataclass
@@ -268,8 +278,8 @@ def import_checkpoint(
         budget = drive.budget_bytes
         if budget is not None and needed.get(drive.name, 0) > budget:
             raise NoSpaceError(
-                f"drive {drive.name} would need {needed[drive.name] / 1e9:.2f} GB, over its budget of "
-                f"{budget / 1e9:.2f} GB; raise budget_gb in the drives file or add a drive"
+                f"drive {drive.name} would need {human_size(needed[drive.name])}, over its budget of "
+                f"{human_size(budget)}; raise budget_gb in the drives file or add a drive"
             )
     trunk_estimate = sum(plan.group_bytes(g) for g in plan.groups) - sum(sizes.values())
     check_devices([*drives, Drive("(store directory)", store)], {**needed, "(store directory)": max(trunk_estimate, 0)})

@@ -27,6 +27,14 @@ ALIGN = 4096
 FILE_ALIGN = 2 * ALIGN  # each half of a file is whole pages too
 
 
+def human_size(n: float) -> str:
+    """Bytes as people read them: 340 kB, 1.7 MB, 2.57 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
 def align(n: int, to: int = ALIGN) -> int:
     return -(-n // to) * to
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from engine.errors import NoSpaceError
 from engine.io.drives import Drive
+from engine.store.manifest import human_size
 
 Key = tuple[int, int]  # (layer, expert)
 
@@ -80,8 +81,8 @@ def plan_placement(
             need = sum(sizes.values())
             have = sum(d.room for d in drives)
             raise NoSpaceError(
-                f"the experts need {need / 1e9:.2f} GB and the drives have room for {have / 1e9:.2f} GB "
-                f"({', '.join(f'{d.name}: {d.room / 1e9:.2f} GB' for d in drives)}); free space or add a drive"
+                f"the experts need {human_size(need)} and the drives have room for {human_size(have)} "
+                f"({', '.join(f'{d.name}: {human_size(d.room)}' for d in drives)}); free space or add a drive"
             )
         best = min(fits, key=lambda n: (load[n], used[n] / max(room[n], 1)))
         placed[key] = [best]
@@ -122,6 +123,6 @@ def check_devices(drives: list[Drive], needed: dict[str, int]) -> None:
         if need > free:
             names = ", ".join(d.name for d in members)
             raise NoSpaceError(
-                f"drive(s) {names} need {need / 1e9:.2f} GB but their file system has {free / 1e9:.2f} GB free; "
+                f"drive(s) {names} need {human_size(need)} but their file system has {human_size(free)} free; "
                 "free space, lower the budget or add a drive"
             )
