@@ -11,6 +11,8 @@ def _progress(run: dict[str, Any]) -> str:
     progress = run.get("progress") or {}
     if run["state"] != "running" or not progress:
         return ""
+    if not progress["generated_tokens"]:
+        return f"reading the {progress['prompt_tokens']}-token prompt"
     return (f"{progress['generated_tokens']} tokens, {progress['decode_tokens_per_s']:.1f} tok/s, "
             f"{progress['elapsed']:.0f} s")  # fmt: skip
 

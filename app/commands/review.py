@@ -32,7 +32,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _show(stats: GenerationStats) -> None:
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and not stats.generated_tokens:
+        print(f"\r  reading the {stats.prompt_tokens}-token prompt", end="", file=sys.stderr, flush=True)
+    elif sys.stderr.isatty():
         print(f"\r  {stats.generated_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s, {stats.elapsed:.0f} s ",
               end="", file=sys.stderr, flush=True)  # fmt: skip
 

@@ -28,7 +28,7 @@ def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[
 
     def write(stats: GenerationStats, text: str) -> None:
         now = time.monotonic()
-        if now - last[0] < PROGRESS_EVERY_S and stats.finish_reason is None:
+        if now - last[0] < PROGRESS_EVERY_S and stats.generated_tokens and stats.finish_reason is None:
             return
         last[0] = now
         queue.set_progress(run_id, {

@@ -266,7 +266,7 @@ def check_variance(config: dict[str, Any], context: CheckContext) -> CheckResult
                 f"{context.window.label} ({change:+,}, {shown}); threshold {threshold}%.", change,
             ))  # fmt: skip
     summary = SummaryTable(
-        f"{table.name} by {by}: {context.window.label} against {context.previous.label}",
+        f"Change of {table.name} by {by}: {context.window.label} against {context.previous.label}",
         [by, context.previous.label, context.window.label, "change", "%"], rows, chart,
     )
     return CheckResult(findings, [summary])

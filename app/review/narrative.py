@@ -80,6 +80,8 @@ def write_narrative(
             f"context of {limit}; lower `prompt_findings` or `max_tokens` in the schedule's [model]"
         )
     text, stats = [], GenerationStats(prompt_tokens=len(tokens))
+    if progress is not None:
+        progress(stats, "")  # the prompt is being read: on a slow machine, minutes before the first token
     for chunk in model.generate(prompt.messages, max_tokens=max_tokens, temp=temp, seed=seed, cancel=cancel):
         text.append(chunk.text)
         stats = chunk.stats
