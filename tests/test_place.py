@@ -25,14 +25,14 @@ def sizes(layers: int = 2, experts: int = 8, size: int = MB) -> dict:
 
 
 def test_every_expert_once_and_bytes_balanced_without_routing():
-    plan = plan_placement(sizes(), [DriveRoom("a", 1, 100 * MB), DriveRoom("b", 2, 100 * MB)], replicate=False)
+    plan = plan_placement(sizes(), [DriveRoom("a", "sda", 100 * MB), DriveRoom("b", "sdb", 100 * MB)], replicate=False)
     assert all(len(holders) == 1 for holders in plan.values())
     assert sum(h == ["a"] for h in plan.values()) == sum(h == ["b"] for h in plan.values()) == 8
 
 
 def test_hottest_experts_get_replicas_on_other_devices_within_budget():
     frequency = {key: 1.0 / (1 + key[1]) for key in sizes()}  # expert 0 hottest in each layer
-    drives = [DriveRoom("a", 1, 12 * MB), DriveRoom("a2", 1, 12 * MB), DriveRoom("b", 2, 12 * MB)]
+    drives = [DriveRoom("a", "sda", 12 * MB), DriveRoom("a2", "sda", 12 * MB), DriveRoom("b", "sdb", 12 * MB)]
     plan = plan_placement(sizes(), drives, frequency)
     device = {d.name: d.device for d in drives}
     for holders in plan.values():
@@ -49,7 +49,7 @@ def test_hottest_experts_get_replicas_on_other_devices_within_budget():
 
 def test_no_room_for_one_copy_is_refused():
     with pytest.raises(NoSpaceError, match=r"need 16 MB .*\(a: 10 MB\)"):
-        plan_placement(sizes(), [DriveRoom("a", 1, 10 * MB)])
+        plan_placement(sizes(), [DriveRoom("a", "sda", 10 * MB)])
 
 
 def test_skewed_checkpoint_has_hot_experts_the_router_prefers(source, tmp_path):

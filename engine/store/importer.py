@@ -51,7 +51,7 @@ from engine.store.manifest import (
     write_json_atomic,
     write_manifest,
 )
-from engine.store.placement import check_devices, plan_placement, rooms
+from engine.store.placement import check_free_space, plan_placement, rooms
 from engine.store.safetensors_io import NAME_OF, Checkpoint, copied_tensor, out_tensor, read_header, to_bytes, write_safetensors
 
 TOKENIZER_FILES = (
@@ -282,7 +282,7 @@ def import_checkpoint(
                 f"{human_size(budget)}; raise budget_gb in the drives file or add a drive"
             )
     trunk_estimate = sum(plan.group_bytes(g) for g in plan.groups) - sum(sizes.values())
-    check_devices([*drives, Drive("(store directory)", store)], {**needed, "(store directory)": max(trunk_estimate, 0)})
+    check_free_space([*drives, Drive("(store directory)", store)], {**needed, "(store directory)": max(trunk_estimate, 0)})
 
     staging = store / STAGING
     staging.mkdir(parents=True, exist_ok=True)

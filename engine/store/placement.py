@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import NoSpaceError
+from engine.io.devices import DeviceNotFoundError, resolve_device
 from engine.io.drives import Drive
 from engine.store.manifest import human_size
 
@@ -27,7 +28,7 @@ class DriveRoom:
     """A drive as the planner sees it: its device and the bytes it may hold for this store."""
 
     name: str
-    device: int
+    device: str
     room: int
 
 
@@ -38,9 +39,17 @@ def existing_parent(path: Path) -> Path:
     return path
 
 
-def drive_device(drive: Drive) -> int:
-    """The device (st_dev) the drive's root lives on; drives sharing one do not read in parallel."""
-    return os.stat(existing_parent(drive.root)).st_dev
+def drive_device(drive: Drive) -> str:
+    """The disk the drive's root lives on: drives sharing one do not read in parallel.
+
+    The whole disk as `resolve_device` finds it (two partitions of one disk are one device here);
+    where that cannot be resolved (no block device under the root), the file system's st_dev.
+    """
+    root = existing_parent(drive.root)
+    try:
+        return f"disk {resolve_device(root).disk}"
+    except DeviceNotFoundError:
+        return f"st_dev {os.stat(root).st_dev}"
 
 
 def free_bytes(drive: Drive) -> int:
@@ -112,12 +121,12 @@ def plan_placement(
     return placed
 
 
-def check_devices(drives: list[Drive], needed: dict[str, int]) -> None:
-    """Refuse if drives sharing a device need more together than that device has free."""
-    by_device: dict[int, list[Drive]] = {}
+def check_free_space(drives: list[Drive], needed: dict[str, int]) -> None:
+    """Refuse if drives sharing a file system need more together than it has free."""
+    by_file_system: dict[int, list[Drive]] = {}
     for drive in drives:
-        by_device.setdefault(drive_device(drive), []).append(drive)
-    for members in by_device.values():
+        by_file_system.setdefault(os.stat(existing_parent(drive.root)).st_dev, []).append(drive)
+    for members in by_file_system.values():
         need = sum(needed.get(d.name, 0) for d in members)
         free = free_bytes(members[0])
         if need > free:

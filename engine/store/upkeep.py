@@ -22,7 +22,7 @@ from engine.io.drives import Drive
 from engine.store.families import SWITCH_TYPES
 from engine.store.gguf_import import sha256_of
 from engine.store.manifest import Manifest, expert_relpath, read_manifest, write_manifest
-from engine.store.placement import Key, check_devices, plan_placement, rooms
+from engine.store.placement import Key, check_free_space, plan_placement, rooms
 from engine.store.synth import CALIBRATION_TEXT
 
 
@@ -136,7 +136,7 @@ def place_store(
         for name in names:
             if not _holds(manifest, old_roots, key, name, by_drive[name]):
                 needed[name] = needed.get(name, 0) + sizes[key]
-    check_devices(drives, needed)
+    check_free_space(drives, needed)
 
     copied: dict[str, int] = {}
     for key, names in plan.items():
