@@ -22,7 +22,8 @@ def _logging() -> None:
     for handler in handlers:
         handler.setFormatter(formatter)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    for chatty in ("apscheduler", "fontTools", "weasyprint"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
