@@ -53,5 +53,6 @@ def add_to_index(entry: dict[str, Any]) -> dict[str, Any]:
         entries.append(entry)
         temporary = index_path().with_suffix(".json.part")
         temporary.write_text(json.dumps(entries, indent=1))
+        temporary.chmod(0o600)  # like the reports themselves: the owner's numbers
         os.replace(temporary, index_path())
     return entry
