@@ -1,1 +1,9 @@
-"""The on-disk model: converters into our model directories and the checks on them."""
+"""The on-disk model.
+
+- `gguf_*`: GGUF files -> plain mlx-lm model directories (the dense default model).
+- The expert store (docs/store.md): `importer` (safetensors MoE checkpoint -> store, layer by
+  layer), `manifest` (the store's manifest and expert file layout), `loader` (store -> model
+  with every expert in RAM), `placement` (which drives hold which experts), `upkeep`
+  (verify, measure routing, re-place), `synth` (synthetic checkpoints), `families` (what the
+  store needs from an mlx-lm model family), `safetensors_io` (one tensor at a time).
+"""
