@@ -27,7 +27,7 @@ from engine.errors import NightshiftError, UnsupportedModelError
 from engine.store.families import build_model, layer_of, switch_sites
 from engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
 
-CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
+CALIBRATION_TEXT = Path(__file__).with_name("data") / "routing_prompts.txt"
 EOS = "<|endoftext|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
