@@ -9,17 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import dashboard, drives, generate, jobs, model, reports, review, rig, say, serve
+from app.commands import bench, dashboard, drives, generate, jobs, model, reports, review, rig, runs, say, serve, verify
 from app.paths import data_dir
 from engine import NightshiftError
 
 # Command groups, in the order `--help` lists them. A later issue adds its module here.
-GROUPS = [model, generate, drives, rig, review, serve, jobs, reports, dashboard]
+GROUPS = [model, generate, drives, rig, review, serve, jobs, reports, dashboard, bench, runs, verify]
 
 # Groups whose commands later issues build; until then they say so plainly.
 PLANNED = {
-    "bench": ("run the engine benchmarks", "[4] Streaming MoE engine"),
-    "runs": ("list, compare and export recorded benchmark runs", "[4] Streaming MoE engine"),
 }
 
 EXIT_ERROR = 1

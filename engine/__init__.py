@@ -16,6 +16,11 @@ from engine.io.counters import DriveReadCounters
 from engine.io.devices import DeviceNotFoundError, resolve_device
 from engine.io.drives import Drive, DrivesFileError, load_drives
 from engine.runtime import Chunk, GenerationStats, Model, open_model
+from engine.moe.settings import CACHE_POLICIES, DISPATCH_POLICIES, StreamSettings
+from engine.moe.reader import ExpertReadError
+from engine.bench.decode import decode_bench, first_difference, greedy_of_record, ladder as decode_ladder
+from engine.instruments.assertions import AssertionFailed, Proof, require as require_proofs
+from engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare as compare_runs
 from engine.store.gguf_import import convert_gguf, is_converted_from, sha256_of
 from engine.store.importer import ImportOptions, Progress, import_checkpoint
 from engine.store.moefy import DEFAULT_EXPERTS, DEFAULT_K, moefy
@@ -62,6 +67,21 @@ __all__ = [
     "rig_down",
     "rig_status",
     "rig_up",
+    "CACHE_POLICIES",
+    "DISPATCH_POLICIES",
+    "ExpertReadError",
+    "AssertionFailed",
+    "Catalogue",
+    "CatalogueError",
+    "Proof",
+    "require_proofs",
+    "Run",
+    "compare_runs",
+    "decode_bench",
+    "decode_ladder",
+    "first_difference",
+    "greedy_of_record",
+    "StreamSettings",
     "Chunk",
     "GenerationStats",
     "Model",

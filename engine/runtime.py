@@ -25,7 +25,12 @@ from mlx_lm.utils import load_model  # noqa: E402
 from mlx_lm.tokenizer_utils import load as load_tokenizer  # noqa: E402
 
 from engine.errors import ModelFormatError, ModelNotFoundError  # noqa: E402
+from engine.io.ceilings import Ceilings  # noqa: E402
+from engine.io.drives import Drive  # noqa: E402
 from engine.models import get_classes  # noqa: E402
+from engine.moe.load import load_streaming  # noqa: E402
+from engine.moe.settings import StreamSettings  # noqa: E402
+from engine.moe.stream import ExpertStream  # noqa: E402
 from engine.store.loader import is_store, load_store  # noqa: E402
 
 Message = dict[str, str]
@@ -41,6 +46,10 @@ class GenerationStats:
     elapsed: float = 0.0
     peak_memory_bytes: int = 0
     finish_reason: str | None = None
+    # Streamed stores only: bytes read per drive, experts served by the RAM cache, prefetch recall so far.
+    drive_bytes: dict[str, int] = field(default_factory=dict)
+    cache_hits: int = 0
+    prefetch_recall: float = 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -63,14 +72,25 @@ class Chunk:
 
 
 class Model:
-    """A model loaded from a model directory, with its tokenizer and chat template."""
+    """A model loaded from a model directory, with its tokenizer and chat template.
 
-    def __init__(self, path: Path):
+    A store opened with `stream` settings keeps its routed experts on the drives and reads
+    them as the router asks (`self.stream`); otherwise every weight is loaded into RAM.
+    """
+
+    def __init__(self, path: Path, stream: StreamSettings | None = None, drives: list[Drive] | None = None,
+                 ceilings: Ceilings | None = None):
         self.path = Path(path)
+        self.stream: ExpertStream | None = None
         if not is_store(self.path) and not (self.path / "config.json").is_file():
             raise ModelNotFoundError(f"no model at {self.path} (config.json missing)")
+        if stream is not None and not is_store(self.path):
+            raise ModelFormatError(f"{self.path} is not a store, so its experts cannot be streamed; "
+                                   "import it with `nightshift model import` first")
         try:
-            if is_store(self.path):
+            if stream is not None:
+                self.model, config, self.stream = load_streaming(self.path, stream, drives, ceilings)
+            elif is_store(self.path):
                 self.model, config = load_store(self.path)
             else:
                 self.model, config = load_model(self.path, get_model_classes=get_classes)
@@ -116,12 +136,29 @@ class Model:
             stats.elapsed = now
             stats.peak_memory_bytes = int(response.peak_memory * 1e9)
             stats.finish_reason = response.finish_reason
+            self._stream_figures(stats)
             yield Chunk(token=response.token, text=response.text, stats=stats)
             if cancel is not None and cancel.is_set():
                 stats.finish_reason = "cancelled"
                 break
 
 
-def open_model(path: Path) -> Model:
-    """Load the model directory at `path`."""
-    return Model(path)
+    def _stream_figures(self, stats: GenerationStats) -> None:
+        if self.stream is None:
+            return
+        figures = self.stream.figures()
+        stats.drive_bytes = {name: d["bytes"] for name, d in figures["drives"].items()}
+        stats.cache_hits = figures["cache_hits"]
+        stats.prefetch_recall = figures["prefetch_recall"]
+
+    def close(self) -> None:
+        """Stop the reader threads of a streamed model (a no-op otherwise)."""
+        if self.stream is not None:
+            self.stream.close()
+
+
+def open_model(path: Path, stream: StreamSettings | None = None, drives: list[Drive] | None = None,
+               ceilings: Ceilings | None = None) -> Model:
+    """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
+    (default: the drives its manifest names), starting its read estimates from `ceilings` if given."""
+    return Model(path, stream, drives, ceilings)

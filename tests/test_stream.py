@@ -139,3 +139,22 @@ def test_no_replica_left_stops_with_an_error_naming_drive_and_file(sources, tmp_
     message = str(caught.value)
     assert f"layer {layer.layer}" in message
     assert any(f"drive {drive}" in message and str(path) in message for drive, path in broken)
+
+
+def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):
+    import threading
+
+    from engine import StreamSettings as PublicSettings, open_model
+
+    model = open_model(stores["qwen3_moe"], stream=PublicSettings())
+    cancel = threading.Event()
+    chunks = []
+    try:
+        for chunk in model.generate([{"role": "user", "content": "Close the month."}], max_tokens=20, cancel=cancel):
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                cancel.set()
+    finally:
+        model.close()
+    assert len(chunks) == 3 and chunks[-1].stats.finish_reason == "cancelled"
+    assert sum(chunks[-1].stats.drive_bytes.values()) > 0

@@ -15,9 +15,11 @@ EXIT_INTERRUPTED = 130
 def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise NightshiftError('the prompt is empty; pass the text to answer, e.g. nightshift generate "Hello"')
-    from engine import open_model
+    from engine import StreamSettings, is_store, open_model
 
-    model = open_model(resolve_model(args.model))
+    path = resolve_model(args.model)
+    streamed = is_store(path) and not args.in_ram
+    model = open_model(path, stream=StreamSettings() if streamed else None)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
@@ -39,6 +41,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"({stats.prompt_tokens} prompt tokens, {stats.prefill_tokens_per_s:.1f} tok/s); "
             f"peak memory {stats.peak_memory_bytes / 1e9:.2f} GB"
         )
+        if streamed:
+            say("experts streamed: " + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in stats.drive_bytes.items())
+                + f"; prefetch recall {stats.prefetch_recall:.0%}")
     return 0
 
 
@@ -69,4 +74,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (256)")
     generate.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
     generate.add_argument("--seed", type=int, default=0, help="random seed for sampling (0)")
+    generate.add_argument("--in-ram", action="store_true",
+                          help="load a store's experts into RAM instead of streaming them from its drives")
     generate.set_defaults(run=cmd_generate)

@@ -44,6 +44,7 @@ class Dispatcher:
 
     def __init__(self, estimates: dict[str, DriveEstimate], policy: str = "least_completion"):
         self.policy = policy
+        self.choices = 0  # reads that had more than one replica to choose from (the policy mattered)
         self._drives = estimates
         self._lock = threading.Lock()
 
@@ -54,6 +55,7 @@ class Dispatcher:
     def choose(self, candidates: list[str], nbytes: int) -> tuple[str, int]:
         """The drive to read `nbytes` from, now counted in flight, and the bytes that were ahead of it."""
         with self._lock:
+            self.choices += len(candidates) > 1
             if self.policy == "first_replica":
                 drive = candidates[0]
             else:

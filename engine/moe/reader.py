@@ -140,6 +140,18 @@ class ExpertReader:
             self.counts.prefetch_reads += started
         return started
 
+    def replicas(self, layer: int, expert: int) -> list[tuple[str, Path]]:
+        """(drive, path) of the replicas this reader may use (`use_drives`); an error if there are none."""
+        replicas = self.manifest.replica_paths(layer, expert)
+        allowed = self.settings.use_drives
+        usable = [(d, p) for d, p in replicas if d in allowed] if allowed else replicas
+        if not usable:
+            raise ExpertReadError(
+                f"expert {expert} of layer {layer} has replicas only on {', '.join(d for d, _ in replicas)}, "
+                f"none of the drives in use ({', '.join(allowed)}); place the store on them with `nightshift model place`"
+            )
+        return usable
+
     def close(self) -> None:
         for pool in {self._demand, self._prefetch, self._halves} - {None}:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -164,7 +176,7 @@ class ExpertReader:
 
     def _read(self, buffer, spec: MoeLayer, expert: int, source: str) -> ExpertRead:
         """Fill `buffer` with the expert's file: split over two devices if asked, else whole, falling back."""
-        replicas = self.manifest.replica_paths(spec.layer, expert)
+        replicas = self.replicas(spec.layer, expert)
         problems: list[str] = []
         if self._halves is not None:
             pair = self._split_pair(replicas, spec.file_bytes // 2)

@@ -29,6 +29,7 @@ class StreamSettings:
     cache_policy: str = "lru"
     verify_checksums: bool = False
     trace: bool = False
+    use_drives: tuple[str, ...] = ()  # read only from these drives (empty: all); the drive ladder's knob
 
     def __post_init__(self):
         if self.demand_threads < 1 or self.prefetch_threads < 1:
@@ -40,6 +41,7 @@ class StreamSettings:
         if self.cache_bytes < 0:
             raise NightshiftError("the expert cache budget must be 0 (off) or more bytes")
         object.__setattr__(self, "prefetch_off", frozenset(self.prefetch_off))
+        object.__setattr__(self, "use_drives", tuple(self.use_drives))
 
     def as_dict(self) -> dict:
         """Plain JSON-ready values (sets as sorted lists)."""

@@ -84,7 +84,7 @@ class ExpertStream:
         hits = sum(r.predicted_hits for r in self.recall.values())
         return {
             "drives": drives,
-            "reads": vars(self.reader.counts).copy(),
+            "reads": {**vars(self.reader.counts), "replica_choices": self.dispatcher.choices},
             "cache_hits": self.cache.hits if self.cache else 0,
             "cache_misses": self.cache.misses if self.cache else 0,
             "prefetch_recall": hits / needed if needed else 0.0,

@@ -1,0 +1,167 @@
+"""`nightshift bench decode|ab|ladder`: timed runs of the streaming engine, recorded in the run catalogue.
+
+Run them on the rig for drive-bound figures: `nightshift rig run -- nightshift bench decode --model M
+--drives RIG/drives.toml`. Every run is recorded, losses included; an A/B records its variant only when
+the counters prove the mechanism fired (config assertions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from app.commands import say
+from app.commands.runs import catalogue
+
+# mechanism -> (baseline settings, variant settings, counter that proves the variant fired)
+MECHANISMS = {
+    "split": ({"split_reads": False}, {"split_reads": True}, "split_reads"),
+    "pools": ({"shared_pool": True}, {"shared_pool": False}, "prefetch_reads"),
+    "dispatch": ({"dispatch": "first_replica"}, {"dispatch": "least_completion"}, "replica_choices"),
+    "prefetch": ({"prefetch": False}, {"prefetch": True}, "joined_prefetch"),
+    "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --cache-mb (must be > 0)
+    "cache-policy": ({"cache_policy": "lru"}, {"cache_policy": "frequency"}, "cache_hits"),
+}
+
+
+def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
+    """The streaming settings, as flags (shared with `nightshift verify`)."""
+    parser.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
+    parser.add_argument("--drives", help="drives.toml whose roots replace the store's (e.g. the rig's)")
+    parser.add_argument("--ceilings", help="drive_ceilings.json from `drives probe` (dispatcher's starting estimates)")
+    parser.add_argument("--demand-threads", type=int, default=4)
+    parser.add_argument("--prefetch-threads", type=int, default=2)
+    parser.add_argument("--shared-pool", action="store_true", help="demand and prefetch reads share one pool")
+    parser.add_argument("--dispatch", choices=("least_completion", "first_replica"), default="least_completion")
+    parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
+    parser.add_argument("--no-prefetch", action="store_true", help="no next-layer prefetch")
+    parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
+    parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
+    parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="lru")
+    parser.add_argument("--use-drives", default="", help="comma-separated drive names to read from (default: all)")
+
+
+def settings_from(args: argparse.Namespace):
+    from engine import NightshiftError, StreamSettings
+
+    try:
+        off = frozenset(int(x) for x in args.prefetch_off.split(",") if x.strip())
+    except ValueError:
+        raise NightshiftError(f"--prefetch-off takes layer numbers, e.g. 3,4; got {args.prefetch_off!r}") from None
+    return StreamSettings(
+        demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
+        dispatch=args.dispatch, split_reads=args.split_reads, prefetch=not args.no_prefetch, prefetch_off=off,
+        cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
+        use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
+    )
+
+
+def sources_from(args: argparse.Namespace):
+    """(store path, drives or None, ceilings or None) named by the flags."""
+    from app.commands.model import resolve_model  # here: app.commands.model imports other command modules
+    from engine import Ceilings, load_drives
+
+    drives = load_drives(Path(args.drives)) if args.drives else None
+    ceilings = Ceilings.load(Path(args.ceilings)) if args.ceilings else None
+    return resolve_model(args.model), drives, ceilings
+
+
+def _record(kind: str, store: Path, settings, result: dict, verdict: str, proofs=(), note: str = "") -> int:
+    from engine import Run
+
+    config = {**settings.as_dict(), "tokens": result["figures"]["tokens"]}
+    run = Run(kind=kind, model=store.name, config=config, figures=result["figures"], verdict=verdict,
+              drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *sys.argv[1:]]),
+              note=note)
+    return catalogue().record(run, list(proofs))
+
+
+def _show(label: str, result: dict) -> None:
+    f = result["figures"]
+    line = (f"{label}: {f['ms_per_token']:.1f} ms/token ({f['tokens_per_s']:.2f} tok/s), "
+            f"{f['bytes_per_token'] / 1e6:.2f} MB/token, disk floor {f['disk_floor_ms']:.1f} ms "
+            f"at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s")
+    if "compute_floor_ms" in f:
+        line += (f", compute floor {f['compute_floor_ms']:.1f} ms, roofline fraction {f['roofline_fraction']:.2f}"
+                 f", tokens identical: {f['tokens_identical']}")
+    say(line)
+    say(f"  counters: {result['counters']}")
+    say(f"  trace: {result['trace']}")
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from engine import decode_bench
+
+    store, drives, ceilings = sources_from(args)
+    settings = settings_from(args)
+    result = decode_bench(store, settings, args.tokens, drives, ceilings, not args.no_compute_floor,
+                          args.bandwidth_seconds)
+    _show("decode", result)
+    verdict = "measured"
+    if "roofline_fraction" in result["figures"]:
+        verdict = "pass" if result["figures"]["roofline_fraction"] >= 0.9 else "below-roofline"
+    say(f"recorded as run {_record('decode', store, settings, result, verdict)} ({verdict})")
+    return 0
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from engine import NightshiftError, Proof, decode_bench, require_proofs as require
+
+    store, drives, ceilings = sources_from(args)
+    base_change, variant_change, counter = MECHANISMS[args.mechanism]
+    settings = settings_from(args)
+    if args.mechanism in ("cache", "cache-policy") and not settings.cache_bytes:
+        raise NightshiftError(f"the {args.mechanism} A/B needs a cache: pass --cache-mb N")
+    baseline = replace(settings, **base_change)
+    variant = replace(settings, **variant_change)
+    results = {}
+    for label, config in (("A (baseline)", baseline), ("B (variant)", variant)):
+        results[label] = decode_bench(store, config, args.tokens, drives, ceilings, False, args.bandwidth_seconds)
+        _show(f"{args.mechanism} {label}", results[label])
+    a, b = results["A (baseline)"], results["B (variant)"]
+    gain = b["figures"]["tokens_per_s"] / a["figures"]["tokens_per_s"] - 1
+    note = f"A/B {args.mechanism}: variant {gain:+.1%} tok/s"
+    proofs = [Proof(args.mechanism, counter)]
+    require(proofs, b["counters"])  # neither side is recorded if the variant did not demonstrably run
+    a_id = _record("ab", store, baseline, a, "baseline", note=note)
+    b_id = _record("ab", store, variant, b, "win" if gain > 0 else "loss",
+                   proofs, note=note)
+    say(f"{note}; recorded as runs {a_id} (A) and {b_id} (B); `nightshift runs compare {a_id} {b_id}`")
+    return 0
+
+
+def cmd_ladder(args: argparse.Namespace) -> int:
+    from engine import decode_ladder
+
+    store, drives, ceilings = sources_from(args)
+    settings = settings_from(args)
+    runs = decode_ladder(store, settings, args.tokens, drives, ceilings, args.bandwidth_seconds)
+    top = runs[-1][1]["figures"]["tokens_per_s"]
+    for count, (step, result) in enumerate(runs, 1):
+        share = result["figures"]["tokens_per_s"] / top
+        _show(f"{count} drive(s): {share:.0%} of the {len(runs)}-drive rate (linear: {count / len(runs):.0%})", result)
+        result["figures"]["share_of_top"] = share
+        verdict = "linear" if abs(share - count / len(runs)) <= 0.1 else "off-linear"
+        _record("ladder", store, step, result, verdict, note=f"ladder step {count} of {len(runs)}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="run the engine benchmarks (recorded in `nightshift runs`)",
+                                description=__doc__.split("\n\n")[0])
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    decode = sub.add_parser("decode", help="streamed decode vs its disk and compute floors")
+    ab = sub.add_parser("ab", help="A/B one mechanism; the variant is recorded only if its counter proves it fired")
+    ab.add_argument("--mechanism", choices=sorted(MECHANISMS), required=True)
+    ladder = sub.add_parser("ladder", help="the same decode on 1, 2, ... n drives (experts on every drive)")
+    for parser, run in ((decode, cmd_decode), (ab, cmd_ab), (ladder, cmd_ladder)):
+        add_stream_arguments(parser)
+        parser.add_argument("--tokens", type=int, default=16, help="tokens to decode (16)")
+        parser.add_argument("--bandwidth-seconds", type=float, default=2.0,
+                            help="how long to measure the drives' aggregate read bandwidth before decoding (2)")
+        parser.set_defaults(run=run)
+    decode.add_argument("--no-compute-floor", action="store_true",
+                        help="skip the in-RAM run (when the experts do not fit in RAM)")

@@ -1,0 +1,69 @@
+"""`nightshift bench`, `runs` and `verify` end to end on a tiny store (figures recorded, never asserted on time)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    return import_tiny(root, tiny_checkpoint(root, "kimi_k3"), "k")
+
+
+def test_decode_records_floors_roofline_and_counters(store, home, capsys):
+    assert main(["bench", "decode", "--model", str(store), "--tokens", "4", "--bandwidth-seconds", "0.2"]) == 0
+    err = capsys.readouterr().err
+    assert "disk floor" in err and "compute floor" in err and "recorded as run 1" in err
+    assert main(["runs", "show", "1"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    figures = run["figures"]
+    assert run["kind"] == "decode" and figures["tokens_identical"] is True
+    assert figures["roofline_ms"] == max(figures["disk_floor_ms"], figures["compute_floor_ms"])
+    assert figures["bytes_per_token"] > 0 and run["counters"]["demand_reads"] > 0
+    assert run["command"].startswith("nightshift ")
+
+
+def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
+    # The store has one replica per expert: split reads cannot happen, so nothing is recorded.
+    assert main(["bench", "ab", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.2", "--mechanism", "split"]) == 1
+    assert "not recorded" in capsys.readouterr().err
+    assert main(["runs", "list"]) == 0
+    assert "no runs recorded yet" in capsys.readouterr().err
+    assert main(["bench", "ab", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.2", "--mechanism", "prefetch"]) == 0
+    assert main(["runs", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2 and "baseline" in listed[1] and ("win" in listed[0] or "loss" in listed[0])
+    assert main(["runs", "compare", "1", "2"]) == 0
+    assert "config prefetch\tFalse\tTrue" in capsys.readouterr().out
+    assert main(["runs", "export", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.startswith("kind,")
+
+
+def test_verify_passes_for_streaming_and_fails_on_a_different_record(store, home, capsys):
+    assert main(["verify", "--model", str(store), "--cache-mb", "1"]) == 0
+    assert "pass" in capsys.readouterr().err
+    record = home / "verify" / f"{store.name}.json"
+    data = json.loads(record.read_text())
+    data["tokens"][5] = (data["tokens"][5] + 1) % 512
+    record.write_text(json.dumps(data))
+    assert main(["verify", "--model", str(store)]) == 1
+    assert "token 5 differs" in capsys.readouterr().err
+
+
+def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys, tmp_path):
+    from tests.test_stream import replicate_everywhere
+
+    replicated = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "qwen3_moe"), "q")
+    replicate_everywhere(replicated)
+    assert main(["bench", "ladder", "--model", str(replicated), "--tokens", "3", "--bandwidth-seconds", "0.2"]) == 0
+    assert "2-drive rate" in capsys.readouterr().err
+    assert main(["runs", "export"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["config"]["use_drives"] for r in runs] == [["d0"], ["d0", "d1"]]
+    assert runs[0]["drives"]["d1"]["bytes"] == 0 and runs[1]["drives"]["d1"]["bytes"] > 0

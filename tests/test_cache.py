@@ -1,0 +1,38 @@
+"""The RAM expert cache keeps its byte budget; LRU and frequency-aware eviction differ as designed."""
+
+from __future__ import annotations
+
+from engine.moe.cache import ExpertCache
+
+
+def test_lru_evicts_the_least_recently_used_within_budget():
+    cache = ExpertCache(300, "lru")
+    for e in range(3):
+        assert cache.put((0, e), f"x{e}", 100)
+    assert cache.get((0, 0)) == "x0"  # 0 is now the most recent
+    cache.put((0, 3), "x3", 100)
+    assert (0, 1) not in cache and (0, 0) in cache and cache.used == 300
+
+
+def test_frequency_policy_keeps_often_used_experts_and_refuses_one_off_newcomers():
+    cache = ExpertCache(200, "frequency")
+    cache.put((0, 0), "hot", 100)
+    cache.put((0, 1), "warm", 100)
+    for _ in range(5):
+        cache.get((0, 0))
+    cache.get((0, 1))
+    assert not cache.put((0, 2), "once", 100) or (0, 0) in cache  # never at the hot one's expense
+    assert (0, 0) in cache
+    cache.get((0, 2))
+    cache.get((0, 2))  # now used as often as the warm one: admitted in its place
+    assert cache.put((0, 2), "new", 100)
+    assert (0, 1) not in cache and (0, 0) in cache and cache.used <= 200
+
+
+def test_hits_and_misses_are_counted_and_oversized_items_are_not_kept():
+    cache = ExpertCache(100, "lru")
+    assert cache.get((1, 1)) is None
+    assert not cache.put((1, 1), "big", 101)
+    cache.put((1, 2), "ok", 50)
+    cache.get((1, 2))
+    assert (cache.hits, cache.misses) == (1, 1)

@@ -1,0 +1,44 @@
+"""Next-layer prefetch: demands join reads in flight, recall is measured, and it can be switched off per layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.moe.load import load_streaming
+from engine.moe.settings import StreamSettings
+from engine.store.measure import greedy_tokens
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prefetch")
+    return import_tiny(root, tiny_checkpoint(root, "mixtral"), "m")
+
+
+def figures(store, settings):
+    model, _, stream = load_streaming(store, settings)
+    try:
+        return greedy_tokens(model, steps=8), stream.figures()
+    finally:
+        stream.close()
+
+
+def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
+    tokens, on = figures(store, StreamSettings())
+    same, off = figures(store, StreamSettings(prefetch=False))
+    assert tokens == same
+    reads = on["reads"]
+    assert reads["joined_prefetch"] > 0 and reads["prefetch_reads"] > 0
+    # every expert a demand used came from exactly one read: its own or a prefetch it joined
+    used = reads["demand_reads"] + reads["joined_prefetch"]
+    assert used == off["reads"]["demand_reads"]
+    assert sum(d["reads"] for d in on["drives"].values()) == reads["demand_reads"] + reads["prefetch_reads"]
+    assert 0 < on["prefetch_recall"] <= 1
+    assert set(on["recall_per_layer"]) == {1, 2}  # the first MoE layer has no layer before it to predict it
+    assert off["reads"]["prefetch_reads"] == 0 and off["recall_per_layer"] == {}
+
+
+def test_prefetch_can_be_turned_off_for_one_layer(store):
+    _, some = figures(store, StreamSettings(prefetch_off=frozenset({2})))
+    assert set(some["recall_per_layer"]) == {1}

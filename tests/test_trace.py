@@ -1,0 +1,63 @@
+"""The barrier trace records, per pass, where each expert came from and what the layer waited on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.instruments.trace import CACHE, DEMAND, PREFETCH
+from engine.moe.load import load_streaming
+from engine.moe.settings import StreamSettings
+from engine.store.manifest import read_manifest
+from engine.store.measure import greedy_tokens
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trace")
+    return import_tiny(root, tiny_checkpoint(root, "qwen3_moe"), "q")
+
+
+def traced(store, settings):
+    model, _, stream = load_streaming(store, settings)
+    try:
+        greedy_tokens(model, steps=6)
+        return stream
+    finally:
+        stream.close()
+
+
+def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
+    stream = traced(store, StreamSettings(trace=True, cache_bytes=10**6))
+    passes = stream.trace.passes()
+    moe_layers = {layer.layer for layer in stream.manifest.layers}
+    per_layer = [sum(p.layer == layer for p in passes) for layer in moe_layers]
+    assert len(set(per_layer)) == 1 and per_layer[0] >= 6  # one pass per MoE layer per forward call
+    sources = {r.source for p in passes for r in p.reads}
+    assert {DEMAND, PREFETCH, CACHE} <= sources
+    size = stream.manifest.layers[0].file_bytes
+    for p in passes:
+        assert p.readback_s > 0
+        read = [r for r in p.reads if r.source != CACHE]
+        for r in read:
+            assert r.drive in stream.manifest.drives and r.nbytes == size and r.end >= r.start
+        if read:
+            assert p.last.end == max(r.end for r in read)
+    summary = stream.trace.summary()
+    assert summary["passes"] == len(passes)
+    assert sum(summary["barrier_drive_counts"].values()) == sum(1 for p in passes if p.last is not None)
+    out = tmp_path / "trace.jsonl"
+    stream.trace.dump_jsonl(out)
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["layer"] in moe_layers and "last" in first and "readback_s" in first
+
+
+def test_cache_hits_cost_no_read_and_the_budget_is_kept(store):
+    manifest = read_manifest(store)
+    budget = manifest.expert_bytes // 2  # room for half of all experts
+    stream = traced(store, StreamSettings(cache_bytes=budget, prefetch=False))
+    assert stream.cache.used <= budget
+    hits = sum(1 for p in stream.trace.passes() for r in p.reads if r.source == CACHE)
+    assert hits == stream.cache.hits > 0
