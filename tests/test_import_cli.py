@@ -60,3 +60,14 @@ def test_bench_preset_is_a_scaled_down_kimi_k3():
     expert = 3 * (hidden * inner // 2 + hidden * inner // 32)  # packed FP4 codes + one E8M0 scale per 32
     assert expert >= 2**20
     assert expert * sum(site.num_experts for site in sites) >= 2 * 2**30
+
+
+def test_import_uses_the_data_dirs_drives_file(home, tmp_path, capsys):
+    src = tmp_path / "ckpt"
+    assert main(["model", "synth", "--arch", "mixtral", "--out", str(src)]) == 0
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "drives.toml").write_text(f'[[drive]]\nname = "fast"\nroot = "{tmp_path / "fast"}"\n')
+    assert main(["model", "import", str(src), "--name", "m"]) == 0
+    assert "drives in" in capsys.readouterr().err
+    assert read_manifest(home / "models" / "m").drives == {"fast": str(tmp_path / "fast")}
+    assert list((tmp_path / "fast" / "m").rglob("*.expert"))

@@ -45,10 +45,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _drives(drives_file: str | None, store: Path):
-    """Drives from `--drives`, else one drive inside the store directory."""
+    """Drives from `--drives`, else from the data dir's drives.toml, else one drive inside the store."""
+    from app.commands.drives import default_drives_file
     from engine import Drive, load_drives
 
-    return load_drives(Path(drives_file)) if drives_file else [Drive("store", store / "experts")]
+    if drives_file:
+        return load_drives(Path(drives_file))
+    if default_drives_file().is_file():
+        say(f"expert files go to the drives in {default_drives_file()}")
+        return load_drives(default_drives_file())
+    return [Drive("store", store / "experts")]
 
 
 def _progress_line(progress) -> None:
@@ -178,7 +184,7 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     imp.add_argument("src", metavar="SRC", help="checkpoint directory (config.json, model*.safetensors, tokenizer)")
     imp.add_argument("--name", required=True, help="name of the model in the data dir")
     imp.add_argument("--drives", metavar="TOML", help="drives.toml listing the drives for expert files "
-                     "(default: one drive inside the model's directory)")
+                     "(default: drives.toml in the data dir if there is one, else the model's own directory)")
     imp.add_argument("--trunk-bits", type=int, choices=(16, 8, 4), default=8,
                      help="precision of the non-expert weights: 16 keeps the checkpoint's, 8/4 quantize (default 8)")
     imp.add_argument("--quantize-experts", action="store_true",
