@@ -3,9 +3,10 @@
 A synthetic checkpoint is a real one as far as loaders are concerned: config.json,
 sharded `model-*.safetensors` with an index, a byte-level BPE tokenizer. Routed
 experts are written in the family's Hugging Face per-expert layout (Kimi K3's
-packed MXFP4 `weight_packed`/`weight_scale` included), so importing one goes
-through the family's `sanitize()` exactly as a released checkpoint does; the
-rest of the weights carry the names mlx-lm gives them (which `sanitize()` keeps).
+packed MXFP4 `weight_packed`/`weight_scale` included) and MLA attention as one
+`kv_b_proj`, so importing one goes through the family's `sanitize()` as a released
+checkpoint does; the rest of the weights carry the names mlx-lm gives them (which
+`sanitize()` keeps).
 Written one layer at a time, so the bench preset (gigabytes) never sits in memory.
 """
 
