@@ -88,7 +88,7 @@ def month_end_html():
     provenance = {"model": "/models/m", "max_tokens": 160, "temp": 0.0, "seed": 0, "prompt_tokens": 400,
                   "generated_tokens": 60, "time_to_first_token": 20.0, "elapsed": 30.0, "prefill_tokens_per_s": 20.0,
                   "decode_tokens_per_s": 6.0, "peak_memory_bytes": 10**8, "finish_reason": "length",
-                  "drive_bytes": {"ssd0": 123456789}, "files": [], "templates": [], "schedule": str(schedule.file),
+                  "drive_bytes": {"ssd0": 123456789}, "cache_hits": 1234, "prefetch_recall": 0.87, "files": [], "templates": [], "schedule": str(schedule.file),
                   "schedule_sha256": "abc", "host": "test"}  # fmt: skip
     created = datetime(2026, 10, 30, 22, 5, tzinfo=timezone.utc)
     context = build_report_context(schedule, checked, "", narrative, provenance, created)
@@ -102,7 +102,7 @@ def test_model_text_is_escaped_and_unverified_numbers_highlighted(month_end_html
     assert '<span class="unverified" title="not found in the data">7,777</span>' in html
     assert '<span class="verified">1,480.00</span>' in html
     assert "Check INV-5010 &amp; its duplicate." in html
-    assert "ssd0: 123,456,789" in html
+    assert "ssd0: 123,456,789" in html and "1,234 hits; prefetch recall 87 %" in html
 
 
 @pytest.mark.slow

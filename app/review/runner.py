@@ -94,8 +94,9 @@ def _provenance(schedule: Schedule, checked: Checked, model: Model, narrative: N
         "time_to_first_token": stats.time_to_first_token, "elapsed": stats.elapsed,
         "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
         "peak_memory_bytes": stats.peak_memory_bytes, "finish_reason": stats.finish_reason,
-        # Later engines count bytes read per drive; shown when the statistics carry them.
-        "drive_bytes": dict(getattr(stats, "bytes_read_per_drive", None) or {}),
+        # Streamed stores count bytes read per drive (empty for a model held in memory).
+        "drive_bytes": dict(stats.drive_bytes), "cache_hits": stats.cache_hits,
+        "prefetch_recall": stats.prefetch_recall,
         "files": files, "templates": templates, "schedule": str(schedule.file),
         "schedule_sha256": _file_digest(schedule.file), "host": platform.node(),
     }  # fmt: skip
