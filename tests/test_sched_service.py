@@ -12,7 +12,7 @@ from app.daemon import clock
 from app.daemon.lock import ServiceRunningError
 from app.daemon.runs import RunQueue
 from app.daemon.service import Service
-from app.review.schedule import load_schedules
+from app.review.schedule import BUNDLED_DIR, load_schedules
 
 UTC = timezone.utc
 
@@ -147,3 +147,20 @@ def test_runs_left_running_are_interrupted_and_queued_again(home):
     assert queue.get(run_id).state == "interrupted"
     assert (queue.get(retry).state, queue.get(retry).due, queue.get(retry).origin) == ("queued", due, "retry")
     assert queue.get(waiting).state == "queued"
+
+
+def test_a_schedule_added_while_serving_is_read_when_it_is_asked_for(home, wall):
+    service = Service(work=False)  # reads the schedule folders
+    service.start()
+    try:
+        assert "mine" not in service.next_runs()
+        (home / "schedules").mkdir(parents=True)
+        text = (BUNDLED_DIR / "daily.toml").read_text().replace('name = "daily"', 'name = "mine"')
+        (home / "schedules" / "mine.toml").write_text(text.replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/'))
+        reply = service.handle({"command": "run", "review": "mine"})
+        assert reply["ok"] and RunQueue().get(reply["id"]).review == "mine"
+        assert service.next_runs()["mine"] == "2026-10-28T18:30:00+00:00"
+        assert service.handle({"command": "run", "review": "nope"}) == {
+            "ok": False, "error": "no review named 'nope' in this service"}  # fmt: skip
+    finally:
+        service.stop()

@@ -39,10 +39,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _logging()
     service = Service()
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=service.reload, name="reload").start())
     service.start()
-    say(f"serving; log in {log_path()}; stop with Ctrl-C")
+    say(f"serving; log in {log_path()}; stop with Ctrl-C; SIGHUP reads the schedule files again")
     try:
         stop.wait()
     finally:

@@ -99,6 +99,7 @@ class Service:
         self.home = data_dir()
         self.lock = InstanceLock()
         self.schedules = schedules
+        self.from_files = schedules is None  # read from the schedule folders, and read again by `reload`
         self.work = work
         self.queue: RunQueue | None = None
         self.stopping = threading.Event()
@@ -114,10 +115,8 @@ class Service:
         self.queue = RunQueue()
         for run_id in self.queue.recover():
             log.warning("a run was interrupted when the service stopped; queued again as run %s", run_id)
-        if self.schedules is None:
-            self.schedules, errors = load_schedules()
-            for error in errors:
-                log.error("schedule not loaded: %s", error)
+        if self.from_files:
+            self._read_schedules()
         self.scheduler = ReviewScheduler(
             jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{self.home / 'scheduler.sqlite'}")},
             executors={"default": QueueExecutor()},
@@ -138,6 +137,17 @@ class Service:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self.threads.append(thread)
+
+    def _read_schedules(self) -> None:
+        self.schedules, errors = load_schedules()
+        for error in errors:
+            log.error("schedule not loaded: %s", error)
+
+    def reload(self) -> None:
+        """Read the schedule files again (SIGHUP, or a run of a review this service has not seen yet)."""
+        if self.from_files:
+            self._read_schedules()
+            self._sync_jobs()
 
     def _sync_jobs(self) -> None:
         """One job per schedule. An unchanged job is kept as stored, so a run missed while off is still due."""
@@ -202,6 +212,8 @@ class Service:
                     "next_runs": self.next_runs()}  # fmt: skip
         if command == "run":
             review = str(request.get("review"))
+            if review not in self.schedules:
+                self.reload()
             if review not in self.schedules:
                 return {"ok": False, "error": f"no review named {review!r} in this service"}
             as_of = date.fromisoformat(request["as_of"]) if request.get("as_of") else None
