@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from engine.moe.load import load_streaming
 from engine.moe.settings import StreamSettings
-from engine.store.measure import greedy_tokens
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.test_stream import streamed_tokens, tiny_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prefetch")
-    return import_tiny(root, tiny_checkpoint(root, "mixtral"), "m")
+    return tiny_store(tmp_path_factory, "mixtral")
 
 
 def figures(store, settings):
-    model, _, stream = load_streaming(store, settings)
-    try:
-        return greedy_tokens(model, steps=8), stream.figures()
-    finally:
-        stream.close()
+    return streamed_tokens(store, settings, steps=8)
 
 
 def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):

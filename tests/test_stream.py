@@ -16,6 +16,7 @@ import pytest
 from engine.moe.load import load_streaming
 from engine.moe.reader import ExpertReadError
 from engine.moe.settings import StreamSettings
+from engine.moe.stream import ExpertStream
 from engine.store.loader import load_store
 from engine.store.manifest import read_manifest, write_manifest
 from engine.store.measure import greedy_tokens
@@ -58,15 +59,27 @@ def replicate_everywhere(store: Path) -> None:
     write_manifest(store, manifest)
 
 
-def streamed_tokens(store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
-                    ) -> tuple[list[int], dict]:
-    """Greedy tokens from the streamed model and the stream's figures; `devices` overrides drive -> device."""
+def tiny_store(tmp_path_factory, arch: str) -> Path:
+    """A two-drive store of a tiny synthetic `arch` checkpoint, in a new temporary directory."""
+    root = tmp_path_factory.mktemp(arch)
+    return import_tiny(root, tiny_checkpoint(root, arch), "store")
+
+
+def streamed(store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
+             ) -> tuple[list[int], ExpertStream]:
+    """Greedy tokens from the streamed model and its (closed) stream; `devices` overrides drive -> device."""
     model, _, stream = load_streaming(store, settings)
     stream.reader.devices.update(devices or {})
     try:
-        return greedy_tokens(model, steps), stream.figures()
+        return greedy_tokens(model, steps), stream
     finally:
         stream.close()
+
+
+def streamed_tokens(store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
+                    ) -> tuple[list[int], dict]:
+    tokens, stream = streamed(store, settings, steps, devices)
+    return tokens, stream.figures()
 
 
 @pytest.mark.parametrize("arch", QUICK)

@@ -7,30 +7,18 @@ import json
 import pytest
 
 from engine.instruments.trace import CACHE, DEMAND, PREFETCH
-from engine.moe.load import load_streaming
 from engine.moe.settings import StreamSettings
 from engine.store.manifest import read_manifest
-from engine.store.measure import greedy_tokens
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.test_stream import streamed, tiny_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trace")
-    return import_tiny(root, tiny_checkpoint(root, "qwen3_moe"), "q")
-
-
-def traced(store, settings):
-    model, _, stream = load_streaming(store, settings)
-    try:
-        greedy_tokens(model, steps=6)
-        return stream
-    finally:
-        stream.close()
+    return tiny_store(tmp_path_factory, "qwen3_moe")
 
 
 def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
-    stream = traced(store, StreamSettings(trace=True, cache_bytes=10**6))
+    _, stream = streamed(store, StreamSettings(trace=True, cache_bytes=10**6), steps=6)
     passes = stream.trace.passes()
     moe_layers = {layer.layer for layer in stream.manifest.layers}
     per_layer = [sum(p.layer == layer for p in passes) for layer in moe_layers]
@@ -57,7 +45,7 @@ def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
 def test_cache_hits_cost_no_read_and_the_budget_is_kept(store):
     manifest = read_manifest(store)
     budget = manifest.expert_bytes // 2  # room for half of all experts
-    stream = traced(store, StreamSettings(cache_bytes=budget, prefetch=False))
+    _, stream = streamed(store, StreamSettings(cache_bytes=budget, prefetch=False), steps=6)
     assert stream.cache.used <= budget
     hits = sum(1 for p in stream.trace.passes() for r in p.reads if r.source == CACHE)
     assert hits == stream.cache.hits > 0
