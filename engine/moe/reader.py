@@ -6,6 +6,8 @@ read. An expert already in flight is never read twice: a demand joins the
 prefetch read under way. A failed read (I/O error, short file, bad checksum) falls
 back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
+A demand for an expert whose prefetch is still queued (not started) cancels it and reads it
+in the demand pool, so a layer never waits behind the prefetch queue.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class ReadCounts:
     split_reads: int = 0
     fallbacks: int = 0  # replicas that failed and were passed over
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
+    promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
+    cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
 
 
 def decode(buffer, layer: MoeLayer) -> Tensors:
@@ -99,7 +103,7 @@ class ExpertReader:
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
         self._inflight: dict[Key, Future[LoadedExpert]] = {}
-        self._lock = threading.RLock()  # re-entered when a done-callback runs at once on a landed read
+        self._lock = threading.Lock()
 
     def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
         """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
@@ -107,6 +111,10 @@ class ExpertReader:
         with self._lock:
             for expert in experts:
                 future = self._inflight.get((layer, expert))
+                if future is not None and future.cancel():  # a prefetch still queued: read it now, as demand
+                    self.counts.promoted_prefetch += 1
+                    self.counts.cancelled_prefetch += 1
+                    future = None
                 if future is None:
                     future = self._demand.submit(self._load, layer, expert, DEMAND)
                     self._inflight[(layer, expert)] = future
@@ -157,16 +165,13 @@ class ExpertReader:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _drop_unused(self, layer: int, used: set[int]) -> None:
-        """Forget prefetches of `layer` that this pass does not use, once they land (caller holds the lock)."""
-        for key in [k for k in self._inflight if k[0] == layer and k[1] not in used]:
-            future = self._inflight[key]
-            self.counts.wasted_prefetch += 1
-            future.add_done_callback(lambda f, key=key: self._forget(key, f))
+        """Forget prefetches of `layer` this pass does not use; cancel those not started (caller holds the lock).
 
-    def _forget(self, key: Key, future: Future) -> None:
-        with self._lock:
-            if self._inflight.get(key) is future:
-                del self._inflight[key]
+        One still running lands unclaimed and is freed; should the expert be needed later, it is read anew.
+        """
+        for key in [k for k in self._inflight if k[0] == layer and k[1] not in used]:
+            self.counts.cancelled_prefetch += self._inflight.pop(key).cancel()
+            self.counts.wasted_prefetch += 1
 
     def _load(self, layer: int, expert: int, source: str) -> LoadedExpert:
         spec = self.layers[layer]
