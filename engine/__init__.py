@@ -18,6 +18,7 @@ from engine.io.drives import Drive, DrivesFileError, load_drives
 from engine.runtime import Chunk, GenerationStats, Model, open_model
 from engine.moe.settings import CACHE_POLICIES, DISPATCH_POLICIES, StreamSettings
 from engine.moe.reader import ExpertReadError
+from engine.bench.layout import replicate_everywhere
 from engine.bench.decode import decode_bench, first_difference, greedy_of_record, ladder as decode_ladder
 from engine.instruments.assertions import AssertionFailed, Proof, require as require_proofs
 from engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare as compare_runs
@@ -81,6 +82,7 @@ __all__ = [
     "decode_ladder",
     "first_difference",
     "greedy_of_record",
+    "replicate_everywhere",
     "StreamSettings",
     "Chunk",
     "GenerationStats",

@@ -57,10 +57,9 @@ def test_verify_passes_for_streaming_and_fails_on_a_different_record(store, home
 
 
 def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys, tmp_path):
-    from tests.test_stream import replicate_everywhere
-
     replicated = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "qwen3_moe"), "q")
-    replicate_everywhere(replicated)
+    assert main(["bench", "replicate", "--model", str(replicated)]) == 0
+    assert "copied" in capsys.readouterr().err
     assert main(["bench", "ladder", "--model", str(replicated), "--tokens", "3", "--bandwidth-seconds", "0.2"]) == 0
     assert "2-drive rate" in capsys.readouterr().err
     assert main(["runs", "export"]) == 0

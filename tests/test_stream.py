@@ -8,17 +8,17 @@ tests prove equal to mlx-lm on the original checkpoint.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
+from engine.bench.layout import replicate_everywhere
 from engine.moe.load import load_streaming
 from engine.moe.reader import ExpertReadError
 from engine.moe.settings import StreamSettings
 from engine.moe.stream import ExpertStream
 from engine.store.loader import load_store
-from engine.store.manifest import read_manifest, write_manifest
+from engine.store.manifest import read_manifest
 from engine.store.measure import greedy_tokens
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
@@ -42,21 +42,6 @@ def stores(tmp_path_factory, sources) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def in_ram_tokens(stores) -> dict[str, list[int]]:
     return {arch: greedy_tokens(load_store(store)[0]) for arch, store in stores.items()}
-
-
-def replicate_everywhere(store: Path) -> None:
-    """Give every expert a replica on every drive of the store (copies of its one file)."""
-    manifest = read_manifest(store)
-    for layer in manifest.layers:
-        for expert in range(layer.num_experts):
-            (holder, source), = manifest.replica_paths(layer.layer, expert)
-            for root in manifest.drives.values():
-                target = Path(root) / source.relative_to(manifest.drives[holder])
-                if not target.exists():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(source, target)
-            manifest.experts[layer.layer][expert]["replicas"] = list(manifest.drives)
-    write_manifest(store, manifest)
 
 
 def tiny_store(tmp_path_factory, arch: str) -> Path:

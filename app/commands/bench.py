@@ -149,6 +149,15 @@ def cmd_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replicate(args: argparse.Namespace) -> int:
+    from app.commands.model import resolve_model
+    from engine import replicate_everywhere
+
+    copied = replicate_everywhere(resolve_model(args.model))
+    say(f"copied {copied / 1e6:.1f} MB: every expert now has a replica on every drive of the store")
+    return 0
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="run the engine benchmarks (recorded in `nightshift runs`)",
                                 description=__doc__.split("\n\n")[0])
@@ -163,5 +172,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--bandwidth-seconds", type=float, default=2.0,
                             help="how long to measure the drives' aggregate read bandwidth before decoding (2)")
         parser.set_defaults(run=run)
+    replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
+    replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
+    replicate.set_defaults(run=cmd_replicate)
     decode.add_argument("--no-compute-floor", action="store_true",
                         help="skip the in-RAM run (when the experts do not fit in RAM)")

@@ -1,7 +1,8 @@
 """Decode benchmark: streamed decode rate against its roofline, measured side by side in one run.
 
-    disk floor     = expert bytes read per token / aggregate direct-read bandwidth of the drives in use
-                     (measured in this run, right before decoding, with the reader's own kind of reads)
+    disk floor     = bytes of the experts a token needs from the drives (its layers' selected experts not
+                     in the RAM cache; wasted prefetch reads excluded) / aggregate direct-read bandwidth
+                     of the drives in use (measured in this run, right before decoding, whole expert files)
     compute floor  = time per token of the same model with every expert resident in RAM
     roofline       = max(disk floor, compute floor); the figure of merit is roofline / time per token.
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from engine.instruments.trace import CACHE, PassTrace
 from engine.io.ceilings import Ceilings
 from engine.io.direct import aligned_buffer, open_direct
 from engine.io.drives import Drive
@@ -87,6 +89,11 @@ def measure_bandwidth(manifest: Manifest, drives: list[str], seconds: float = 2.
     return total[0] / (time.perf_counter() - start)
 
 
+def needed_bytes(passes: list[PassTrace], since: float) -> int:
+    """Bytes of the experts the passes begun after `since` took from the drives (cache hits excluded)."""
+    return sum(r.nbytes for p in passes if p.began >= since for r in p.reads if r.source != CACHE)
+
+
 def counters_of(figures: dict) -> dict[str, float]:
     """The stream's figures flattened to the counters config assertions check."""
     return {**figures["reads"], "cache_hits": figures["cache_hits"],
@@ -102,10 +109,12 @@ def decode_bench(store: Path, settings: StreamSettings, tokens: int = 16, drives
     model, _, stream = load_streaming(store, settings, drives, ceilings)
     try:
         time_decode(model, WARMUP)  # first calls build MLX kernels and fault in the trunk: not what we time
-        before = {}
+        before: dict[str, int] = {}
+        decode_began = [0.0]
 
         def mark() -> None:
             before.update({n: s.bytes for n, s in zip(stream.counters.names, stream.counters.snapshot())})
+            decode_began[0] = stream.trace.now()
 
         streamed = time_decode(model, tokens, at_first_token=mark)
         figures = stream.figures()
@@ -115,12 +124,14 @@ def decode_bench(store: Path, settings: StreamSettings, tokens: int = 16, drives
         del model
     decode_bytes = sum(d["bytes"] - before.get(n, 0) for n, d in figures["drives"].items())
     bytes_per_token = decode_bytes / tokens
-    disk_floor = bytes_per_token / bandwidth
+    needed_per_token = needed_bytes(stream.trace.passes(), decode_began[0]) / tokens
+    disk_floor = needed_per_token / bandwidth
     out = {
         "tokens": tokens,
         "ms_per_token": 1000 * streamed.seconds_per_token,
         "tokens_per_s": 1 / streamed.seconds_per_token,
         "bytes_per_token": bytes_per_token,
+        "needed_bytes_per_token": needed_per_token,
         "bandwidth_bytes_per_s": bandwidth,
         "disk_floor_ms": 1000 * disk_floor,
         "prefetch_recall": figures["prefetch_recall"],
