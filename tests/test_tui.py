@@ -72,14 +72,14 @@ def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monk
         app = Dashboard()
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.service is not None and app.service.running, 30, "the service")
-            assert isinstance(app.screen, LiveScreen)
+            await until(pilot, lambda: isinstance(app.screen, LiveScreen), 30, "the LiveScreen")
             assert f"pid {service.pid}" in text(app, "#banner")
             assert "memory: service" in text(app, "#memory") and "service — " not in text(app, "#memory")
 
             # Queue: the schedules (bundled and the user's) with their next run; run the long one now.
             await pilot.press("2")
-            assert isinstance(app.screen, QueueScreen)
-            await until(pilot, lambda: {"long", "short", "month-end"} <= {row[0] for row in cells(app, "#schedules")}, 10)
+            await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
+            await until(pilot, lambda: {"long", "short", "month-end"} <= {row[0] for row in cells(app, "#schedules")}, 30)
             assert all(row[1] not in ("—", "paused") for row in cells(app, "#schedules"))
             await select(pilot, "#schedules", "long")
             await pilot.press("n")
@@ -95,9 +95,9 @@ def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monk
 
             # Cancel asks first: "no" keeps it running, "yes" ends it.
             await pilot.press("2", "c")
-            assert isinstance(app.screen, ConfirmScreen)
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("n")
-            assert isinstance(app.screen, QueueScreen)
+            await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
             await pilot.pause(1.0)
             assert run_state(app, "long") == "running"
             await pilot.press("c", "y")
@@ -107,32 +107,32 @@ def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monk
             # Pause and resume a schedule.
             await select(pilot, "#schedules", "short")
             await pilot.press("p")
-            await until(pilot, lambda: app.service.next_runs.get("short") is None, 10, "the pause")
-            await until(pilot, lambda: ["short", "paused"] in cells(app, "#schedules"), 5)
+            await until(pilot, lambda: app.service.next_runs.get("short") is None, 30, "the pause")
+            await until(pilot, lambda: ["short", "paused"] in cells(app, "#schedules"), 30)
             await pilot.press("p")
-            await until(pilot, lambda: app.service.next_runs.get("short") is not None, 10, "the resume")
+            await until(pilot, lambda: app.service.next_runs.get("short") is not None, 30, "the resume")
 
             # A short run writes a report; the Reports screen lists it and opens it in the viewer.
             await pilot.press("n")
             await until(pilot, lambda: run_state(app, "short") == "done", 120, "the short run")
             await pilot.press("3")
-            assert isinstance(app.screen, ReportsScreen)
-            await until(pilot, lambda: len(cells(app, "#reports")) == 1, 10)
+            await until(pilot, lambda: isinstance(app.screen, ReportsScreen), 30, "the ReportsScreen")
+            await until(pilot, lambda: len(cells(app, "#reports")) == 1, 30)
             report = app.service.reports[0]
             assert cells(app, "#reports")[0][2:] == ["short", report["period"], str(report["findings"]), "ok"]
             assert f"{report['findings']} findings" in text(app, "#summary") and report["path"] in text(app, "#summary")
             await pilot.press("o")
-            await until(pilot, lambda: opened.exists() and opened.read_text() == report["path"], 10, "the viewer")
+            await until(pilot, lambda: opened.exists() and opened.read_text() == report["path"], 30, "the viewer")
 
             # Runs: the catalogue screen says what it lacks; help lists this screen's keys too.
             await pilot.press("4")
-            assert isinstance(app.screen, RunsScreen)
-            await until(pilot, lambda: "run catalogue" in text(app, "#compare"), 5)
+            await until(pilot, lambda: isinstance(app.screen, RunsScreen), 30, "the RunsScreen")
+            await until(pilot, lambda: "run catalogue" in text(app, "#compare"), 30)
             await pilot.press("2", "question_mark")
-            assert isinstance(app.screen, HelpScreen)
+            await until(pilot, lambda: isinstance(app.screen, HelpScreen), 30, "the HelpScreen")
             assert "Pause/resume" in str(app.screen.query_one("#help").query("Static")[1].render())
             await pilot.press("escape")
-            assert isinstance(app.screen, QueueScreen)
+            await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
 
     try:
         asyncio.run(drive())
@@ -147,7 +147,7 @@ def test_without_a_service_it_offers_to_start_the_scheduler_under_the_same_lock(
         app = Dashboard()
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.service is not None, 30, "the first refresh")
-            assert "no service running" in text(app, "#banner") and "Press s" in text(app, "#banner")
+            assert "no service running" in text(app, "#banner") and "s starts the scheduler" in text(app, "#banner")
             await pilot.press("2", "n")  # an action that needs the service says how to get one
             await pilot.pause(0.2)
             await pilot.press("s")
@@ -186,8 +186,8 @@ def test_drive_rows_show_reads_and_the_share_of_the_probed_ceiling(home, tmp_pat
                 buffer = aligned_buffer(MiB)
                 for offset in range(0, 32 * MiB, MiB):
                     f.read_into(buffer, offset)
-            await until(pilot, lambda: max(app.drive_histories["disk0"]) > 0, 10, "a read rate")
-            await until(pilot, lambda: len(app.drive_histories["disk0"]) >= before + 10, 10, "ten more refreshes")
+            await until(pilot, lambda: max(app.drive_histories["disk0"]) > 0, 30, "a read rate")
+            await until(pilot, lambda: len(app.drive_histories["disk0"]) >= before + 10, 30, "ten more refreshes")
             line = app.screen.query_one("DriveLine").figures.text
             assert line.startswith("disk0") and "MB/s" in line and "of 400" in line
 

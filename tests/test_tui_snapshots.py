@@ -48,6 +48,7 @@ SNAPSHOT = Snapshot(
     drives=[DriveRow("nvme0", "nvme0n1", 1412.6, 2890.0), DriveRow("usb1", "sdb", 187.3, None)],
     memory=Memory(service_bytes=int(3.4 * GiB), total_bytes=24 * GiB, available_bytes=int(17.9 * GiB)),
     cpu_fraction=0.031,
+    refresh_hz=9.8,
     service=ServiceState(True, 4242, RUNS, {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None,
                                             "daily": "2026-12-01T18:30:00+00:00"}, REPORTS),  # fmt: skip
     taken_at=0.0,

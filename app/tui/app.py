@@ -3,8 +3,8 @@
 The refresh loop is one thread worker at a time: `_poll` collects a snapshot
 off the UI thread and posts it back as a `Refreshed` message; the handler
 applies it and re-arms the timer, so polls never overlap and a slow service
-never stalls input. Drives refresh every tick (10 Hz); the queue, reports and
-the running job every `SERVICE_EVERY` ticks.
+never stalls input. Drive figures refresh every tick (10 Hz); the queue,
+reports, the running job and the history plots every `SERVICE_EVERY` ticks.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ class Dashboard(App):
         self.feed = feed
         self.tick_s = tick_s
         self.ticks = 0
+        self.next_poll = time.monotonic()
         self.snapshot: Snapshot | None = None
         self.service: ServiceState | None = None
         self.own_service = None  # app.daemon.service.Service started by this dashboard (s)
@@ -93,17 +95,24 @@ class Dashboard(App):
         if snapshot.service is not None:
             self.service = snapshot.service
             self._record_tokens(snapshot.service)
-        for row in snapshot.drives:
-            self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
+            for row in snapshot.drives:  # plotted at the queue's pace, so a plot spans a minute or more
+                self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
         if isinstance(self.screen, (LiveScreen, QueueScreen, ReportsScreen, RunsScreen)):
             self.screen.show(snapshot, self.service)
-        self.set_timer(self.tick_s, self._poll)
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """Next poll on a fixed grid of `tick_s`, so late wake-ups do not lower the rate; a grid fallen
+        more than a tick behind (a stall) restarts from now rather than firing a burst."""
+        now = time.monotonic()
+        self.next_poll = max(self.next_poll + self.tick_s, now - self.tick_s)
+        self.set_timer(max(0.001, self.next_poll - now), self._poll)  # a zero delay divides by zero in Textual
 
     def _record_tokens(self, service: ServiceState) -> None:
         """One point per new progress record of the running job (the service stores one a second)."""
         current = service.current
         progress = (current or {}).get("progress")
-        if not progress:
+        if not progress or progress.get("generated_tokens", 0) < 2:  # no decode rate before the second token
             return
         key = (current["id"], progress.get("elapsed"))
         if key != self._last_progress:

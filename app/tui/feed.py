@@ -73,7 +73,8 @@ class Snapshot:
 
     drives: list[DriveRow]
     memory: Memory
-    cpu_fraction: float  # the dashboard process's CPU time over wall time since the last snapshot
+    cpu_fraction: float  # the dashboard process's CPU time over wall time, over the last CPU_WINDOW_S
+    refresh_hz: float  # snapshots collected per second over the same window
     service: ServiceState | None = None
     drive_note: str = ""  # why there are no drive rows, when there are none
     taken_at: float = field(default_factory=time.time)
@@ -127,21 +128,23 @@ class Feed:
             self.note = f"no drive rates: {exc}"
         self.process = psutil.Process(os.getpid())
         self._cpu = (time.monotonic(), self._cpu_seconds())
-        self.cpu_fraction = 0.0
+        self.cpu_fraction = self.refresh_hz = 0.0
+        self.collected = 0
 
     def _cpu_seconds(self) -> float:
         times = self.process.cpu_times()
         return times.user + times.system
 
-    def _cpu_fraction(self) -> float:
-        """This process's CPU time over wall time, measured over windows of at least CPU_WINDOW_S."""
+    def _measure_self(self) -> None:
+        """This process's CPU time over wall time, and snapshots per second, over windows of CPU_WINDOW_S."""
+        self.collected += 1
         now = time.monotonic()
         then, cpu_then = self._cpu
         if now - then >= CPU_WINDOW_S:
             cpu = self._cpu_seconds()
             self.cpu_fraction = (cpu - cpu_then) / (now - then)
-            self._cpu = (now, cpu)
-        return self.cpu_fraction
+            self.refresh_hz = self.collected / (now - then)
+            self._cpu, self.collected = (now, cpu), 0
 
     def drive_rows(self) -> list[DriveRow]:
         if self.monitor is None:
@@ -167,7 +170,8 @@ class Feed:
     def collect(self, with_service: bool, service_pid: int | None) -> Snapshot:
         service = service_state() if with_service else None
         pid = service.pid if service is not None else service_pid
-        return Snapshot(self.drive_rows(), self.memory(pid), self._cpu_fraction(), service, self.note)
+        self._measure_self()
+        return Snapshot(self.drive_rows(), self.memory(pid), self.cpu_fraction, self.refresh_hz, service, self.note)
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -40,16 +40,16 @@ class DashboardScreen(Screen):
 
     def show(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         banner = self.query_one("#banner", Line)
+        own = f"dashboard: {snapshot.cpu_fraction:.1%} of a core, {snapshot.refresh_hz:.1f} refreshes/s"
         if service is None:
             banner.set("reading the queue…")
         elif service.error:
             banner.set(f"cannot read the queue: {service.error}")
         elif service.running:
             where = "in this dashboard" if self.app.own_service else f"pid {service.pid}"
-            banner.set(f"service running ({where})  ·  dashboard CPU {snapshot.cpu_fraction:.1%} of a core")
+            banner.set(f"service running ({where})  ·  {own}")
         else:
-            banner.set("no service running: schedules do not fire. Press s to start the scheduler here "
-                          f"(it stops when the dashboard quits)  ·  dashboard CPU {snapshot.cpu_fraction:.1%}")  # fmt: skip
+            banner.set(f"no service running: schedules do not fire; s starts the scheduler here (until you quit)  ·  {own}")
         banner.set_class(service is not None and not service.running, "warning")
         self.draw(snapshot, service)
 
@@ -93,7 +93,7 @@ class QueueScreen(DashboardScreen):
 
     def compose(self) -> ComposeResult:
         yield from self.compose_frame()
-        with Horizontal(id="queue"):
+        with Vertical(id="queue"):
             yield Table("review", "next run", id="schedules")
             yield Table("run", "state", "review", "created", "took", "detail", id="runs")
         yield Footer()

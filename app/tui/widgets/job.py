@@ -28,9 +28,12 @@ def eta(progress: dict[str, Any]) -> float | None:
 def figures(progress: dict[str, Any]) -> str:
     """Two lines: the generation's rates and times, then what the engine says about its reads."""
     limit = progress.get("max_tokens") or "?"
-    first = (f"{progress.get('generated_tokens', 0)}/{limit} tokens  {progress.get('decode_tokens_per_s', 0):.1f} tok/s  "
-             f"TTFT {progress.get('time_to_first_token', 0):.2f} s  prompt {progress.get('prompt_tokens', 0)}  "
-             f"ETA {seconds(eta(progress))}")  # fmt: skip
+    if not progress.get("generated_tokens"):
+        first = f"reading the {progress.get('prompt_tokens', 0)}-token prompt; up to {limit} tokens to write"
+    else:
+        first = (f"{progress['generated_tokens']}/{limit} tokens  {progress.get('decode_tokens_per_s', 0):.1f} tok/s  "
+                 f"TTFT {progress.get('time_to_first_token', 0):.2f} s  prompt {progress.get('prompt_tokens', 0)}  "
+                 f"ETA {seconds(eta(progress))}")  # fmt: skip
     second = "  ".join(
         f"{label} {template.format(progress[key]) if progress.get(key) is not None else '—'}"
         for key, label, template in ENGINE_FIGURES

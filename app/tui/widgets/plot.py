@@ -54,10 +54,10 @@ class RatePlot(Widget):
             self.refresh()
 
     def render(self) -> Text:
-        top = max(self.history, default=0.0)
-        label = f" max {top:.1f} {self.unit}" if self.unit else ""
+        shown = list(self.history)[-self.size.width :] if self.size.width else []
+        label = f" max {max(shown, default=0.0):.1f} {self.unit}" if self.unit else ""
         width = max(0, self.size.width - len(label))
-        rows = columns(self.history, width, max(1, self.size.height))
+        rows = columns(shown, width, max(1, self.size.height))
         text = Text("\n".join(rows), style="green")
         text.append(label, style="dim")
         return text
