@@ -9,7 +9,7 @@ import sys
 from app.commands import say
 from app.paths import data_dir
 
-CATALOGUE_FILE = "runs.sqlite"
+CATALOGUE_FILE = "bench_runs.sqlite"  # runs.sqlite is the review run queue (app/daemon/runs.py)
 
 
 def catalogue():
