@@ -13,8 +13,9 @@ import math
 import pytest
 
 from app.tui.app import Dashboard
-from app.tui.feed import DriveRow, Memory, ServiceState, Snapshot
+from app.tui.feed import CatalogueView, DriveRow, Memory, ServiceState, Snapshot
 from app.tui.widgets.plot import History
+from engine import Run
 
 GiB = 1 << 30
 TEXT = ("The month closed with two unmatched bank lines and one posting entered twice. "
@@ -44,6 +45,15 @@ REPORTS = [
         (3, "daily", "Daily review", "30 November 2026", "2026-11-30T18:31:05+00:00", 2, 1, 0, 64.2, False),
     ]
 ]  # fmt: skip
+BENCH_RUNS = [
+    Run("decode", "/models/kimi-tiny", {"prefetch": prefetch, "split_reads": split, "draft_depth": 2},
+        {"tokens_per_s": tok_s, "roofline_fraction": roof, "ms_per_token": 1000 / tok_s}, verdict,
+        id=n, recorded_at=f"2026-11-29T{hour}:00:00Z", fingerprint=f"f{n:011d}")
+    for n, prefetch, split, tok_s, roof, verdict, hour in [
+        (3, True, True, 1.21, 0.93, "win", "19"), (2, True, False, 1.09, 0.84, "loss", "18"),
+        (1, False, False, 0.97, 0.75, "baseline", "17"),
+    ]
+]  # fmt: skip
 SNAPSHOT = Snapshot(
     drives=[DriveRow("nvme0", "nvme0n1", 1412.6, 2890.0), DriveRow("usb1", "sdb", 187.3, None)],
     memory=Memory(service_bytes=int(3.4 * GiB), total_bytes=24 * GiB, available_bytes=int(17.9 * GiB)),
@@ -51,6 +61,7 @@ SNAPSHOT = Snapshot(
     refresh_hz=9.8,
     service=ServiceState(True, 4242, RUNS, {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None,
                                             "daily": "2026-12-01T18:30:00+00:00"}, REPORTS),  # fmt: skip
+    catalogue=CatalogueView(BENCH_RUNS),
     taken_at=0.0,
 )
 
@@ -86,6 +97,7 @@ def test_screen_layout(snap_compare, screen, size):
 
 
 @pytest.mark.slow
-def test_help_and_confirm_dialogs_at_80x24(snap_compare):
+def test_dialogs_and_a_compare_at_80x24(snap_compare):
     assert snap_compare(frozen_app(), press=["_", "2", "question_mark", "_"], terminal_size=(80, 24))
     assert snap_compare(frozen_app(), press=["_", "2", "c", "_"], terminal_size=(80, 24))
+    assert snap_compare(frozen_app(), press=["_", "4", "m", "down", "down", "m", "_"], terminal_size=(80, 24))

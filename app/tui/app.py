@@ -23,7 +23,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
 
-from app.tui.feed import Feed, ServiceState, Snapshot
+from app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
 from app.tui.screens import HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from app.tui.widgets.plot import History
 from engine import NightshiftError
@@ -72,6 +72,7 @@ class Dashboard(App):
         self.next_poll = time.monotonic()
         self.snapshot: Snapshot | None = None
         self.service: ServiceState | None = None
+        self.catalogue: CatalogueView | None = None
         self.own_service = None  # app.daemon.service.Service started by this dashboard (s)
         self.tokens_history = History()
         self.drive_histories: dict[str, History] = {}
@@ -92,6 +93,8 @@ class Dashboard(App):
         snapshot = message.snapshot
         self.ticks += 1
         self.snapshot = snapshot
+        if snapshot.catalogue is not None:
+            self.catalogue = snapshot.catalogue
         if snapshot.service is not None:
             self.service = snapshot.service
             self._record_tokens(snapshot.service)
@@ -178,10 +181,6 @@ class Dashboard(App):
             self.notify(f"cannot run {command[0]}: {exc}", severity="error")
             return
         self.notify(f"opened {path.name}")
-
-    def catalogue(self) -> tuple[list[dict[str, Any]], str]:
-        """Benchmark runs from the engine's run catalogue, and a note when there are none to show."""
-        return [], "the run catalogue (issue [4]) is not in the engine yet: no benchmark runs to show"
 
     def on_unmount(self) -> None:
         if self.own_service is not None:

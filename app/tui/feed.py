@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from app.paths import data_dir
-from engine import CEILINGS_FILE, Ceilings, DriveMonitor, NightshiftError, load_drives, resolve_device
+from engine import CEILINGS_FILE, Catalogue, Ceilings, DriveMonitor, NightshiftError, Run, load_drives, resolve_device
 
 RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
 CPU_WINDOW_S = 2.0
@@ -68,14 +68,23 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class CatalogueView:
+    """Benchmark runs from the run catalogue, newest first, and a note when there is nothing to show."""
+
+    runs: list[Run]
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """Everything one refresh shows; `service` is None on the ticks that only refresh the drives."""
+    """Everything one refresh shows; `service` and `catalogue` are None on the ticks that only refresh the drives."""
 
     drives: list[DriveRow]
     memory: Memory
     cpu_fraction: float  # the dashboard process's CPU time over wall time, over the last CPU_WINDOW_S
     refresh_hz: float  # snapshots collected per second over the same window
     service: ServiceState | None = None
+    catalogue: CatalogueView | None = None
     drive_note: str = ""  # why there are no drive rows, when there are none
     taken_at: float = field(default_factory=time.time)
 
@@ -110,6 +119,19 @@ def service_state() -> ServiceState:
         return ServiceState(False, None, runs, scheduled_without_service(), read_index())
     except (NightshiftError, OSError, ValueError) as exc:
         return ServiceState(False, None, [], {}, [], error=str(exc))
+
+
+def catalogue_view() -> CatalogueView:
+    """The catalogue `nightshift runs` reads; not created when no benchmark has recorded a run yet."""
+    from app.commands.runs import CATALOGUE_FILE
+
+    path = data_dir() / CATALOGUE_FILE
+    if not path.exists():
+        return CatalogueView([], f"no benchmark runs recorded yet ({path}); `nightshift bench decode` records one")
+    try:
+        return CatalogueView(Catalogue(path).runs(limit=500))
+    except (NightshiftError, KeyError, TypeError, ValueError) as exc:
+        return CatalogueView([], f"cannot read the run catalogue {path}: {exc!r}")
 
 
 class Feed:
@@ -169,9 +191,11 @@ class Feed:
 
     def collect(self, with_service: bool, service_pid: int | None) -> Snapshot:
         service = service_state() if with_service else None
+        catalogue = catalogue_view() if with_service else None
         pid = service.pid if service is not None else service_pid
         self._measure_self()
-        return Snapshot(self.drive_rows(), self.memory(pid), self.cpu_fraction, self.refresh_hz, service, self.note)
+        return Snapshot(self.drive_rows(), self.memory(pid), self.cpu_fraction, self.refresh_hz, service, catalogue,
+                        self.note)  # fmt: skip
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -7,6 +7,7 @@ screen calls it itself when it comes back into view.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
@@ -20,6 +21,7 @@ from app.tui.format import duration, gib, seconds, stamp
 from app.tui.widgets.drives import DrivePanel
 from app.tui.widgets.job import JobPanel
 from app.tui.widgets.text import Line, Table
+from engine import Run, compare_runs
 
 if TYPE_CHECKING:
     from app.tui.app import Dashboard
@@ -198,30 +200,42 @@ class ReportsScreen(DashboardScreen):
 
 
 class RunsScreen(DashboardScreen):
-    """The benchmark catalogue, filterable, with two runs side by side."""
+    """The benchmark catalogue (`nightshift runs`), filterable, with two marked runs side by side."""
 
     BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter")]
     AUTO_FOCUS = "#catalogue"
 
     def compose(self) -> ComposeResult:
         yield from self.compose_frame()
-        yield Input(placeholder="filter: any text in a run's row", id="filter")
-        yield Table("run", "when", "scenario", "model", "tok/s", "verdict", id="catalogue")
+        yield Input(placeholder="/ filter: any text in a run's row (kind, verdict, model, ...)", id="filter")
+        yield Table("run", "recorded", "kind", "verdict", "tok/s", "model", id="catalogue")
         yield Line(id="compare")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.marked: list[str] = []
+        self.marked: list[int] = []
 
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
-        runs, note = self.app.catalogue()
+        catalogue = self.app.catalogue
+        if catalogue is None:
+            return
         wanted = self.query_one("#filter", Input).value.lower()
-        rows = [(str(r["id"]), tuple(str(r.get(k, "—")) for k in ("id", "when", "scenario", "model", "tok_s", "verdict")))
-                for r in runs]  # fmt: skip
+        rows = [(str(run.id), (str(run.id), stamp(run.recorded_at), run.kind, run.verdict,
+                               _figure(run.figures.get("tokens_per_s")), Path(run.model).name))
+                for run in catalogue.runs]  # fmt: skip
         self.query_one("#catalogue", Table).fill([row for row in rows if wanted in " ".join(row[1]).lower()])
-        by_id = {str(r["id"]): r for r in runs}
-        compared = [by_id[key] for key in self.marked if key in by_id]
-        self.query_one("#compare", Line).set(compare(compared) if compared else note or "mark two runs with m to compare them")
+        by_id = {run.id: run for run in catalogue.runs}
+        marked = [by_id[run_id] for run_id in self.marked if run_id in by_id]
+        if len(marked) == 2:
+            shown = side_by_side(*marked)
+        else:
+            shown = catalogue.note or f"{len(catalogue.runs)} runs; mark two with m to compare them" + (
+                f" (run {marked[0].id} marked)" if marked else "")  # fmt: skip
+        self.query_one("#compare", Line).set(shown)
+
+    def on_input_changed(self) -> None:
+        if self.app.snapshot is not None:
+            self.draw(self.app.snapshot, self.app.service)
 
     def action_filter(self) -> None:
         self.query_one("#filter", Input).focus()
@@ -229,14 +243,23 @@ class RunsScreen(DashboardScreen):
     def action_mark(self) -> None:
         key = self.query_one("#catalogue", Table).selected()
         if key is not None:
-            self.marked = [*[k for k in self.marked if k != key], key][-2:]
+            self.marked = [*[k for k in self.marked if k != int(key)], int(key)][-2:]
+            self.on_input_changed()
 
 
-def compare(runs: list[dict[str, Any]]) -> str:
-    """The marked runs' figures side by side, one line per figure either of them has."""
-    keys = sorted({key for run in runs for key in run})
-    width = max(map(len, keys), default=0)
-    return "\n".join(f"{key:<{width}}  " + "  ".join(f"{str(run.get(key, '—')):<24}" for run in runs) for key in keys)
+def _figure(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else "—"
+
+
+def side_by_side(a: Run, b: Run) -> str:
+    """Every figure of two runs with the ratio b/a, then the settings that differ."""
+    lines = [f"{'figure':<24} {f'run {a.id} ({a.verdict})':>18} {f'run {b.id} ({b.verdict})':>18}  b/a"]
+    for key, x, y, ratio in compare_runs(a, b):
+        lines.append(f"{key[:24]:<24} {_figure(x) if x is not None else '—':>18} {_figure(y) if y is not None else '—':>18}"
+                     f"  {'' if ratio is None else f'{ratio:.3f}'}")  # fmt: skip
+    for key in sorted(k for k in set(a.config) | set(b.config) if a.config.get(k) != b.config.get(k)):
+        lines.append(f"{'config ' + key:<24.24} {str(a.config.get(key)):>18.18} {str(b.config.get(key)):>18.18}")
+    return "\n".join(lines)
 
 
 class HelpScreen(ModalScreen):
