@@ -39,7 +39,7 @@ class _Connection(socketserver.StreamRequestHandler):
             if not isinstance(request, dict):
                 raise ValueError("a request is a JSON object")
             reply = self.server.handle_request_json(request)
-        except ValueError as exc:
+        except (ValueError, TypeError, ArithmeticError) as exc:  # a field of the wrong type or out of range
             reply = {"ok": False, "error": f"bad request: {exc}"}
         except NightshiftError as exc:
             reply = {"ok": False, "error": str(exc)}

@@ -28,6 +28,8 @@ def parse_amount(text: str, scale: int, decimal: str = ".", thousands: str = "")
         raise ReviewError(f"{text!r} is not an amount") from None
     if not value.is_finite():
         raise ReviewError(f"{text!r} is not a finite amount")
+    if value.adjusted() + scale >= 18:  # held as int64 minor units
+        raise ReviewError(f"{text!r} is too large an amount (at most 17 digits with the decimals)")
     units = value.scaleb(scale)
     if units != units.to_integral_value():
         raise ReviewError(f"{text!r} has more than {scale} decimals; set `decimals` in the source to match the data")

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound
 
 from app.review.checks import CheckResult
 from app.review.errors import ReviewError
+from app.review.report import template_problem
 from engine import GenerationStats, Model
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
@@ -42,16 +43,18 @@ class Narrative:
 def build_prompt(template: str, title: str, window_label: str, result: CheckResult, limit: int) -> Prompt:
     """The chat messages for a review, from templates/prompts/`template`'s system and user blocks."""
     environment = Environment(loader=FileSystemLoader(PROMPTS_DIR), undefined=StrictUndefined, autoescape=False)
+    findings = result.findings[:limit]
     try:
         compiled = environment.get_template(template)
+        context = compiled.new_context({
+            "review": title, "window": window_label, "findings": findings, "total_findings": len(result.findings),
+            "omitted": len(result.findings) - len(findings), "tables": result.tables,
+        })  # fmt: skip
+        blocks = {name: "".join(render(context)).strip() for name, render in compiled.blocks.items()}
     except TemplateNotFound:
         raise ReviewError(f"no prompt template {template!r} in {PROMPTS_DIR}") from None
-    findings = result.findings[:limit]
-    context = compiled.new_context({
-        "review": title, "window": window_label, "findings": findings, "total_findings": len(result.findings),
-        "omitted": len(result.findings) - len(findings), "tables": result.tables,
-    })  # fmt: skip
-    blocks = {name: "".join(render(context)).strip() for name, render in compiled.blocks.items()}
+    except TemplateError as exc:
+        raise ReviewError(template_problem(PROMPTS_DIR, template, exc)) from None
     if set(blocks) != {"system", "user"}:
         raise ReviewError(f"prompt template {template!r} must define exactly the blocks `system` and `user`")
     return Prompt([{"role": "system", "content": blocks["system"]}, {"role": "user", "content": blocks["user"]}],

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateSyntaxError, select_autoescape
 
 from app.review.errors import ReviewError
 
@@ -38,7 +38,16 @@ def render_html(template: str, context: dict[str, Any]) -> str:
     environment = Environment(
         loader=FileSystemLoader(REPORTS_DIR), autoescape=select_autoescape(default=True), undefined=StrictUndefined
     )
-    return environment.get_template(template).render(**context)
+    try:
+        return environment.get_template(template).render(**context)
+    except TemplateError as exc:
+        raise ReviewError(template_problem(REPORTS_DIR, template, exc)) from None
+
+
+def template_problem(folder: Path, template: str, exc: TemplateError) -> str:
+    """What is wrong with a template, where, and what to do (syntax errors carry their line)."""
+    line = f":{exc.lineno}" if isinstance(exc, TemplateSyntaxError) and exc.lineno else ""
+    return f"template {folder / template}{line}: {exc.message or exc}; fix the template (or use the bundled one)"
 
 
 def write_pdf(html: str, target: Path) -> Path:

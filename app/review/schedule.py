@@ -189,7 +189,8 @@ def load_schedule(path: Path) -> Schedule:
     report_template = read.get(("report", "template"), str, "review.html.j2", report)
     for where, folder, template in ((("prompt", "template"), "prompts", prompt),
                                     (("report", "template"), "reports", report_template)):  # fmt: skip
-        if not (TEMPLATES_DIR / folder / template).is_file():
+        candidate = (TEMPLATES_DIR / folder / template).resolve()  # a name inside the folder, never a path out of it
+        if not candidate.is_relative_to(TEMPLATES_DIR / folder) or not candidate.is_file():
             raise read.fail(where, f"no template {template!r} in {TEMPLATES_DIR / folder}")
     output = Path(read.get(("report", "output"), str, f"reports/{name}", report)).expanduser()
     return Schedule(

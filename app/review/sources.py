@@ -110,11 +110,17 @@ class CsvSource:
             raise ReviewError(f"source {self.name!r}: no file at {self.path}; fix `path` in the schedule")
         with self.path.open(newline="", encoding=self.encoding) as handle:
             reader = csv.reader(handle, delimiter=self.delimiter)
-            header = next(reader, None)
-            if header is None:
-                raise ReviewError(f"source {self.name!r}: {self.path} is empty (a header row is needed)")
-            positions = self._positions(header)
-            return build_table(self.name, self.path, self.decimals, self._rows(reader, positions))
+            try:
+                header = next(reader, None)
+                if header is None:
+                    raise ReviewError(f"source {self.name!r}: {self.path} is empty (a header row is needed)")
+                positions = self._positions(header)
+                return build_table(self.name, self.path, self.decimals, self._rows(reader, positions))
+            except UnicodeDecodeError as exc:
+                raise ReviewError(f"source {self.name!r}: {self.path} is not UTF-8 text ({exc.reason}); "
+                                  "save it as UTF-8 CSV") from None  # fmt: skip
+            except csv.Error as exc:
+                raise ReviewError(f"{self._at(reader.line_num)}: not readable as CSV: {exc}") from None
 
     def _positions(self, header: list[str]) -> dict[str, int]:
         missing = [column for column in self.columns.values() if column not in header]

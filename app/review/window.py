@@ -33,6 +33,8 @@ class Window:
 
 def window_containing(period: str, day: date) -> Window:
     """The `period` that contains `day` (weeks run Monday to Sunday)."""
+    if not 1 < day.year < 9999:  # the period and the one before it must stay inside the calendar
+        raise ReviewError(f"{day.isoformat()} is out of range for a review; use a date in the years 2 to 9998")
     if period == "day":
         return Window(period, day, day)
     if period == "week":

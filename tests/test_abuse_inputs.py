@@ -1,0 +1,185 @@
+"""Hostile and malformed input: each is refused with a clear error of ours, or yields a safe review."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from app.daemon.service import Service
+from app.review import report
+from app.review.errors import ReviewError, ScheduleError
+from app.review.narrative import build_prompt, write_narrative
+from app.review.runner import run_checks_for
+from app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
+from engine import convert_gguf, open_model
+from tests.gguf_files import write_tiny_llama
+
+BANK = (BUNDLED_DIR / "sample-data" / "bank-statement.csv").read_text(encoding="utf-8-sig")
+OCTOBER = date(2026, 10, 30)
+
+
+def month_end_on(home: Path, csv: bytes, name: str = "hostile") -> Path:
+    """The bundled month-end review with its bank statement replaced by `csv`."""
+    folder = home / "schedules"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.csv").write_bytes(csv)
+    text = (BUNDLED_DIR / "month-end.toml").read_text().replace('name = "month-end"', f'name = "{name}"')
+    text = text.replace('"sample-data/bank-statement.csv"', f'"{name}.csv"')
+    path = folder / f"{name}.toml"
+    path.write_text(text.replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/'))
+    return path
+
+
+def row(amount: str, reference: str = "X-1", text: str = "Hostile", day: str = "29.10.2026") -> str:
+    return f"{day};{amount};{reference};{text}\n"
+
+
+REFUSED = {
+    "latin-1": ((BANK + row("1,00", text="Caf\xe9")).encode("latin-1"), "is not UTF-8 text .* save it as UTF-8 CSV"),
+    "utf-16": (BANK.encode("utf-16"), "is not UTF-8 text"),
+    "binary": (b"\x00\xff\xfe\x01" * 64, "is not UTF-8 text"),
+    "missing column": (BANK.replace("Booking date", "Datum").encode(), r"no column\(s\) \['Booking date'\]; its header is"),
+    "semicolons read as commas": (BANK.replace(";", "\t").encode(), "Fix `columns` in the schedule .*`delimiter`"),
+    "empty": (b"", "is empty"),
+    "short row": ((BANK + "29.10.2026\n").encode(), r"line \d+: 1 fields, fewer than the header's"),
+    "NaN": ((BANK + row("NaN")).encode(), r"line \d+: 'NaN' is not a finite amount"),
+    "inf": ((BANK + row("-inf")).encode(), "'-inf' is not a finite amount"),
+    "huge exponent": ((BANK + row("1e999999999")).encode(), "is too large an amount"),
+    "40 digits": ((BANK + row("9" * 40)).encode(), "is too large an amount"),
+    "sub-cent": ((BANK + row("1,001")).encode(), "more than 2 decimals; set `decimals`"),
+    "not a number": ((BANK + row("=1+1")).encode(), "'=1\\+1' is not an amount"),
+    "day 0": ((BANK + row("1,00", day="00.10.2026")).encode(), "does not match format"),
+    "year 10000": ((BANK + row("1,00", day="01.01.10000")).encode(), "unconverted data remains"),
+    "2 MB field": ((BANK + row("1,00", text="A" * 2_000_000)).encode(), "not readable as CSV: field larger"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_malformed_csv_is_refused_with_what_to_fix(home, case):
+    data, message = REFUSED[case]
+    schedule = load_schedule(month_end_on(home, data))
+    with pytest.raises(ReviewError, match=message) as raised:
+        run_checks_for(schedule, OCTOBER)
+    assert "hostile" in str(raised.value)  # names the source or its file
+
+
+def test_formula_cells_nul_bytes_and_far_dates_are_data_not_errors(home):
+    hostile = [
+        row("1.234,00", "=cmd|' /C calc'!A0", '=HYPERLINK("http://example.com","x")'),
+        row("2,00", "+SUM(1)", "@evil\x00nul"),
+        row("3,00", "R-9999", "far future", day="31.12.9999"),
+        row("4,00", "R-0001", "far past", day="01.01.0001"),
+    ]
+    schedule = load_schedule(month_end_on(home, (BANK + "".join(hostile)).encode()))
+    findings = run_checks_for(schedule, OCTOBER).result.findings
+    unmatched = [r for f in findings if f.check == "match" for r in f.rows]
+    # The formula-like rows in October are findings shown as plain text; far-away rows are outside the period.
+    assert {r["reference"] for r in unmatched} >= {"=cmd|' /C calc'!A0", "+SUM(1)"}
+    assert not {"R-9999", "R-0001"} & {r["reference"] for r in unmatched}
+
+
+@pytest.mark.parametrize("as_of", [date(1, 1, 1), date(1, 12, 31), date(9999, 12, 31)])
+def test_a_period_at_the_ends_of_the_calendar_is_refused(home, as_of):
+    schedule = load_schedules()[0]["month-end"]
+    with pytest.raises(ReviewError, match="out of range for a review"):
+        run_checks_for(schedule, as_of)
+
+
+BROKEN_SCHEDULES = {
+    "not toml": ('name = "x"\nwhen = \n', r":2: not valid TOML"),
+    "binary": ("\x00\x01name", "not valid TOML"),
+    "bad when": ('name = "x"\nwhen = "every blue moon"\n', r":2: field `when`"),
+    "bad zone": ('name = "x"\nwhen = "every day"\ntimezone = "Mars/Olympus"\n', "unknown time zone 'Mars/Olympus'"),
+    "bad grace": ('name = "x"\nwhen = "every day"\ngrace = "soon"\n', "field `grace`"),
+    "wrong type": ('name = 7\nwhen = "every day"\n', "field `name`: should be"),
+    "unknown check": (
+        (BUNDLED_DIR / "daily.toml").read_text().replace('type = "duplicates"', 'type = "dupes"'),
+        "'dupes' is not a check",
+    ),
+    "template outside": (
+        (BUNDLED_DIR / "daily.toml").read_text() + '\n[prompt]\ntemplate = "../../../../../../../../etc/passwd"\n',
+        "field `prompt.template`",
+    ),
+}
+
+
+def test_malformed_schedules_are_named_and_the_others_still_load(home):
+    folder = home / "schedules"
+    folder.mkdir(parents=True)
+    for number, (text, _) in enumerate(BROKEN_SCHEDULES.values()):
+        (folder / f"broken{number}.toml").write_text(text)
+    schedules, errors = load_schedules()
+    assert set(schedules) == {"daily", "weekly", "month-end"}
+    by_file = {Path(str(error).split(":")[0]).name: str(error) for error in errors}
+    for number, (case, (_, message)) in enumerate(BROKEN_SCHEDULES.items()):
+        assert f"broken{number}.toml" in by_file, case
+        assert re.search(message, by_file[f"broken{number}.toml"]), (case, by_file[f"broken{number}.toml"])
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [("<p>{% for x in %}</p>", r"bad\.html\.j2:1: Expected an expression"), ("<p>{{ nope.x }}</p>", "'nope' is undefined")],
+)
+def test_a_report_template_with_errors_is_named(tmp_path, monkeypatch, template, message):
+    (tmp_path / "bad.html.j2").write_text(template)
+    monkeypatch.setattr(report, "REPORTS_DIR", tmp_path)
+    with pytest.raises(ReviewError, match=message):
+        report.render_html("bad.html.j2", {})
+
+
+@pytest.fixture(scope="module")
+def short_context_model(tmp_path_factory) -> Path:
+    """A tiny real model whose context (64 tokens) no review prompt fits in."""
+    folder = tmp_path_factory.mktemp("short")
+    model = convert_gguf(write_tiny_llama(folder / "tiny.gguf"), folder / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 64
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_generating(home, short_context_model):
+    schedule = load_schedules()[0]["month-end"]
+    checked = run_checks_for(schedule, OCTOBER)
+    prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result, 10)
+    with pytest.raises(ReviewError, match=r"over the model's context of 64; lower `prompt_findings` or `max_tokens`"):
+        write_narrative(open_model(short_context_model), prompt, 160, 0.0, 0)
+
+
+def ask(path: Path, raw: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(10)
+        client.connect(str(path))
+        try:
+            client.sendall(raw)
+            client.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the service stopped reading an oversized request; its reply is still there
+        with client.makefile("rb") as replies:
+            return json.loads(replies.readline())
+
+
+HOSTILE_REQUESTS = [
+    b"garbage\n", b"[1, 2]\n", b"\xff\xfe\n", b"{" * 100_000 + b"\n",
+    b'{"command": "run", "review": "daily", "as_of": 123}\n',
+    b'{"command": "run", "review": "daily", "as_of": "2026-13-40"}\n',
+    b'{"command": "run_status", "id": "x"}\n', b'{"command": "jobs", "limit": 1e309}\n',
+    b'{"command": "cancel", "id": [1]}\n', b'{"command": "rm -rf /"}\n',
+]  # fmt: skip
+
+
+def test_hostile_control_requests_get_an_error_reply_and_the_service_keeps_serving(home):
+    service = Service(load_schedules()[0], work=False)
+    service.start()
+    try:
+        for raw in HOSTILE_REQUESTS:
+            reply = ask(service.control.path, raw)
+            assert reply["ok"] is False and reply["error"], raw[:40]
+        assert ask(service.control.path, b'{"command": "ping"}\n')["ok"] is True
+    finally:
+        service.stop()
