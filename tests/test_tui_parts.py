@@ -32,12 +32,13 @@ def test_eta_and_figures_come_from_the_progress_record():
     assert eta({**progress, "decode_tokens_per_s": 0.0}) is None
     first, second = figures(progress).splitlines()
     assert first == "40/160 tokens  8.0 tok/s  TTFT 2.50 s  prompt 700  ETA 15 s"
-    assert second == "prefill read amp —  cache hits —  last to land —"
+    assert second == "cache hits —  prefetch recall —  prefill read amp —  last to land —"  # a dense model
     reading = figures({**progress, "generated_tokens": 0}).splitlines()[0]
     assert reading == "reading the 700-token prompt; up to 160 tokens to write"
-    assert "prefill read amp 1.03x  cache hits 87%  last to land nvme1" in figures(
-        {**progress, "read_amplification": 1.03, "cache_hit_rate": 0.87, "last_landed": "nvme1"}
-    )
+    assert figures({**progress, "cache_hits": 1830, "prefetch_recall": 0.874, "read_amplification": 1.03,
+                    "last_landed": "nvme1"}).splitlines()[1] == (
+        "cache hits 1830  prefetch recall 87%  prefill read amp 1.03x  last to land nvme1"
+    )  # fmt: skip
 
 
 def test_formatting_fits_narrow_columns():

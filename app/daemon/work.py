@@ -36,6 +36,9 @@ def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[
             "time_to_first_token": round(stats.time_to_first_token, 2), "elapsed": round(stats.elapsed, 2),
             "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
             "max_tokens": max_tokens, "text": text[-TEXT_KEPT:],
+            # a streamed store's figures: bytes read per drive, experts served from the RAM cache, prefetch recall
+            **({"drive_bytes": stats.drive_bytes, "cache_hits": stats.cache_hits,
+                "prefetch_recall": round(stats.prefetch_recall, 3)} if stats.drive_bytes else {}),
         })  # fmt: skip
 
     return write
