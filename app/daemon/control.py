@@ -52,6 +52,7 @@ class ControlServer:
     def __init__(self, handler: Handler, path: Path | None = None):
         self.path = path or socket_path()
         self.path.unlink(missing_ok=True)  # a stale socket of a killed service (we hold the instance lock)
+        self.path.parent.chmod(0o700)  # the socket's folder is the owner's only, like the socket
         previous = os.umask(0o177)
         try:
             self.server = _Server(str(self.path), _Connection)
