@@ -13,6 +13,7 @@ from app.daemon import clock
 from app.daemon.lock import engine_lock
 from app.daemon.runs import Run, RunQueue
 from app.review.errors import ReviewInterrupted
+from app.review.report import remove_partial_reports
 from app.review.runner import as_of_for, run_review
 from app.review.schedule import find_schedule
 from engine import GenerationStats, Model, NightshiftError, open_model
@@ -54,6 +55,8 @@ def execute(
         as_of = run.as_of or as_of_for(schedule, run.due or clock.now(), use_now=run.due is not None)
         model_dir = resolve_model(schedule.generation.model)
         with engine_lock(waiting=lambda: say("waiting for another review to finish generating")):
+            for leftover in remove_partial_reports(schedule.output):  # PDFs are written only under this lock
+                say(f"removed {leftover}, a report left half-written by a process that was killed")
             record = _progress_writer(queue, run.id, schedule.generation.max_tokens)
 
             def progress(stats: GenerationStats, text: str) -> None:

@@ -50,12 +50,23 @@ def template_problem(folder: Path, template: str, exc: TemplateError) -> str:
     return f"template {folder / template}{line}: {exc.message or exc}; fix the template (or use the bundled one)"
 
 
+PARTIAL_SUFFIX = ".pdf.part"
+
+
+def remove_partial_reports(folder: Path) -> list[Path]:
+    """Delete what a process killed while writing a PDF left behind; call only while holding the engine lock."""
+    leftovers = sorted(folder.glob(f".*{PARTIAL_SUFFIX}")) if folder.is_dir() else []
+    for leftover in leftovers:
+        leftover.unlink(missing_ok=True)
+    return leftovers
+
+
 def write_pdf(html: str, target: Path) -> Path:
     """Lay out `html` and write the PDF at `target` atomically (temp file in the same folder, then rename)."""
     from weasyprint import HTML
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".pdf.part", dir=target.parent)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=PARTIAL_SUFFIX, dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as out:
             HTML(string=html, base_url=str(REPORTS_DIR) + os.sep, url_fetcher=local_only_fetcher()).write_pdf(out)
