@@ -120,6 +120,8 @@ def test_fewer_experts_change_the_output(tiny_dense, tmp_path):
 def test_bad_requests_are_refused_before_anything_is_written(tiny_dense, tiny_moe, tmp_path):
     with pytest.raises(NightshiftError, match="k must be between 1 and the number of experts"):
         tiny_moefy(tiny_dense, tmp_path / "out", experts=4, k=5)
+    with pytest.raises(NightshiftError, match="number of experts must be at least 1"):
+        tiny_moefy(tiny_dense, tmp_path / "out", experts=0, k=0)
     with pytest.raises(NightshiftError, match="do not split into 5 equal experts"):
         tiny_moefy(tiny_dense, tmp_path / "out", experts=5, k=2)
     with pytest.raises(UnsupportedModelError, match="MoEfication takes a dense llama"):
@@ -148,3 +150,21 @@ def test_cli_moefy_writes_a_model_into_the_data_dir(home, tiny_dense, tmp_path, 
     config = json.loads((home / "models" / "m" / "config.json").read_text())
     assert (config["num_experts"], config["num_experts_per_tok"]) == (4, 3)
     assert not [p for p in (home / "models").iterdir() if p.name.startswith(".")]
+
+
+def test_down_slices_hold_the_quantized_values_exactly(tiny_dense, tiny_moe):
+    dense = mx.load(str(tiny_dense / "model.safetensors"))
+    sparse = mx.load(str(tiny_moe / "model.safetensors"))
+    prefix = "model.layers.1.mlp"
+    weight, scales, biases = (dense[f"{prefix}.down_proj.{part}"] for part in ("weight", "scales", "biases"))
+    levels = np.array(mx.dequantize(weight, mx.ones(scales.shape), mx.zeros(biases.shape), group_size=32, bits=4))
+    exact = levels.astype(np.float64) * np.repeat(np.array(scales, np.float64), 32, axis=1) + np.repeat(
+        np.array(biases, np.float64), 32, axis=1
+    )
+    slices = np.array(sparse[f"{prefix}.switch_mlp.down_proj.weight"])  # (experts, hidden, size)
+    # Which neuron each column came from: match gate rows, which are copied untouched.
+    gate = np.array(dense[f"{prefix}.gate_proj.weight"])
+    expert_gate = np.array(sparse[f"{prefix}.switch_mlp.gate_proj.weight"]).reshape(-1, gate.shape[1])
+    neuron_of = [int(np.flatnonzero((gate == row).all(axis=1))[0]) for row in expert_gate]
+    assert sorted(neuron_of) == list(range(TINY["ffn"]))
+    assert np.array_equal(slices.transpose(1, 0, 2).reshape(TINY["hidden"], -1), exact[:, neuron_of])

@@ -35,13 +35,6 @@ def _read_calibration(path: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def register(actions: argparse._SubParsersAction) -> None:
     moefy_parser = actions.add_parser(
         "moefy",
@@ -53,11 +46,11 @@ def register(actions: argparse._SubParsersAction) -> None:
     )
     moefy_parser.add_argument("--source", help="dense model name or directory (default: the default model)")
     moefy_parser.add_argument(
-        "--experts", type=_positive, default=DEFAULT_EXPERTS, help=f"experts per layer (default {DEFAULT_EXPERTS})"
+        "--experts", type=int, default=DEFAULT_EXPERTS, help=f"experts per layer (default {DEFAULT_EXPERTS})"
     )
     moefy_parser.add_argument(
         "--k",
-        type=_positive,
+        type=int,
         help=f"experts active per token (default {DEFAULT_K} of {DEFAULT_EXPERTS}, scaled to --experts)",
     )
     moefy_parser.add_argument(

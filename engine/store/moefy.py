@@ -3,7 +3,7 @@
 An expert is a group of the FFN's SwiGLU neurons (rows of gate/up, columns of
 down). Neurons that fire together on calibration text go into the same group
 (balanced co-activation clustering), and a linear router is fitted by least
-squares to predict, from the FFN's input, how large each group's output will be.
+squares to predict, from the FFN's input, the log of each group's output norm.
 The experts' outputs are added with weight 1, so with all experts active the
 result is the dense FFN; with the top k active it is an approximation whose cost
 is measured in docs/moefication.md (engine/store/moefy_study.py).
@@ -38,7 +38,7 @@ EVALUATION_TEXT = DATA_DIR / "evaluation.txt"
 
 DEFAULT_EXPERTS = 16
 # The smallest k whose perplexity on EVALUATION_TEXT is within 10 % of dense (docs/moefication.md).
-DEFAULT_K = 16
+DEFAULT_K = 15
 # Token windows for calibration and evaluation: short enough to look like ordinary prompts.
 WINDOW_TOKENS = 512
 # Ridge strength for the router fit, relative to the mean diagonal of X^T X.
@@ -114,7 +114,7 @@ class DenseReference:
             layer.mlp = _Recorder(layer.mlp, sink)
         try:
             for window in windows:
-                mx.eval(self.model(window))
+                mx.eval(self.model.model(window))  # the trunk only: no logits needed
         finally:
             for layer, mlp in zip(self.layers, originals):
                 layer.mlp = mlp
@@ -180,6 +180,15 @@ def fit_linear_router(x: np.ndarray, targets: np.ndarray, ridge: float = ROUTER_
     return solution[:-1].T.astype(np.float32), solution[-1].astype(np.float32)
 
 
+def router_targets(contribution: np.ndarray) -> np.ndarray:
+    """What a router learns to predict: the log of each group's output norm.
+
+    Top-k routing with large k is decided by which groups are smallest; in log
+    space those count as much as the large ones (raw norms fit worse, see the study).
+    """
+    return np.log(contribution + 1e-6)
+
+
 @dataclass
 class LayerSplit:
     """How one FFN becomes experts: neuron groups and the router that picks them."""
@@ -189,13 +198,21 @@ class LayerSplit:
     router_bias: np.ndarray  # (experts,)
 
 
-def split_layer(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> LayerSplit:
-    """Group a float llama MLP's neurons by co-activation on inputs `x` and fit a router to their outputs."""
+def layer_groups(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A float llama MLP's neurons grouped by co-activation on inputs `x`, and each group's output norm there.
+
+    Returns (groups (experts, size), contribution (tokens, experts)).
+    """
     h = neuron_activations(mlp, x)
     down = np.array(mlp.down_proj.weight)
     groups = group_neurons(np.abs(h) * np.linalg.norm(down, axis=0), experts, seed)
-    contribution = np.linalg.norm(group_outputs(h, down, groups), axis=-1)
-    weight, bias = fit_linear_router(x, contribution)
+    return groups, np.linalg.norm(group_outputs(h, down, groups), axis=-1)
+
+
+def split_layer(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> LayerSplit:
+    """Group a float llama MLP's neurons by co-activation on inputs `x` and fit a router to their outputs."""
+    groups, contribution = layer_groups(mlp, x, experts, seed)
+    weight, bias = fit_linear_router(x, router_targets(contribution))
     return LayerSplit(groups, weight, bias)
 
 
@@ -244,6 +261,8 @@ def moefy(
 
     Neurons are grouped and routers fitted on `calibration` (default: the shipped CALIBRATION_TEXT).
     """
+    if experts < 1:
+        raise NightshiftError(f"the number of experts must be at least 1, got {experts}")
     if not 1 <= k <= experts:
         raise NightshiftError(f"k must be between 1 and the number of experts ({experts}), got {k}")
     reference = DenseReference(dense_dir)

@@ -29,13 +29,14 @@ from engine.store.moefy import (
     EVALUATION_TEXT,
     DenseReference,
     fit_linear_router,
-    group_neurons,
     group_outputs,
+    layer_groups,
     neuron_activations,
+    router_targets,
 )
 
 Scorer = Callable[[mx.array], mx.array]
-ROUTERS = ("oracle", "linear", "mlp")
+ROUTERS = ("oracle", "linear", "linear-norm", "mlp")
 MLP_ROUTER_HIDDEN = 64
 MLP_ROUTER_STEPS = 300
 
@@ -78,7 +79,7 @@ class MLPRouter(nn.Module):
 
 
 def fit_mlp_router(x: np.ndarray, targets: np.ndarray, seed: int) -> MLPRouter:
-    """Adam on mean squared error to the (standardised) group output norms."""
+    """Adam on mean squared error to the (standardised) targets."""
     mx.random.seed(seed)
     router = MLPRouter(x.shape[1], targets.shape[1])
     xs, ys = mx.array(x), mx.array((targets - targets.mean(0)) / (targets.std(0) + 1e-6))
@@ -107,13 +108,16 @@ def perplexity(model: nn.Module, windows: list[mx.array]) -> float:
     return math.exp(total / count)
 
 
-def k_values(experts: int) -> list[int]:
-    """k from five eighths of the experts to all of them, in sixteenths of the FFN (below, the cost explodes)."""
-    step = max(1, experts // 16)
-    return list(range(experts * 5 // 8, experts + 1, step))
+def k_values(experts: int, fractions: list[float] | None = None) -> list[int]:
+    """k for each fraction of the FFN kept active; by default five eighths to all, in sixteenths."""
+    if fractions is None:
+        fractions = [f / 16 for f in range(10, 17)]
+    return sorted({max(1, min(experts, round(f * experts))) for f in fractions})
 
 
-def study(dense_dir: Path, expert_counts: list[int], routers: list[str], say=print) -> dict:
+def study(
+    dense_dir: Path, expert_counts: list[int], routers: list[str], fractions: list[float] | None = None, say=print
+) -> dict:
     """Perplexity of the dense model and of every (experts, router, k); the figures as a dict."""
     reference = DenseReference(dense_dir)
     calibration = reference.mlp_inputs(reference.windows(CALIBRATION_TEXT.read_text()))
@@ -125,18 +129,16 @@ def study(dense_dir: Path, expert_counts: list[int], routers: list[str], say=pri
     neurons = reference.config["intermediate_size"]
     results = {"dense": dense, "neurons": neurons, "evaluation_tokens": sum(w.shape[1] for w in windows), "rows": []}
     for experts in expert_counts:
-        fitted = []
-        for index, (mlp, x) in enumerate(zip(dense_mlps, calibration)):
-            h = neuron_activations(mlp, x)
-            down = np.array(mlp.down_proj.weight)
-            groups = group_neurons(np.abs(h) * np.linalg.norm(down, axis=0), experts, seed=index)
-            fitted.append((mlp, x, groups, np.linalg.norm(group_outputs(h, down, groups), axis=-1)))
+        fitted = [
+            (mlp, x, *layer_groups(mlp, x, experts, seed=index))
+            for index, (mlp, x) in enumerate(zip(dense_mlps, calibration))
+        ]
         for router in routers:
-            scorers = [_scorer(router, x, targets, seed) for seed, (_, x, _, targets) in enumerate(fitted)]
+            scorers = [_scorer(router, x, norms, seed) for seed, (_, x, _, norms) in enumerate(fitted)]
             routed = [RoutedFFN(mlp, groups, scorer) for (mlp, _, groups, _), scorer in zip(fitted, scorers)]
             for layer, ffn in zip(reference.layers, routed):
                 layer.mlp = ffn
-            for k in k_values(experts):
+            for k in k_values(experts, fractions):
                 for ffn in routed:
                     ffn.k = k
                 value = perplexity(reference.model, windows)
@@ -148,12 +150,43 @@ def study(dense_dir: Path, expert_counts: list[int], routers: list[str], say=pri
     return results
 
 
-def _scorer(router: str, x: np.ndarray, targets: np.ndarray, seed: int) -> Scorer | None:
+def _scorer(router: str, x: np.ndarray, contribution: np.ndarray, seed: int) -> Scorer | None:
+    """oracle; linear (the shipped router: log norms); linear-norm (raw norms); mlp (two layers, log norms)."""
     if router == "oracle":
         return None
     if router == "linear":
-        return linear_scorer(*fit_linear_router(x, targets))
-    return fit_mlp_router(x, targets, seed)
+        return linear_scorer(*fit_linear_router(x, router_targets(contribution)))
+    if router == "linear-norm":
+        return linear_scorer(*fit_linear_router(x, contribution))
+    return fit_mlp_router(x, router_targets(contribution), seed)
+
+
+def ffn_errors(dense_dir: Path, experts: int, k: int, routers: list[str], layers: list[int], say=print) -> list[dict]:
+    """Per layer, the relative error of the routed FFN's output on the evaluation text's dense activations.
+
+    A quick proxy to compare routers without a full perplexity run: ||dense - routed|| / ||dense||, averaged.
+    """
+    reference = DenseReference(dense_dir)
+    calibration = reference.mlp_inputs(reference.windows(CALIBRATION_TEXT.read_text()))
+    evaluation = reference.mlp_inputs(reference.windows(EVALUATION_TEXT.read_text()))
+    rows = []
+    for index in layers:
+        mlp = reference.layers[index].mlp
+        groups, norms = layer_groups(mlp, calibration[index], experts, seed=index)
+        outputs = group_outputs(neuron_activations(mlp, evaluation[index]), np.array(mlp.down_proj.weight), groups)
+        dense = outputs.sum(axis=1)
+        row = {"layer": index}
+        for router in routers:
+            scorer = _scorer(router, calibration[index], norms, index)
+            inputs = mx.array(evaluation[index])
+            scores = np.linalg.norm(outputs, axis=-1) if scorer is None else np.array(scorer(inputs))
+            kept = np.zeros_like(scores)
+            np.put_along_axis(kept, np.argsort(-scores, axis=1)[:, :k], 1.0, axis=1)
+            error = np.linalg.norm(dense - (outputs * kept[..., None]).sum(axis=1), axis=-1)
+            row[router] = float(np.mean(error / np.linalg.norm(dense, axis=-1)))
+        say("  ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}" for key, value in row.items()))
+        rows.append(row)
+    return rows
 
 
 def markdown_table(results: dict) -> str:
@@ -178,9 +211,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dense", type=Path, help="dense llama model directory (e.g. the default model's)")
     parser.add_argument("--experts", type=int, nargs="+", default=[16], help="expert counts to try")
     parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS), help="routers to try")
+    parser.add_argument("--fractions", type=float, nargs="+", help="fractions of each FFN to keep active")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--ffn-error", type=int, nargs=2, metavar=("EXPERTS", "K"),
+        help="instead of perplexity, the routed FFN's output error per layer at this split (quick router comparison)",
+    )  # fmt: skip
+    parser.add_argument("--layers", type=int, nargs="+", default=[0, 5, 10, 15, 20, 25, 29], help="for --ffn-error")
     args = parser.parse_args(argv)
-    results = study(args.dense, args.experts, args.routers)
+    if args.ffn_error:
+        rows = ffn_errors(args.dense, *args.ffn_error, args.routers, args.layers)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
+    results = study(args.dense, args.experts, args.routers, args.fractions)
     print(markdown_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
