@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 from datetime import date
 from pathlib import Path
@@ -16,8 +17,8 @@ from app.review.errors import ReviewError, ScheduleError
 from app.review.narrative import build_prompt, write_narrative
 from app.review.runner import run_checks_for
 from app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
-from engine import convert_gguf, open_model
-from tests.gguf_files import write_tiny_llama
+from engine import open_model
+from tests.test_review_run import tiny_model  # noqa: F401 - a fixture
 
 BANK = (BUNDLED_DIR / "sample-data" / "bank-statement.csv").read_text(encoding="utf-8-sig")
 OCTOBER = date(2026, 10, 30)
@@ -133,10 +134,9 @@ def test_a_report_template_with_errors_is_named(tmp_path, monkeypatch, template,
 
 
 @pytest.fixture(scope="module")
-def short_context_model(tmp_path_factory) -> Path:
-    """A tiny real model whose context (64 tokens) no review prompt fits in."""
-    folder = tmp_path_factory.mktemp("short")
-    model = convert_gguf(write_tiny_llama(folder / "tiny.gguf"), folder / "model")
+def short_context_model(tiny_model, tmp_path_factory) -> Path:
+    """The tiny real model with a context of 64 tokens, which no review prompt fits in."""
+    model = shutil.copytree(tiny_model, tmp_path_factory.mktemp("short") / "model")
     config = json.loads((model / "config.json").read_text())
     config["max_position_embeddings"] = 64
     (model / "config.json").write_text(json.dumps(config))

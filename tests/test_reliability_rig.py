@@ -8,12 +8,13 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from engine import ExpertReadError, import_checkpoint, load_drives
 from engine.bench.layout import replicate_everywhere
-from engine.bench.rig import RigSpec, inside_rig, rig_up
+from engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
 from engine.moe.load import load_streaming
 from engine.moe.settings import StreamSettings
 from engine.store.loader import load_store
@@ -25,12 +26,17 @@ pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]
 STALLED_BPS = 65536  # 64 kB/s, 1/3000 of its healthy rate: a drive that has all but stopped
 
 
-def test_a_drive_stalled_mid_generation_is_routed_around(rig_place, tmp_path):
+def replicated_on_rig(rig_place, tmp_path: Path, tokens: int) -> tuple[RigState, Path, list[int]]:
+    """A two-disk rig, a tiny qwen3_moe store with every expert on both, and its greedy tokens held in RAM."""
     state = rig_up(rig_place.rig_dir, RigSpec(count=2, size_bytes=64 << 20, read_bps=200_000_000), rig_place.drives_file)
     store = tmp_path / "store"
     import_checkpoint(tiny_checkpoint(tmp_path, "qwen3_moe"), store, load_drives(rig_place.drives_file))
     replicate_everywhere(store)
-    expected = greedy_tokens(load_store(store)[0], 24)
+    return state, store, greedy_tokens(load_store(store)[0], tokens)
+
+
+def test_a_drive_stalled_mid_generation_is_routed_around(rig_place, tmp_path):
+    state, store, expected = replicated_on_rig(rig_place, tmp_path, 24)
     stalled, healthy = state.drives
     at_cut: dict[str, int] = {}
     with inside_rig(state):
@@ -63,11 +69,7 @@ def test_a_drive_stalled_mid_generation_is_routed_around(rig_place, tmp_path):
 
 
 def test_a_real_io_error_falls_back_to_replicas_or_stops_naming_drive_and_file(rig_place, tmp_path):
-    state = rig_up(rig_place.rig_dir, RigSpec(count=2, size_bytes=64 << 20, read_bps=200_000_000), rig_place.drives_file)
-    store = tmp_path / "store"
-    import_checkpoint(tiny_checkpoint(tmp_path, "qwen3_moe"), store, load_drives(rig_place.drives_file))
-    replicate_everywhere(store)
-    expected = greedy_tokens(load_store(store)[0], 8)
+    state, store, expected = replicated_on_rig(rig_place, tmp_path, 8)
     broken = state.drives[0]
     # The disk loses all but its first MiB under the mounted file system: reads past it fail with EIO.
     os.truncate(broken.image, 1 << 20)
