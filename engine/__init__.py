@@ -1,5 +1,8 @@
 """nightshift's engine: the public API the app uses (and nothing else from engine/)."""
 
+# First, before anything imports MLX: route its float matmuls to the system BLAS where there is one.
+from engine.cpu_blas import BLAS_IN_USE  # noqa: I001
+
 from engine.errors import (
     ModelFormatError,
     ModelNotFoundError,

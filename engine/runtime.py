@@ -25,6 +25,7 @@ from mlx_lm.utils import load_model  # noqa: E402
 from mlx_lm.tokenizer_utils import load as load_tokenizer  # noqa: E402
 
 from engine.errors import ModelFormatError, ModelNotFoundError  # noqa: E402
+from engine.cpu_prefill import use_gemm_prefill  # noqa: E402
 from engine.io.ceilings import Ceilings  # noqa: E402
 from engine.io.drives import Drive  # noqa: E402
 from engine.models import get_classes  # noqa: E402
@@ -95,6 +96,7 @@ class Model:
             else:
                 self.model, config = load_model(self.path, get_model_classes=get_classes)
             self.tokenizer = load_tokenizer(self.path, eos_token_ids=config.get("eos_token_id"))
+            use_gemm_prefill(self.model)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
 
