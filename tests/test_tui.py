@@ -12,7 +12,6 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -63,7 +62,7 @@ async def select(pilot, selector: str, key: str) -> None:
 
 @pytest.mark.slow
 def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monkeypatch):
-    user_schedule(home, tiny_model, "long", max_tokens=4000)  # runs until cancelled
+    user_schedule(home, tiny_model, "long", max_tokens=7000)  # runs until cancelled
     user_schedule(home, tiny_model, "short", max_tokens=4)
     opened = tmp_path / "opened.txt"
     viewer = f"{sys.executable} -c \"import pathlib, sys; pathlib.Path(r'{opened}').write_text(sys.argv[1])\""
@@ -92,17 +91,21 @@ def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monk
             await until(pilot, lambda: len(app.tokens_history) >= 2, 60, "two progress records")
             assert text(app, "#job .title").startswith("run 1: long (manual")
             figures = app.screen.query_one("JobPanel").figures.text
-            assert "/4000 tokens" in figures and "tok/s" in figures and "TTFT" in figures and "ETA" in figures
+            assert "/7000 tokens" in figures and "tok/s" in figures and "TTFT" in figures and "ETA" in figures
             assert app.screen.query_one("JobPanel").text.text == app.service.current["progress"]["text"]
 
             # Cancel asks first: "no" keeps it running, "yes" ends it.
-            await pilot.press("2", "c")
+            await pilot.press("2")
+            await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
+            await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("n")
             await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
             await pilot.pause(1.0)
             assert run_state(app, "long") == "running"
-            await pilot.press("c", "y")
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
+            await pilot.press("y")
             await until(pilot, lambda: run_state(app, "long") == "interrupted", 60, "the cancel")
             assert ["1", "interrupted", "long"] == cells(app, "#runs")[0][:3]
 
@@ -130,7 +133,9 @@ def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monk
             await pilot.press("4")
             await until(pilot, lambda: isinstance(app.screen, RunsScreen), 30, "the RunsScreen")
             await until(pilot, lambda: "no benchmark runs recorded yet" in text(app, "#compare"), 30)
-            await pilot.press("2", "question_mark")
+            await pilot.press("2")
+            await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
+            await pilot.press("question_mark")
             await until(pilot, lambda: isinstance(app.screen, HelpScreen), 30, "the HelpScreen")
             assert "Pause/resume" in str(app.screen.query_one("#help").query("Static")[1].render())
             await pilot.press("escape")

@@ -127,20 +127,21 @@ class Dashboard(App):
     def action_help(self) -> None:
         self.push_screen(HelpScreen([*self.BINDINGS, *self.screen.BINDINGS]))
 
+    @work(thread=True, group="service")
     def ask_service(self, command: str, done: str, **arguments: Any) -> None:
-        """Send a command to the service and say how it went; without a service, say how to start one."""
+        """Send a command to the service (off the UI thread) and say how it went; without one, say how to start it."""
         from app.daemon.control import request
 
         try:
             reply = request(command, timeout=5.0, **arguments)
         except NightshiftError as exc:
-            self.notify(str(exc), severity="error")
+            self.call_from_thread(self.notify, str(exc), severity="error")
             return
         if reply is None:
-            self.notify("no service running: press s to start the scheduler here, or run `nightshift serve`",
-                        severity="warning")  # fmt: skip
+            self.call_from_thread(self.notify, "no service running: press s to start the scheduler here, or run "
+                                  "`nightshift serve`", severity="warning")  # fmt: skip
             return
-        self.notify(done)
+        self.call_from_thread(self.notify, done)
         self.ticks = 0  # the next poll reads the queue again
 
     def action_start_service(self) -> None:
