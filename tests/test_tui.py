@@ -214,8 +214,12 @@ def test_runs_screen_filters_the_catalogue_and_compares_two_runs(home):
             assert cells(app, "#catalogue")[1][2:5] == ["decode", "win", "1.25"]
             await pilot.press("slash", *"loss")
             await until(pilot, lambda: [row[0] for row in cells(app, "#catalogue")] == ["3"], 30, "the filter")
-            await pilot.press(*["backspace"] * 4)
-            app.screen.query_one("#catalogue", Table).focus()
+            await pilot.press(*["backspace"] * 4, "enter")  # back to the list: keys are the app's again
+            await pilot.press("3")
+            await until(pilot, lambda: isinstance(app.screen, ReportsScreen), 30, "the ReportsScreen")
+            await pilot.press("4")
+            await until(pilot, lambda: isinstance(app.screen, RunsScreen), 30, "the RunsScreen")
+            assert app.screen.query_one("#filter").value == ""
             await select(pilot, "#catalogue", "1")
             await pilot.press("m")
             await select(pilot, "#catalogue", "2")

@@ -202,7 +202,8 @@ class ReportsScreen(DashboardScreen):
 class RunsScreen(DashboardScreen):
     """The benchmark catalogue (`nightshift runs`), filterable, with two marked runs side by side."""
 
-    BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter")]
+    BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter"),
+                Binding("escape", "leave_filter", "Back to the list", show=False)]  # fmt: skip
     AUTO_FOCUS = "#catalogue"
 
     def compose(self) -> ComposeResult:
@@ -229,7 +230,8 @@ class RunsScreen(DashboardScreen):
         if len(marked) == 2:
             shown = side_by_side(*marked)
         else:
-            shown = catalogue.note or f"{len(catalogue.runs)} runs; mark two with m to compare them" + (
+            count = len(catalogue.runs)
+            shown = catalogue.note or f"{count} run{'s' * (count != 1)}; mark two with m to compare them" + (
                 f" (run {marked[0].id} marked)" if marked else "")  # fmt: skip
         self.query_one("#compare", Line).set(shown)
 
@@ -239,6 +241,13 @@ class RunsScreen(DashboardScreen):
 
     def action_filter(self) -> None:
         self.query_one("#filter", Input).focus()
+
+    def action_leave_filter(self) -> None:
+        """Enter or Escape in the filter hands the keys back to the list (and to 1-4, q, ?)."""
+        self.query_one("#catalogue", Table).focus()
+
+    def on_input_submitted(self) -> None:
+        self.action_leave_filter()
 
     def action_mark(self) -> None:
         key = self.query_one("#catalogue", Table).selected()
