@@ -13,23 +13,10 @@ from app.commands import bench, dashboard, drives, generate, jobs, model, report
 from app.paths import data_dir
 from engine import NightshiftError
 
-# Command groups, in the order `--help` lists them. A later issue adds its module here.
+# Command groups, in the order `--help` lists them.
 GROUPS = [model, generate, drives, rig, review, serve, jobs, reports, dashboard, bench, runs, verify]
 
-# Groups whose commands later issues build; until then they say so plainly.
-PLANNED = {
-}
-
 EXIT_ERROR = 1
-EXIT_NOT_BUILT = 2
-
-
-def _not_built(command: str, issue: str):
-    def run(args: argparse.Namespace) -> int:
-        say(f"`nightshift {command}` is not built yet (planned in issue {issue}).")
-        return EXIT_NOT_BUILT
-
-    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,10 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for group in GROUPS:
         group.register(commands)
-    for name, (summary, issue) in PLANNED.items():
-        planned = commands.add_parser(name, help=f"{summary} (not built yet)", description=f"{summary.capitalize()}.")
-        planned.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        planned.set_defaults(run=_not_built(name, issue))
     return parser
 
 
