@@ -148,6 +148,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         _show(f"{count} drive(s): {share:.0%} of the {len(runs)}-drive rate (linear: {count / len(runs):.0%})", result)
         result["figures"]["share_of_top"] = share
         verdict = "linear" if abs(share - count / len(runs)) <= 0.1 else "off-linear"
+        verdict += ", at disk floor" if result["figures"]["disk_floor_fraction"] >= 0.9 else ", below disk floor"
         _record("ladder", store, step, result, verdict, note=f"ladder step {count} of {len(runs)}")
     return 0
 

@@ -134,6 +134,7 @@ def decode_bench(store: Path, settings: StreamSettings, tokens: int = 16, drives
         "needed_bytes_per_token": needed_per_token,
         "bandwidth_bytes_per_s": bandwidth,
         "disk_floor_ms": 1000 * disk_floor,
+        "disk_floor_fraction": disk_floor / streamed.seconds_per_token,  # 1.0: as fast as the drives allow
         "prefetch_recall": figures["prefetch_recall"],
     }
     if compute_floor:
