@@ -6,6 +6,7 @@ is written to a temporary file and renamed only when complete.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -53,6 +54,15 @@ def template_problem(folder: Path, template: str, exc: TemplateError) -> str:
 PARTIAL_SUFFIX = ".pdf.part"
 
 
+@functools.cache
+def shared_fonts():
+    """One WeasyPrint font configuration per process: a new one per PDF kept ~0.2 MB alive per report,
+    so a service writing hundreds of reports grew (docs/reliability.md, soak). PDFs are written one at a time."""
+    from weasyprint.text.fonts import FontConfiguration
+
+    return FontConfiguration()
+
+
 def remove_partial_reports(folder: Path) -> list[Path]:
     """Delete what a process killed while writing a PDF left behind; call only while holding the engine lock."""
     leftovers = sorted(folder.glob(f".*{PARTIAL_SUFFIX}")) if folder.is_dir() else []
@@ -69,7 +79,8 @@ def write_pdf(html: str, target: Path) -> Path:
     handle, temporary = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=PARTIAL_SUFFIX, dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as out:
-            HTML(string=html, base_url=str(REPORTS_DIR) + os.sep, url_fetcher=local_only_fetcher()).write_pdf(out)
+            HTML(string=html, base_url=str(REPORTS_DIR) + os.sep, url_fetcher=local_only_fetcher()).write_pdf(
+                out, font_config=shared_fonts())
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, target)
