@@ -18,7 +18,7 @@ def figures(store, settings):
 
 
 def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
-    tokens, on = figures(store, StreamSettings())
+    tokens, on = figures(store, StreamSettings(prefetch=True))
     same, off = figures(store, StreamSettings(prefetch=False))
     assert tokens == same
     reads = on["reads"]
@@ -34,5 +34,5 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
 
 
 def test_prefetch_can_be_turned_off_for_one_layer(store):
-    _, some = figures(store, StreamSettings(prefetch_off=frozenset({2})))
+    _, some = figures(store, StreamSettings(prefetch=True, prefetch_off=frozenset({2})))
     assert set(some["recall_per_layer"]) == {1}

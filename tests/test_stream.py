@@ -69,7 +69,7 @@ def streamed_tokens(store: Path, settings: StreamSettings, steps: int = 32, devi
 
 @pytest.mark.parametrize("arch", QUICK)
 def test_streamed_greedy_tokens_equal_the_model_in_ram(arch, stores, in_ram_tokens):
-    tokens, figures = streamed_tokens(stores[arch], StreamSettings())
+    tokens, figures = streamed_tokens(stores[arch], StreamSettings(prefetch=True))
     assert tokens == in_ram_tokens[arch]
     assert sum(d["bytes"] for d in figures["drives"].values()) > 0  # the experts did come from the drives
     assert figures["reads"]["demand_reads"] > 0
@@ -85,8 +85,8 @@ def test_streamed_tokens_equal_for_gpt_oss_biases_and_mixtral(arch, tmp_path):
 def test_every_mechanism_on_keeps_tokens_identical(sources, in_ram_tokens, tmp_path):
     store = import_tiny(tmp_path, sources["kimi_k3"], "kimi")
     replicate_everywhere(store)
-    settings = StreamSettings(shared_pool=True, split_reads=True, cache_bytes=200_000, cache_policy="frequency",
-                              verify_checksums=True, trace=True)
+    settings = StreamSettings(shared_pool=True, split_reads=True, prefetch=True, cache_bytes=200_000,
+                              cache_policy="frequency", verify_checksums=True, trace=True)
     # Both drives sit on this machine's one disk: call them two devices so halves are split between them.
     tokens, figures = streamed_tokens(store, settings, devices={"d0": 1, "d1": 2})
     assert tokens == in_ram_tokens["kimi_k3"]

@@ -18,7 +18,7 @@ def store(tmp_path_factory):
 
 
 def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
-    _, stream = streamed(store, StreamSettings(trace=True, cache_bytes=10**6), steps=6)
+    _, stream = streamed(store, StreamSettings(trace=True, cache_bytes=10**6, prefetch=True), steps=6)
     passes = stream.trace.passes()
     moe_layers = {layer.layer for layer in stream.manifest.layers}
     per_layer = [sum(p.layer == layer for p in passes) for layer in moe_layers]

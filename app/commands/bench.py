@@ -37,7 +37,7 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-pool", action="store_true", help="demand and prefetch reads share one pool")
     parser.add_argument("--dispatch", choices=("least_completion", "first_replica"), default="least_completion")
     parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
-    parser.add_argument("--no-prefetch", action="store_true", help="no next-layer prefetch")
+    parser.add_argument("--prefetch", action="store_true", help="next-layer prefetch (off by default: it lost on the rig)")
     parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
     parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="lru")
@@ -53,7 +53,7 @@ def settings_from(args: argparse.Namespace):
         raise NightshiftError(f"--prefetch-off takes layer numbers, e.g. 3,4; got {args.prefetch_off!r}") from None
     return StreamSettings(
         demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
-        dispatch=args.dispatch, split_reads=args.split_reads, prefetch=not args.no_prefetch, prefetch_off=off,
+        dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
         cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
         use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
     )

@@ -23,7 +23,9 @@ class StreamSettings:
     shared_pool: bool = False
     dispatch: str = "least_completion"
     split_reads: bool = False
-    prefetch: bool = True
+    # Off by default: on the disk-bound rig next-layer prefetch lost 21 % (docs/results.md, runs 13/14):
+    # at 62 % recall its wasted reads cost more bandwidth than the overlap saves.
+    prefetch: bool = False
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
     cache_bytes: int = 0
     cache_policy: str = "lru"
