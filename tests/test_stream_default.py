@@ -13,5 +13,5 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 def test_streamed_default_model_matches_the_model_in_ram(sparse_store):  # noqa: F811
     store, _ = sparse_store
     expected = greedy_of_record(store, None, steps=24)
-    assert greedy_of_record(store, StreamSettings(), steps=24) == expected
-    assert greedy_of_record(store, StreamSettings(cache_bytes=2_000_000, prefetch=False), steps=24) == expected
+    assert greedy_of_record(store, StreamSettings(prefetch=True), steps=24) == expected
+    assert greedy_of_record(store, StreamSettings(cache_bytes=2_000_000), steps=24) == expected
