@@ -33,6 +33,7 @@ from engine.store.synth import FAMILIES as SYNTH_FAMILIES, synthesize
 from engine.store.upkeep import BadFile, calibration_prompts, measure_routing, place_store, verify_store
 
 __all__ = [
+    "BLAS_IN_USE",
     "BadFile",
     "ImportOptions",
     "Manifest",

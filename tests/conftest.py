@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.default_model import default_gguf_path, prepare_default_model
+from app.default_model import default_gguf_path, prepare_default_model, prepare_sparse_default_model
 from app.paths import data_dir
 from engine import NightshiftError
 
@@ -31,6 +31,17 @@ def default_gguf(default_model_dir) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
         return default_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def sparse_store(default_model_dir) -> tuple[Path, Path]:
+    """The sparse default model (a store) and the real data dir, as `nightshift model default` leaves them.
+
+    Built here (a few minutes) only if that command has not run yet, like `default_model_dir`.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
+        return prepare_sparse_default_model(say=lambda message: None), REAL_DATA_DIR
 
 
 @pytest.fixture

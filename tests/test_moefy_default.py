@@ -8,22 +8,10 @@ import pytest
 
 from app.default_model import prepare_sparse_default_model, require_default_model
 from engine import DEFAULT_EXPERTS, DEFAULT_K, open_model
-from tests.conftest import REAL_DATA_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def sparse_store(default_model_dir):
-    """The sparse default model in the user's real data dir, as `nightshift model default` leaves it.
-
-    Built here (a few minutes) only if that command has not run yet, like `default_model_dir`.
-    """
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
-        yield prepare_sparse_default_model(say=lambda message: None), REAL_DATA_DIR
 
 
 def test_preparing_again_changes_nothing_and_the_default_is_the_sparse_store(sparse_store, monkeypatch):

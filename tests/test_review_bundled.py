@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,10 +45,11 @@ def test_every_planted_discrepancy_is_found(review, planted):
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.skipif(not shutil.which("pdftotext"), reason="pdftotext (poppler-utils) is not installed")
-def test_readme_first_command_on_the_default_model(default_model_dir, home):
-    """`nightshift review run month-end --now`: the README's first command, in an empty data dir."""
+def test_readme_first_command_on_the_default_model(sparse_store, home):
+    """`nightshift review run month-end --now`: the README's first command, its experts streamed from the store."""
+    store, _ = sparse_store
     (home / "models").mkdir(parents=True)
-    (home / "models" / default_model_dir.name).symlink_to(default_model_dir)
+    (home / "models" / store.name).symlink_to(store)
     done = subprocess.run([sys.executable, "-m", "app.cli", "review", "run", "month-end", "--now"],
                           capture_output=True, text=True, timeout=900,
                           env={**os.environ, "NIGHTSHIFT_HOME": str(home)})  # fmt: skip
@@ -57,4 +59,6 @@ def test_readme_first_command_on_the_default_model(default_model_dir, home):
     text = subprocess.run(["pdftotext", "-layout", str(report), "-"], capture_output=True, text=True).stdout
     for _, title, _ in MONTH_END:
         assert title.split(":")[0] in text
-    assert "written by the model" in text and "smollm2-135m-instruct" in text
+    assert "written by the model" in text and "smollm2-135m-instruct-moe" in text
+    read = re.search(r"bytes read per drive\s+(\S+): ([\d,]+)", text)
+    assert read and int(read.group(2).replace(",", "")) > 0, "the review streamed no experts"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from engine import StreamSettings, greedy_of_record
-from tests.test_moefy_default import sparse_store  # noqa: F401  (the fixture: `nightshift model default`'s store)
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
-def test_streamed_default_model_matches_the_model_in_ram(sparse_store):  # noqa: F811
+def test_streamed_default_model_matches_the_model_in_ram(sparse_store):
     store, _ = sparse_store
     expected = greedy_of_record(store, None, steps=24)
     assert greedy_of_record(store, StreamSettings(prefetch=True), steps=24) == expected

@@ -61,7 +61,7 @@ def settings_from(args: argparse.Namespace):
 
 def sources_from(args: argparse.Namespace):
     """(store path, drives or None, ceilings or None) named by the flags."""
-    from app.commands.model import resolve_model  # here: app.commands.model imports other command modules
+    from app.models import resolve_model
     from engine import Ceilings, load_drives
 
     drives = load_drives(Path(args.drives)) if args.drives else None
@@ -154,7 +154,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
-    from app.commands.model import resolve_model
+    from app.models import resolve_model
     from engine import replicate_everywhere
 
     copied = replicate_everywhere(resolve_model(args.model))

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from app.commands import say
-from app.commands.model import resolve_model
+from app.models import open_for_generation, resolve_model
 from engine import NightshiftError
 
 EXIT_INTERRUPTED = 130
@@ -15,11 +15,7 @@ EXIT_INTERRUPTED = 130
 def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise NightshiftError('the prompt is empty; pass the text to answer, e.g. nightshift generate "Hello"')
-    from engine import StreamSettings, is_store, open_model
-
-    path = resolve_model(args.model)
-    streamed = is_store(path) and not args.in_ram
-    model = open_model(path, stream=StreamSettings() if streamed else None)
+    model = open_for_generation(resolve_model(args.model), in_ram=args.in_ram)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
@@ -41,7 +37,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"({stats.prompt_tokens} prompt tokens, {stats.prefill_tokens_per_s:.1f} tok/s); "
             f"peak memory {stats.peak_memory_bytes / 1e9:.2f} GB"
         )
-        if streamed:
+        if model.stream is not None:
             say("experts streamed: " + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in stats.drive_bytes.items())
                 + f"; prefetch recall {stats.prefetch_recall:.0%}")
     return 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from app.commands import moefy, say
+from app.models import resolve_model
 from app.paths import cache_dir, models_dir
 from engine import NightshiftError
 
@@ -131,20 +132,6 @@ def cmd_place(args: argparse.Namespace) -> int:
     say(f"{experts} experts, {replicas} replicas on {len(drives)} drive(s); copied "
         + (", ".join(f"{n}: {b / 1e6:.1f} MB" for n, b in copied.items()) or "nothing"))
     return 0
-
-
-def resolve_model(name: str | None) -> Path:
-    """A model directory from a name under the data dir or a path; the default model when None."""
-    from app.default_model import require_default_model
-
-    if name is None:
-        return require_default_model()
-    candidate = Path(name).expanduser()
-    if candidate.is_dir():
-        return candidate
-    if (models_dir() / name).is_dir():
-        return models_dir() / name
-    raise NightshiftError(f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`")
 
 
 def register(commands: argparse._SubParsersAction) -> None:

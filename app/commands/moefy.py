@@ -11,7 +11,7 @@ from engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, moefy
 
 
 def cmd_moefy(args: argparse.Namespace) -> int:
-    from app.commands.model import resolve_model
+    from app.models import resolve_model
 
     source = resolve_model(args.source)
     k = DEFAULT_K * args.experts // DEFAULT_EXPERTS if args.k is None else args.k

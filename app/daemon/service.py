@@ -28,10 +28,11 @@ from app.daemon.control import ControlServer
 from app.daemon.lock import InstanceLock
 from app.daemon.runs import RunQueue
 from app.daemon.work import execute
+from app.models import open_for_generation
 from app.paths import data_dir
 from app.review.index import read_index
 from app.review.schedule import Schedule, load_schedules
-from engine import Model, open_model
+from engine import Model
 
 log = logging.getLogger("nightshift.serve")
 WATCHDOG_S = 20
@@ -198,8 +199,10 @@ class Service:
     def _model(self, path: Path) -> Model:
         """One engine: the model stays loaded between runs that use it."""
         if path not in self.models:
+            for previous in self.models.values():
+                previous.close()  # a streamed store's reader threads
             self.models.clear()
-            self.models[path] = open_model(path)
+            self.models[path] = open_for_generation(path)
         return self.models[path]
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:

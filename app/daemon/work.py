@@ -8,15 +8,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from app.commands.model import resolve_model
 from app.daemon import clock
 from app.daemon.lock import engine_lock
 from app.daemon.runs import Run, RunQueue
+from app.models import open_for_generation, resolve_model
 from app.review.errors import ReviewInterrupted
 from app.review.report import remove_partial_reports
 from app.review.runner import as_of_for, run_review
 from app.review.schedule import find_schedule
-from engine import GenerationStats, Model, NightshiftError, open_model
+from engine import GenerationStats, Model, NightshiftError
 
 log = logging.getLogger("nightshift.work")
 PROGRESS_EVERY_S = 1.0
@@ -47,7 +47,7 @@ def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[
 
 def execute(
     queue: RunQueue, run: Run, cancel: threading.Event | None = None, say: Callable[[str], None] = log.info,
-    load_model: Callable[[Path], Model] = open_model, show: Callable[[GenerationStats], None] | None = None,
+    load_model: Callable[[Path], Model] = open_for_generation, show: Callable[[GenerationStats], None] | None = None,
 ) -> Run:  # fmt: skip
     """Carry out a claimed run; it ends done (with its report), failed (with the reason) or interrupted."""
     try:

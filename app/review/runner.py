@@ -15,6 +15,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from app.models import open_for_generation
 from app.review.charts import bar_chart
 from app.review.checks import SEVERITIES, CheckContext, CheckResult, run_checks
 from app.review.errors import ReviewInterrupted
@@ -25,7 +26,7 @@ from app.review.schedule import Schedule
 from app.review.sources import Table
 from app.review.verify import known_values, mark_numbers, numbers_in
 from app.review.window import Window, window_containing
-from engine import Model, open_model, sha256_of
+from engine import Model, sha256_of
 
 Say = Callable[[str], None]
 
@@ -143,7 +144,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
 def run_review(
     schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
     cancel: threading.Event | None = None, say: Say = lambda message: None,
-    load_model: Callable[[Path], Model] = open_model,
+    load_model: Callable[[Path], Model] = open_for_generation,
 ) -> dict[str, Any]:  # fmt: skip
     """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
     started = time.monotonic()

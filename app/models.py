@@ -1,0 +1,30 @@
+"""Which model a command or a review uses, and how it is opened to generate.
+
+Shared by the commands, the scheduler service and the reviews, so they all mean the
+same thing by a model name and all stream a store's experts from its drives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.default_model import require_default_model
+from app.paths import models_dir
+from engine import Model, NightshiftError, StreamSettings, is_store, open_model
+
+
+def resolve_model(name: str | None) -> Path:
+    """A model directory from a name under the data dir or a path; the default model when None."""
+    if name is None:
+        return require_default_model()
+    candidate = Path(name).expanduser()
+    if candidate.is_dir():
+        return candidate
+    if (models_dir() / name).is_dir():
+        return models_dir() / name
+    raise NightshiftError(f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`")
+
+
+def open_for_generation(path: Path, in_ram: bool = False) -> Model:
+    """Open `path` to generate: a store streams its experts from its drives unless `in_ram`."""
+    return open_model(path, stream=StreamSettings() if is_store(path) and not in_ram else None)
