@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,12 +68,13 @@ def sources_from(args: argparse.Namespace):
     return resolve_model(args.model), drives, ceilings
 
 
-def _record(kind: str, store: Path, settings, result: dict, verdict: str, proofs=(), note: str = "") -> int:
+def _record(args: argparse.Namespace, kind: str, store: Path, settings, result: dict, verdict: str, proofs=(),
+            note: str = "") -> int:
     from engine import Run
 
     config = {**settings.as_dict(), "tokens": result["figures"]["tokens"]}
     run = Run(kind=kind, model=store.name, config=config, figures=result["figures"], verdict=verdict,
-              drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *sys.argv[1:]]),
+              drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *args.argv]),
               note=note)
     return catalogue().record(run, list(proofs))
 
@@ -106,7 +106,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         verdict = "pass" if f["roofline_fraction"] >= 0.9 else "below-roofline"
         if f["disk_floor_ms"] < 2 * f["compute_floor_ms"]:
             verdict += ", compute-bound"  # the rig is too fast for this CPU: not the disk-bound test asked for
-    say(f"recorded as run {_record('decode', store, settings, result, verdict)} ({verdict})")
+    say(f"recorded as run {_record(args, 'decode', store, settings, result, verdict)} ({verdict})")
     return 0
 
 
@@ -129,8 +129,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
     note = f"A/B {args.mechanism}: variant {gain:+.1%} tok/s"
     proofs = [Proof(args.mechanism, counter)]
     require(proofs, b["counters"])  # neither side is recorded if the variant did not demonstrably run
-    a_id = _record("ab", store, baseline, a, "baseline", note=note)
-    b_id = _record("ab", store, variant, b, "win" if gain > 0 else "loss",
+    a_id = _record(args, "ab", store, baseline, a, "baseline", note=note)
+    b_id = _record(args, "ab", store, variant, b, "win" if gain > 0 else "loss",
                    proofs, note=note)
     say(f"{note}; recorded as runs {a_id} (A) and {b_id} (B); `nightshift runs compare {a_id} {b_id}`")
     return 0
@@ -149,7 +149,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         result["figures"]["share_of_top"] = share
         verdict = "linear" if abs(share - count / len(runs)) <= 0.1 else "off-linear"
         verdict += ", at disk floor" if result["figures"]["disk_floor_fraction"] >= 0.9 else ", below disk floor"
-        _record("ladder", store, step, result, verdict, note=f"ladder step {count} of {len(runs)}")
+        _record(args, "ladder", store, step, result, verdict, note=f"ladder step {count} of {len(runs)}")
     return 0
 
 

@@ -9,6 +9,7 @@ took the GEMM path (counter `gemm_calls`), and both must produce the same tokens
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -50,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalogue", type=Path, required=True)
     parser.add_argument("--prompt-tokens", type=int, default=400)
     parser.add_argument("--max-tokens", type=int, default=16)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
     model = open_model(args.model)
     unit = model.tokenizer.encode(TEXT)
     prompt = (unit * (args.prompt_tokens // len(unit) + 1))[: args.prompt_tokens]
     catalogue = Catalogue(args.catalogue)
-    command = " ".join(["python -m engine.bench.cpu_prefill", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "engine.bench.cpu_prefill", *argv])
     results = {}
     for gemm in (False, True):
         _set_path(model, gemm)
