@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    args.argv = argv  # what was asked, as typed: benchmarks record it as the command that reproduces them
+    args.invocation = argv  # what was asked, as typed: benchmarks record it as the command that reproduces them
     if args.command is None and sys.stdin.isatty() and sys.stdout.isatty():
         args = parser.parse_args(["dashboard"])  # `nightshift` alone, in a terminal: the dashboard
     if not getattr(args, "run", None):

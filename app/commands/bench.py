@@ -74,7 +74,7 @@ def _record(args: argparse.Namespace, kind: str, store: Path, settings, result: 
 
     config = {**settings.as_dict(), "tokens": result["figures"]["tokens"]}
     run = Run(kind=kind, model=store.name, config=config, figures=result["figures"], verdict=verdict,
-              drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *args.argv]),
+              drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *args.invocation]),
               note=note)
     return catalogue().record(run, list(proofs))
 
