@@ -9,9 +9,12 @@ a real drives.toml while the drive is read.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -61,8 +64,21 @@ async def select(pilot, selector: str, key: str) -> None:
 
 
 @pytest.mark.slow
-def test_every_screen_against_a_running_service(home, tiny_model, tmp_path, monkeypatch):
-    user_schedule(home, tiny_model, "long", max_tokens=7000)  # runs until cancelled
+@pytest.fixture
+def endless_model(tiny_model, tmp_path) -> Path:
+    """The tiny model with an end-of-text token it cannot produce, so a run lasts until cancelled.
+
+    (The random tiny model may otherwise pick its end token within a few steps.)
+    """
+    model = Path(shutil.copytree(tiny_model, tmp_path / "endless"))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["eos_token"] = "<|not-in-the-vocabulary|>"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_every_screen_against_a_running_service(home, tiny_model, endless_model, tmp_path, monkeypatch):
+    user_schedule(home, endless_model, "long", max_tokens=7000)  # runs until cancelled
     user_schedule(home, tiny_model, "short", max_tokens=4)
     opened = tmp_path / "opened.txt"
     viewer = f"{sys.executable} -c \"import pathlib, sys; pathlib.Path(r'{opened}').write_text(sys.argv[1])\""
