@@ -54,3 +54,13 @@ def use_gemm_prefill(model: nn.Module) -> int:
             module.__class__ = PrefillQuantizedLinear
             switched += 1
     return switched
+
+
+def use_quantized_kernel(model: nn.Module) -> int:
+    """Undo `use_gemm_prefill` (for side-by-side measurements); returns how many layers were switched back."""
+    switched = 0
+    for _, module in model.named_modules():
+        if type(module) is PrefillQuantizedLinear:
+            module.__class__ = nn.QuantizedLinear
+            switched += 1
+    return switched

@@ -13,7 +13,7 @@ import pytest
 
 from engine import convert_gguf, open_model
 from engine.cpu_blas import BUNDLED, _candidates
-from engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill
+from engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
 from tests.gguf_files import write_tiny_llama
 
 
@@ -64,9 +64,7 @@ def test_converted_model_gets_gemm_prefill_and_keeps_its_tokens(tmp_path):
     assert PrefillQuantizedLinear in classes and nn.QuantizedLinear not in classes
     prompt = list(range(3, 3 + 2 * MIN_ROWS))
     switched = [c.token for c in model.generate_tokens(prompt, max_tokens=12)]
-    for _, module in model.model.named_modules():
-        if type(module) is PrefillQuantizedLinear:
-            module.__class__ = nn.QuantizedLinear
+    assert use_quantized_kernel(model.model) == 14  # 7 per layer, 2 layers
     quantized = [c.token for c in model.generate_tokens(prompt, max_tokens=12)]
     assert switched == quantized
-    assert use_gemm_prefill(model.model) == 14  # 7 per layer, 2 layers
+    assert use_gemm_prefill(model.model) == 14

@@ -13,23 +13,12 @@ import shlex
 import sys
 from pathlib import Path
 
-import mlx.nn as nn
-
 from engine import BLAS_IN_USE, open_model
-from engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill
+from engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
 from engine.instruments.assertions import Proof
 from engine.instruments.catalogue import Catalogue, Run
 
 TEXT = "The bank statement shows a payment of 1,480.00 that the ledger does not. "
-
-
-def _set_path(model, gemm: bool) -> None:
-    if gemm:
-        use_gemm_prefill(model.model)
-        return
-    for _, module in model.model.named_modules():
-        if type(module) is PrefillQuantizedLinear:
-            module.__class__ = nn.QuantizedLinear
 
 
 def _measure(model, prompt: list[int], max_tokens: int) -> tuple[list[int], dict, int]:
@@ -61,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "engine.bench.cpu_prefill", *argv])
     results = {}
     for gemm in (False, True):
-        _set_path(model, gemm)
+        (use_gemm_prefill if gemm else use_quantized_kernel)(model.model)
         tokens, figures, calls = _measure(model, prompt, args.max_tokens)
         results[gemm] = (tokens, figures)
         print(f"{'gemm prefill' if gemm else 'quantized kernel'}: {figures}, gemm layer calls {calls}")
