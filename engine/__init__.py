@@ -25,7 +25,7 @@ from engine.bench.layout import replicate_everywhere
 from engine.bench.decode import decode_bench, first_difference, greedy_of_record, ladder as decode_ladder
 from engine.instruments.assertions import AssertionFailed, Proof, require as require_proofs
 from engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare as compare_runs
-from engine.store.gguf_import import convert_gguf, is_converted_from, sha256_of
+from engine.store.gguf_import import convert_gguf, is_converted_from, require_free_space, sha256_of
 from engine.store.importer import ImportOptions, Progress, import_checkpoint
 from engine.store.moefy import DEFAULT_EXPERTS, DEFAULT_K, moefy
 from engine.store.manifest import Manifest, is_store, read_manifest
@@ -48,6 +48,7 @@ __all__ = [
     "measure_routing",
     "place_store",
     "read_manifest",
+    "require_free_space",
     "synthesize",
     "verify_store",
     "CEILINGS_FILE",

@@ -6,7 +6,6 @@ service's worker; both pass a `progress` callback to show live figures.
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import threading
 import time
@@ -72,7 +71,7 @@ def run_checks_for(schedule: Schedule, as_of: date) -> Checked:
 
 
 def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    return sha256_of(path)[:12]
 
 
 def _provenance(schedule: Schedule, checked: Checked, model: Model, narrative: Narrative) -> dict[str, Any]:

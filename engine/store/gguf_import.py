@@ -242,12 +242,13 @@ def _needed_bytes(gguf: GGUFFile) -> int:
     return int(sum(int(t.n_bytes) for t in gguf.tensors()) * 1.05) + (32 << 20)
 
 
-def _check_space(target_parent: Path, needed: int) -> None:
-    free = shutil.disk_usage(target_parent).free
+def require_free_space(where: Path, needed: int, purpose: str) -> None:
+    """Refuse, before writing anything, when `where` has less than `needed` bytes free for `purpose`."""
+    free = shutil.disk_usage(where).free
     if free < needed:
         raise NoSpaceError(
-            f"not enough free space in {target_parent}: the model needs {needed / 1e6:.0f} MB, "
-            f"{free / 1e6:.0f} MB are free; free some space or set NIGHTSHIFT_HOME to a larger drive"
+            f"not enough free space in {where} {purpose}: {needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free; "
+            "free some space or set NIGHTSHIFT_HOME to a directory on a larger drive"
         )
 
 
@@ -258,7 +259,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     config = arch.config(gguf)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _check_space(out_dir.parent, _needed_bytes(gguf))
+    require_free_space(out_dir.parent, _needed_bytes(gguf), f"to convert {gguf.path.name}")
     vocab = gguf.vocab()
 
     staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
