@@ -31,6 +31,19 @@ class NextLayer:
     resolved: bool = False
 
 
+@dataclass
+class CallCounts:
+    """Streaming layer calls, the rows they carried and the unique experts they selected (summed over calls).
+
+    unique / calls is the mean number of experts one layer call reads: 1 row needs top-k, a speculative
+    verify of k+1 rows needs the union of theirs.
+    """
+
+    calls: int = 0
+    rows: int = 0
+    unique: int = 0
+
+
 class ExpertStream:
     def __init__(self, manifest: Manifest, settings: StreamSettings, ceilings: Ceilings | None = None):
         self.manifest = manifest
@@ -46,6 +59,7 @@ class ExpertStream:
         self.recall: dict[int, Recall] = {}
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
+        self.calls = CallCounts()
 
     def follow(self, layer: int, next_layer: int, block: nn.Module, num_experts: int) -> None:
         """Declare that `next_layer` (its MoE block `block`) follows `layer`: its router predicts from here."""
@@ -58,6 +72,7 @@ class ExpertStream:
         host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
         record.readback_s = time.perf_counter() - start
         unique = np.unique(host).tolist()
+        self._count(host, unique)
         self._score(layer, unique)
         found = {e: t for e in unique if (t := self._cached(layer, e)) is not None}
         missing = [e for e in unique if e not in found]
@@ -89,10 +104,16 @@ class ExpertStream:
             "cache_misses": self.cache.misses if self.cache else 0,
             "prefetch_recall": hits / needed if needed else 0.0,
             "recall_per_layer": {layer: round(r.recall, 4) for layer, r in sorted(self.recall.items())},
+            "calls": vars(self.calls).copy(),
         }
 
     def close(self) -> None:
         self.reader.close()
+
+    def _count(self, host: np.ndarray, unique: list[int]) -> None:
+        self.calls.calls += 1
+        self.calls.rows += host.size // host.shape[-1]
+        self.calls.unique += len(unique)
 
     def _cached(self, layer: int, expert: int) -> Tensors | None:
         return self.cache.get((layer, expert)) if self.cache is not None else None
