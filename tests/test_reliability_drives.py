@@ -1,5 +1,6 @@
 """Drive faults under a scheduled review: a damaged replica is caught and another serves, and an expert with
-no readable replica fails the job with the drive and file named, without hanging or writing a report."""
+no readable replica fails the job with the drive and file named (in the run queue and the report index),
+without hanging or writing a report."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from app.cli import main
 from app.daemon.runs import RunQueue
+from app.review.index import read_index
 from engine.bench.layout import replicate_everywhere
 from engine.store.manifest import read_manifest
 from tests.test_review_run import user_schedule
@@ -53,3 +55,7 @@ def test_an_expert_with_no_readable_replica_fails_the_job_naming_drive_and_file(
     assert main(["jobs"]) == 0
     assert "failed" in capsys.readouterr().out
     assert not (home / "reports" / "moe").exists() or not list((home / "reports" / "moe").iterdir())
+    (entry,) = read_index()  # the report index records the failure and its reason too
+    assert entry["state"] == "failed" and entry["run"] == run.id and entry["reason"] == run.error
+    assert main(["reports", "list"]) == 0
+    assert f"FAILED (run {run.id}" in capsys.readouterr().out

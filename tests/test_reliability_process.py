@@ -15,6 +15,7 @@ import pytest
 
 from app.cli import main
 from app.daemon.runs import RunQueue
+from app.review.index import read_index
 from tests.test_review_run import serve, states, tiny_model, user_schedule, wait_for  # noqa: F401 - tiny_model is a fixture
 
 ROOT = os.geteuid() == 0
@@ -52,6 +53,8 @@ def test_a_kill_while_the_pdf_is_written_leaves_no_partial_report_and_the_run_is
     (done,) = [run for run in RunQueue().recent() if run.state == "done"]
     assert not list(reports.glob(".*"))  # no temporary file left
     assert Path(done.report).read_bytes().rstrip().endswith(b"%%EOF")
+    (entry,) = read_index()  # the interrupted run left no entry; the retry's report did
+    assert entry["state"] == "done" and entry["run"] == done.id and entry["path"] == done.report
 
 
 @pytest.fixture
@@ -90,3 +93,5 @@ def test_a_full_disk_fails_the_run_clearly_and_keeps_earlier_reports(home, tiny_
     assert hashlib.sha256((full_disk / "earlier.pdf").read_bytes()).hexdigest() == earlier
     (run,) = RunQueue().recent()
     assert run.state == "failed" and "No space left on device" in run.error
+    (entry,) = read_index()
+    assert entry["state"] == "failed" and "No space left on device" in entry["reason"]

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from app.commands import say
+from app.review.index import is_failed
 from engine import NightshiftError
 
 
@@ -26,25 +27,31 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not reports:
         say("no reports yet; run one with `nightshift review run month-end --now`")
     for report in reports:
+        start = f"{report['id']:>4}  {report['created']}  {report['review']:<12} {report['period'] or '-':<14} "
+        if is_failed(report):
+            print(f"{start}FAILED (run {report.get('run')}, as of {report.get('as_of') or '-'}): {report['reason']}")
+            continue
         severity = report["by_severity"]
         gone = "  (file missing)" if report.get("missing") else ""
-        print(f"{report['id']:>4}  {report['created']}  {report['review']:<12} {report['period']:<14} "
-              f"{report['findings']:>3} findings ({severity['high']} high)  {report['path']}{gone}")  # fmt: skip
+        print(f"{start}{report['findings']:>3} findings ({severity['high']} high)  {report['path']}{gone}")
     return 0
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    reports = _reports()
+    entries = _reports()
+    reports = [r for r in entries if not is_failed(r)]
     if not reports:
         raise NightshiftError("no reports yet; run one with `nightshift review run month-end --now`")
     wanted = args.report
     if wanted == "latest":
         report = reports[-1]
     else:
-        matches = [r for r in reports if str(r["id"]) == wanted] or [r for r in reports if r["review"] == wanted]
+        matches = [r for r in entries if str(r["id"]) == wanted] or [r for r in reports if r["review"] == wanted]
         if not matches:
             raise NightshiftError(f"no report {wanted!r}; give an id or review name from `nightshift reports list`")
         report = matches[-1]
+    if is_failed(report):
+        raise NightshiftError(f"entry {report['id']} is a failed run, with no report: {report['reason']}")
     if report.get("missing"):
         raise NightshiftError(f"report {report['id']} was at {report['path']}, which no longer exists")
     print(report["path"])
@@ -59,7 +66,8 @@ def cmd_open(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     reports = commands.add_parser("reports", help="list and open review reports", description="List and open reports.")
     actions = reports.add_subparsers(dest="reports_command", metavar="ACTION", required=True)
-    listing = actions.add_parser("list", help="list reports, oldest first", description="List reports, oldest first.")
+    listing = actions.add_parser("list", help="list reports and failed runs, oldest first",
+                                  description="List reports, and runs that failed with their reason, oldest first.")
     listing.set_defaults(run=cmd_list)
     opening = actions.add_parser(
         "open", help="print a report's path and open it in the PDF viewer",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import date, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -13,9 +14,11 @@ from app.daemon.lock import engine_lock
 from app.daemon.runs import Run, RunQueue
 from app.models import open_for_generation, resolve_model
 from app.review.errors import ReviewInterrupted
+from app.review.index import add_failure
 from app.review.report import remove_partial_reports
 from app.review.runner import as_of_for, run_review
-from app.review.schedule import find_schedule
+from app.review.schedule import Schedule, find_schedule
+from app.review.window import window_containing
 from engine import GenerationStats, Model, NightshiftError
 
 log = logging.getLogger("nightshift.work")
@@ -45,11 +48,30 @@ def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[
     return write
 
 
+def _failed(queue: RunQueue, run: Run, reason: str, schedule: Schedule | None, as_of: date | None) -> None:
+    """Record the failure in the queue and the report index (an index that cannot be written is logged)."""
+    queue.finish(run.id, "failed", error=reason)
+    try:
+        window = window_containing(schedule.period, as_of) if schedule and as_of else None
+    except NightshiftError:
+        window = None  # the as-of date itself was the problem; the reason says so
+    try:
+        add_failure(run.review, reason, run.id, schedule.title if schedule else None, as_of, window,
+                    schedule.timezone if schedule else timezone.utc)  # fmt: skip
+    except (NightshiftError, OSError) as exc:
+        log.error("run %s (%s) failed and the report index could not record it: %s", run.id, run.review, exc)
+
+
 def execute(
     queue: RunQueue, run: Run, cancel: threading.Event | None = None, say: Callable[[str], None] = log.info,
     load_model: Callable[[Path], Model] = open_for_generation, show: Callable[[GenerationStats], None] | None = None,
 ) -> Run:  # fmt: skip
-    """Carry out a claimed run; it ends done (with its report), failed (with the reason) or interrupted."""
+    """Carry out a claimed run; it ends done (with its report), failed (with the reason) or interrupted.
+
+    Done and failed runs get a report index entry; an interrupted one does not (see app/review/index.py).
+    """
+    schedule: Schedule | None = None
+    as_of: date | None = None
     try:
         schedule = find_schedule(run.review)
         as_of = run.as_of or as_of_for(schedule, run.due or clock.now(), use_now=run.due is not None)
@@ -64,15 +86,15 @@ def execute(
                 if show is not None:
                     show(stats)
 
-            entry = run_review(schedule, as_of, model_dir, progress, cancel, say, load_model)
+            entry = run_review(schedule, as_of, model_dir, progress, cancel, say, load_model, run.id)
     except ReviewInterrupted as exc:
         queue.finish(run.id, "interrupted", error=str(exc))
     except NightshiftError as exc:
         say(f"run {run.id} ({run.review}) failed: {exc}")
-        queue.finish(run.id, "failed", error=str(exc))
+        _failed(queue, run, str(exc), schedule, as_of)
     except Exception as exc:  # a bug: recorded so the queue moves on, with the traceback in the log
         log.exception("run %s (%s) failed", run.id, run.review)
-        queue.finish(run.id, "failed", error=f"internal error: {exc!r}; see the log")
+        _failed(queue, run, f"internal error: {exc!r}; see the log", schedule, as_of)
     else:
         queue.finish(run.id, "done", report=entry["path"])
     return queue.get(run.id)

@@ -143,7 +143,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
 def run_review(
     schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
     cancel: threading.Event | None = None, say: Say = lambda message: None,
-    load_model: Callable[[Path], Model] = open_for_generation,
+    load_model: Callable[[Path], Model] = open_for_generation, run_id: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
     started = time.monotonic()
@@ -163,7 +163,7 @@ def run_review(
     write_pdf(render_html(schedule.report_template, context), target)
     headline = context["headline"]
     return add_to_index({
-        "review": schedule.name, "title": schedule.title, "period": checked.window.label,
+        "state": "done", "run": run_id, "as_of": as_of.isoformat(), "review": schedule.name, "title": schedule.title, "period": checked.window.label,
         "start": checked.window.start.isoformat(), "end": checked.window.end.isoformat(),
         "created": created.isoformat(timespec="seconds"), "path": str(target),
         "findings": headline["findings"], "by_severity": headline["by_severity"],

@@ -16,6 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Static
 
+from app.review.index import is_failed
 from app.tui.feed import ServiceState, Snapshot
 from app.tui.format import duration, gib, seconds, stamp
 from app.tui.widgets.drives import DrivePanel
@@ -163,8 +164,9 @@ class ReportsScreen(DashboardScreen):
         if service is None:
             return
         self.query_one("#reports", Table).fill([
-            (str(r["id"]), (str(r["id"]), stamp(r["created"]), r["review"], r["period"], str(r["findings"]),
-                            "missing" if r.get("missing") else "ok"))
+            (str(r["id"]), (str(r["id"]), stamp(r["created"]), r["review"], r["period"] or "—",
+                            "—" if is_failed(r) else str(r["findings"]),
+                            "failed" if is_failed(r) else "missing" if r.get("missing") else "ok"))
             for r in self._reports()
         ])  # fmt: skip
         self._summarise()
@@ -178,6 +180,10 @@ class ReportsScreen(DashboardScreen):
         summary = self.query_one("#summary", Line)
         if report is None:
             summary.set("no reports yet: run a review from the Queue screen (2, then n)")
+            return
+        if is_failed(report):
+            summary.set(f"{report.get('title', report['review'])}, {report['period'] or 'as of ' + str(report['as_of'])}: "
+                        f"run {report.get('run')} FAILED at {stamp(report['created'])}, no report\n{report['reason']}")
             return
         severity = ", ".join(f"{n} {level}" for level, n in report["by_severity"].items())
         summary.set(
@@ -195,7 +201,9 @@ class ReportsScreen(DashboardScreen):
 
     def action_open(self) -> None:
         report = self._report()
-        if report is not None:
+        if report is not None and is_failed(report):
+            self.notify(f"run {report.get('run')} failed; there is no report: {report['reason']}", severity="error")
+        elif report is not None:
             self.app.open_report(report)
 
 

@@ -1,0 +1,94 @@
+"""A failed run is recorded in the report index with its reason, next to the reports, which stay as they were."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import date
+
+from app.cli import main
+from app.daemon.runs import RunQueue
+from app.daemon.work import execute
+from app.review.index import add_failure, add_to_index, index_path, read_index
+from app.review.window import window_containing
+from tests.test_abuse_inputs import BANK, month_end_on
+
+EARLIER = {"state": "done", "run": 1, "as_of": "2026-09-30", "review": "month-end", "title": "Month-end review",
+           "period": "September 2026", "start": "2026-09-01", "end": "2026-09-30",
+           "created": "2026-09-30T22:04:11+01:00", "findings": 3,
+           "by_severity": {"high": 1, "medium": 2, "low": 0}, "unverified_numbers": 0, "seconds": 12.5}  # fmt: skip
+
+
+def hostile_review(home, data: bytes) -> None:
+    """The bundled month-end review on `data` as its bank statement; its model is any folder (never loaded)."""
+    schedule = month_end_on(home, data)
+    schedule.write_text(schedule.read_text().replace("max_tokens = 160", f'name = "{home}"\nmax_tokens = 160'))
+
+
+def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home, capsys):
+    earlier_pdf = home / "reports" / "month-end" / "month-end-2026-09-01.pdf"
+    earlier_pdf.parent.mkdir(parents=True)
+    earlier_pdf.write_bytes(b"%PDF-1.7 an earlier report\n%%EOF\n")
+    add_to_index({**EARLIER, "path": str(earlier_pdf)})
+    before = index_path().read_text()
+    hostile_review(home, ("\ufeff" + BANK).encode("utf-8")[:-40] + "Caf\xe9\n".encode("latin-1"))
+    assert main(["review", "run", "hostile", "--as-of", "2026-10-30"]) == 1
+    reason = capsys.readouterr().err
+    assert "hostile.csv is not UTF-8 text" in reason
+    earlier, failed = read_index()
+    assert json.loads(before)[0] == {k: v for k, v in earlier.items() if k != "missing"}  # untouched
+    (run,) = RunQueue().recent()
+    assert failed["state"] == "failed" and failed["run"] == run.id and failed["review"] == "hostile"
+    assert failed["as_of"] == "2026-10-30" and failed["period"] == "October 2026"
+    assert failed["start"] == "2026-10-01" and failed["end"] == "2026-10-31"
+    assert failed["reason"] == run.error and "hostile.csv is not UTF-8 text" in failed["reason"]
+    assert "\n" not in failed["reason"] and failed["created"].startswith(str(date.today().year))
+    assert "path" not in failed and not failed["missing"]
+
+    assert main(["reports", "list"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert "September 2026" in first and "3 findings" in first
+    assert f"FAILED (run {run.id}, as of 2026-10-30): " in second and "is not UTF-8 text" in second
+    assert main(["reports", "open", "--print-only"]) == 0  # the latest report: the failed run has none
+    assert capsys.readouterr().out.strip() == str(earlier_pdf)
+    assert main(["reports", "open", str(failed["id"]), "--print-only"]) == 1
+    assert f"entry {failed['id']} is a failed run, with no report: " in capsys.readouterr().err
+
+
+def test_a_run_whose_review_is_gone_is_recorded_by_name(home):
+    queue = RunQueue()
+    run = queue.claim(queue.enqueue("vanished"), 1)
+    assert execute(queue, run).state == "failed"
+    (entry,) = read_index()
+    assert entry["review"] == "vanished" and entry["period"] is None and entry["as_of"] is None
+    assert "no review named 'vanished'" in entry["reason"]
+
+
+def test_interrupted_runs_get_no_entry(home):
+    queue = RunQueue()
+    queue.claim(queue.enqueue("month-end"), 1)
+    queue.recover()  # the service died during the run: interrupted, queued again
+    assert read_index() == []
+
+
+def test_the_dashboard_shows_a_failed_run_apart_from_the_reports(home):
+    from app.tui.app import Dashboard
+    from tests.test_tui import cells, text, until
+
+    add_to_index({**EARLIER, "path": str(home / "gone.pdf")})
+    add_failure("month-end", "source 'bank': no file at /data/bank.csv; fix `path` in the schedule", 7,
+                "Month-end review", date(2026, 10, 30), window_containing("month", date(2026, 10, 30)))  # fmt: skip
+
+    async def drive() -> None:
+        app = Dashboard()
+        async with app.run_test(size=(120, 30)) as pilot:
+            await until(pilot, lambda: app.service is not None, 30, "the first refresh")
+            await pilot.press("3")
+            await until(pilot, lambda: len(cells(app, "#reports")) == 2, 30, "the reports table")
+            failed, earlier = cells(app, "#reports")  # newest first
+            assert failed[2:] == ["month-end", "October 2026", "—", "failed"]
+            assert earlier[2:] == ["month-end", "September 2026", "3", "missing"]
+            summary = text(app, "#summary")
+            assert "run 7 FAILED" in summary and "no file at /data/bank.csv" in summary
+
+    asyncio.run(drive())
