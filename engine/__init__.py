@@ -19,6 +19,7 @@ from engine.io.counters import DriveReadCounters
 from engine.io.devices import DeviceNotFoundError, resolve_device
 from engine.io.drives import Drive, DrivesFileError, load_drives
 from engine.runtime import Chunk, GenerationStats, Model, open_model
+from engine.prefill import DEFAULT_CHUNK
 from engine.moe.settings import CACHE_POLICIES, DISPATCH_POLICIES, StreamSettings
 from engine.moe.reader import ExpertReadError
 from engine.bench.layout import replicate_everywhere
@@ -33,6 +34,7 @@ from engine.store.synth import FAMILIES as SYNTH_FAMILIES, synthesize
 from engine.store.upkeep import BadFile, calibration_prompts, measure_routing, place_store, verify_store
 
 __all__ = [
+    "DEFAULT_CHUNK",
     "BLAS_IN_USE",
     "BadFile",
     "ImportOptions",

@@ -19,12 +19,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import mlx.core as mx  # noqa: E402
-from mlx_lm import stream_generate  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_lm.sample_utils import make_sampler  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 from mlx_lm.tokenizer_utils import load as load_tokenizer  # noqa: E402
 
-from engine.errors import ModelFormatError, ModelNotFoundError  # noqa: E402
+from engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError  # noqa: E402
 from engine.cpu_prefill import use_gemm_prefill  # noqa: E402
 from engine.io.ceilings import Ceilings  # noqa: E402
 from engine.io.drives import Drive  # noqa: E402
@@ -32,6 +33,7 @@ from engine.models import get_classes  # noqa: E402
 from engine.moe.load import load_streaming  # noqa: E402
 from engine.moe.settings import StreamSettings  # noqa: E402
 from engine.moe.stream import ExpertStream  # noqa: E402
+from engine.prefill import DEFAULT_CHUNK, prefill  # noqa: E402
 from engine.store.loader import is_store, load_store  # noqa: E402
 
 Message = dict[str, str]
@@ -51,12 +53,20 @@ class GenerationStats:
     drive_bytes: dict[str, int] = field(default_factory=dict)
     cache_hits: int = 0
     prefetch_recall: float = 0.0
+    # Expert bytes the prompt needed (each (layer, expert) once) and bytes read while prefilling it.
+    prefill_unique_bytes: int = 0
+    prefill_bytes_read: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
         """Tokens after the first, over the time after the first (prefill excluded)."""
         decode_time = self.elapsed - self.time_to_first_token
         return (self.generated_tokens - 1) / decode_time if self.generated_tokens > 1 and decode_time > 0 else 0.0
+
+    @property
+    def prefill_read_amplification(self) -> float:
+        """Bytes read during prefill / unique expert bytes the prompt needed (1.0: each expert read once)."""
+        return self.prefill_bytes_read / self.prefill_unique_bytes if self.prefill_unique_bytes else 0.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -111,9 +121,10 @@ class Model:
         temp: float = 0.0,
         seed: int = 0,
         cancel: threading.Event | None = None,
+        prefill_chunk: int = DEFAULT_CHUNK,
     ) -> Iterator[Chunk]:
         """Stream the answer to `messages`; greedy when `temp` is 0. Stops early if `cancel` is set."""
-        yield from self.generate_tokens(self.chat_tokens(messages), max_tokens, temp, seed, cancel)
+        yield from self.generate_tokens(self.chat_tokens(messages), max_tokens, temp, seed, cancel, prefill_chunk)
 
     def generate_tokens(
         self,
@@ -122,28 +133,56 @@ class Model:
         temp: float = 0.0,
         seed: int = 0,
         cancel: threading.Event | None = None,
+        prefill_chunk: int = DEFAULT_CHUNK,
     ) -> Iterator[Chunk]:
-        """Stream a continuation of the token ids `prompt`."""
+        """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
+
+        The last chunk yields the first token and ends with the last row's EOS check, as
+        mlx-lm's `stream_generate` does: an end token is yielded (its text empty) and ends the stream.
+        """
+        if max_tokens < 1:
+            raise NightshiftError(f"max_tokens {max_tokens}: ask for at least 1 token")
         mx.random.seed(seed)
         stats = GenerationStats(prompt_tokens=len(prompt))
+        detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
-        responses = stream_generate(
-            self.model, self.tokenizer, prompt, max_tokens=max_tokens, sampler=make_sampler(temp=temp)
-        )
-        for response in responses:
+        for token in self._token_ids(prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats):
             now = time.perf_counter() - start
             if stats.generated_tokens == 0:
                 stats.time_to_first_token = now
             stats.generated_tokens += 1
             stats.elapsed = now
-            stats.peak_memory_bytes = int(response.peak_memory * 1e9)
-            stats.finish_reason = response.finish_reason
+            stats.peak_memory_bytes = mx.get_peak_memory()
             self._stream_figures(stats)
-            yield Chunk(token=response.token, text=response.text, stats=stats)
+            done = token in self.tokenizer.eos_token_ids
+            if not done:
+                detokenizer.add_token(token)
+            if done or stats.generated_tokens == max_tokens:
+                detokenizer.finalize()
+                stats.finish_reason = "stop" if done else "length"
+            yield Chunk(token=token, text=detokenizer.last_segment, stats=stats)
+            if stats.finish_reason is not None:
+                return
             if cancel is not None and cancel.is_set():
                 stats.finish_reason = "cancelled"
-                break
+                return
 
+    def _token_ids(self, prompt: list[int], max_tokens: int, sampler, prefill_chunk: int,
+                   stats: GenerationStats) -> Iterator[int]:
+        """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
+        cache = make_prompt_cache(self.model)
+        if self.stream is not None:
+            self.stream.begin_prefill()
+        logprobs = prefill(self.model, prompt, cache, prefill_chunk)
+        if self.stream is not None:
+            reads = self.stream.end_prefill()
+            stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
+        first = sampler(logprobs[None]).item()
+        yield first
+        if max_tokens > 1:
+            steps = generate_step(mx.array([first]), self.model, prompt_cache=cache, sampler=sampler,
+                                  max_tokens=max_tokens - 1)
+            yield from (int(token) for token, _ in steps)
 
     def _stream_figures(self, stats: GenerationStats) -> None:
         if self.stream is None:

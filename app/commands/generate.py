@@ -7,7 +7,7 @@ import sys
 
 from app.commands import say
 from app.models import open_for_generation, resolve_model
-from engine import NightshiftError
+from engine import DEFAULT_CHUNK, NightshiftError
 
 EXIT_INTERRUPTED = 130
 
@@ -21,7 +21,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ]
     stats = None
     try:
-        for chunk in model.generate(messages, max_tokens=args.max_tokens, temp=args.temp, seed=args.seed):
+        for chunk in model.generate(messages, max_tokens=args.max_tokens, temp=args.temp, seed=args.seed,
+                                    prefill_chunk=args.prefill_chunk):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             stats = chunk.stats
@@ -39,7 +40,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
         if model.stream is not None:
             say("experts streamed: " + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in stats.drive_bytes.items())
-                + f"; prefetch recall {stats.prefetch_recall:.0%}")
+                + f"; prefetch recall {stats.prefetch_recall:.0%}; "
+                f"prefill read amplification {stats.prefill_read_amplification:.2f}x")
     return 0
 
 
@@ -70,6 +72,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (256)")
     generate.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
     generate.add_argument("--seed", type=int, default=0, help="random seed for sampling (0)")
+    generate.add_argument("--prefill-chunk", type=_positive_int, default=DEFAULT_CHUNK,
+                          help=f"prompt rows per forward pass ({DEFAULT_CHUNK}); each chunk reads an expert once")
     generate.add_argument("--in-ram", action="store_true",
                           help="load a store's experts into RAM instead of streaming them from its drives")
     generate.set_defaults(run=cmd_generate)

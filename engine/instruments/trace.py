@@ -38,6 +38,7 @@ class ExpertRead:
 class PassTrace:
     layer: int
     began: float
+    rows: int = 1  # token rows in this call: 1 in decode, a chunk in prefill, k+1 in a speculative verify
     readback_s: float = 0.0  # router indices evaluated and copied to the host
     predict_s: float = 0.0  # next layer's router on this hidden state (prefetch prediction)
     wait_s: float = 0.0  # from asking for the experts until the last one landed

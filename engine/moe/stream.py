@@ -20,6 +20,18 @@ from engine.moe.settings import StreamSettings
 from engine.store.manifest import Manifest
 
 
+@dataclass(frozen=True)
+class PrefillReads:
+    """One prefill's reads: bytes read from the drives, and the bytes of the distinct experts it needed."""
+
+    bytes_read: int
+    unique_bytes: int
+
+    @property
+    def amplification(self) -> float:
+        return self.bytes_read / self.unique_bytes if self.unique_bytes else 0.0
+
+
 @dataclass
 class NextLayer:
     """The MoE layer after a given one, and (once resolved against a real hidden state) its router."""
@@ -59,6 +71,8 @@ class ExpertStream:
         self.recall: dict[int, Recall] = {}
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
+        self._prefill_needed: set[tuple[int, int]] | None = None
+        self._prefill_bytes_at = 0
         self.calls = CallCounts()
 
     def follow(self, layer: int, next_layer: int, block: nn.Module, num_experts: int) -> None:
@@ -73,6 +87,9 @@ class ExpertStream:
         record.readback_s = time.perf_counter() - start
         unique = np.unique(host).tolist()
         self._count(host, unique)
+        record.rows = host.size // host.shape[-1]
+        if self._prefill_needed is not None:
+            self._prefill_needed.update((layer, e) for e in unique)
         self._score(layer, unique)
         found = {e: t for e in unique if (t := self._cached(layer, e)) is not None}
         missing = [e for e in unique if e not in found]
@@ -90,6 +107,19 @@ class ExpertStream:
         record.reads += [ExpertRead(e, CACHE) for e in unique if e not in missing]
         self.trace.add(record)
         return unique, host, [found[e] for e in unique]
+
+    def begin_prefill(self) -> None:
+        """Start counting what a prompt needs and what reading it costs (read amplification)."""
+        self._prefill_needed = set()
+        self._prefill_bytes_at = self._bytes_read()
+
+    def end_prefill(self) -> PrefillReads:
+        needed, self._prefill_needed = self._prefill_needed or set(), None
+        unique = sum(self.reader.layers[layer].file_bytes for layer, _ in needed)
+        return PrefillReads(self._bytes_read() - self._prefill_bytes_at, unique)
+
+    def _bytes_read(self) -> int:
+        return sum(s.bytes for s in self.counters.snapshot())
 
     def figures(self) -> dict:
         """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall."""

@@ -1,0 +1,64 @@
+"""Expert-major prefill: any chunk size gives the same greedy tokens, and read amplification is counted.
+
+The prompt is long enough that chunks of 7 and 64 rows split it unevenly; every streamed
+generation must match the store held in RAM (prefilled in one chunk). Read amplification
+(bytes read while prefilling / bytes of the distinct experts the prompt needed) is 1.0 when
+the whole prompt is one chunk, and grows as chunks shrink, because a chunk reads each expert
+it selects once, but the next chunk reads it again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.errors import NightshiftError
+from engine.moe.settings import StreamSettings
+from engine.runtime import open_model
+from tests.test_stream import QUICK, stores  # noqa: F401  (module fixtures: tiny two-drive stores)
+from tests.test_stream import sources  # noqa: F401
+
+PROMPT = np.random.default_rng(7).integers(3, 500, size=71).tolist()
+TOKENS = 12
+
+
+def tokens_and_stats(store, chunk: int, stream: StreamSettings | None):
+    model = open_model(store, stream=stream)
+    try:
+        chunks = list(model.generate_tokens(PROMPT, max_tokens=TOKENS, prefill_chunk=chunk))
+    finally:
+        model.close()
+    return [c.token for c in chunks], chunks[-1].stats
+
+
+@pytest.fixture(scope="module")
+def in_ram(stores) -> dict[str, list[int]]:  # noqa: F811
+    return {arch: tokens_and_stats(stores[arch], len(PROMPT), None)[0] for arch in QUICK}
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.parametrize("arch", QUICK)
+def test_streamed_prefill_in_chunks_gives_the_tokens_of_the_model_in_ram(arch, chunk, stores, in_ram):  # noqa: F811
+    tokens, stats = tokens_and_stats(stores[arch], chunk, StreamSettings())
+    assert tokens == in_ram[arch]
+    assert stats.prefill_unique_bytes > 0
+    assert stats.prefill_read_amplification >= 1.0
+
+
+def test_one_chunk_reads_each_needed_expert_once_and_small_chunks_read_more(stores):  # noqa: F811
+    store = stores["qwen3_moe"]
+    _, whole = tokens_and_stats(store, len(PROMPT), StreamSettings())
+    _, rows = tokens_and_stats(store, 1, StreamSettings())
+    assert whole.prefill_bytes_read == whole.prefill_unique_bytes
+    assert whole.prefill_read_amplification == 1.0
+    assert rows.prefill_unique_bytes == whole.prefill_unique_bytes  # same prompt, same experts needed
+    assert rows.prefill_read_amplification > 2.0  # row by row: each token re-reads what the last one read
+
+
+def test_a_chunk_of_zero_rows_is_refused(stores):  # noqa: F811
+    model = open_model(stores["qwen3_moe"], stream=StreamSettings())
+    try:
+        with pytest.raises(NightshiftError, match="chunk size 0"):
+            list(model.generate_tokens(PROMPT, max_tokens=2, prefill_chunk=0))
+    finally:
+        model.close()
