@@ -6,17 +6,22 @@ import json
 import re
 import shutil
 import socket
+import sqlite3
 from datetime import date
+from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.daemon.service import Service
 from app.review import report
 from app.review.errors import ReviewError, ScheduleError
+from app.review.money import UNITS_LIMIT, exact_group_sums, exact_sum, format_amount
 from app.review.narrative import build_prompt, write_narrative
 from app.review.runner import run_checks_for
 from app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
+from app.review.sources import SqliteSource
 from engine import open_model
 from tests.test_review_run import tiny_model  # noqa: F401 - a fixture
 
@@ -82,6 +87,40 @@ def test_formula_cells_nul_bytes_and_far_dates_are_data_not_errors(home):
     # The formula-like rows in October are findings shown as plain text; far-away rows are outside the period.
     assert {r["reference"] for r in unmatched} >= {"=cmd|' /C calc'!A0", "+SUM(1)"}
     assert not {"R-9999", "R-0001"} & {r["reference"] for r in unmatched}
+
+
+def test_sums_of_amounts_near_the_limit_stay_exact():
+    rng = np.random.default_rng(7)
+    limit = UNITS_LIMIT - 1  # the largest amount a source can hold
+    units = np.concatenate([np.full(40, limit), -np.full(3, limit), rng.integers(-limit, limit, 5000)])
+    exact = sum(units.tolist())
+    assert int(units.sum()) != exact  # numpy's int64 wraps around silently: this is what is guarded against
+    assert exact_sum(units) == exact and exact_sum(units[:9]) == sum(units[:9].tolist()) and exact_sum(units[:0]) == 0
+    groups = rng.integers(0, 3, len(units))
+    assert exact_group_sums(units, groups, 4) == [sum(units[groups == g].tolist()) for g in range(4)]
+
+
+def test_a_statement_of_huge_amounts_totals_exactly(home):
+    huge = [row("9.999.999.999.999.999,99", f"H-{n}", "huge") for n in range(20)]  # 17 digits each
+    schedule = load_schedule(month_end_on(home, (BANK + "".join(huge)).encode()))
+    checked = run_checks_for(schedule, OCTOBER)
+    bank = checked.tables["bank"].between(checked.window.start, checked.window.end)
+    exact = sum(bank.amounts.tolist())
+    assert exact > 2**63 and int(bank.amounts.sum()) != exact
+    (summary,) = [t for t in checked.result.tables if t.title.startswith("Matching")]
+    assert summary.rows[-1][1] == format_amount(exact, 2)  # the bank's total, not a wrapped-around one
+    huge_findings = [f.amount for f in checked.result.findings if "not in ledger: H-" in f.title]
+    assert len(huge_findings) == 20 and sum(huge_findings) == Decimal("199999999999999999.80")
+
+
+def test_integer_minor_units_too_large_for_int64_are_refused(tmp_path):
+    ledger = tmp_path / "ledger.sqlite"
+    with sqlite3.connect(ledger) as db:
+        db.execute("CREATE TABLE entries (date TEXT, amount INTEGER)")
+        db.execute("INSERT INTO entries VALUES ('2026-10-01', ?)", (UNITS_LIMIT,))
+    source = SqliteSource("ledger", ledger, "SELECT date, amount FROM entries", amount_in_minor_units=True)
+    with pytest.raises(ReviewError, match="source 'ledger', query row 1: 1000000000000000000 is too large an amount"):
+        source.load(OCTOBER, OCTOBER)
 
 
 @pytest.mark.parametrize("as_of", [date(1, 1, 1), date(1, 12, 31), date(9999, 12, 31)])

@@ -16,7 +16,7 @@ import numpy as np
 
 from app.review.errors import ReviewError
 from app.review.matching import match
-from app.review.money import to_decimal
+from app.review.money import exact_group_sums, exact_sum, to_decimal
 from app.review.sources import Table
 from app.review.window import Window
 
@@ -130,7 +130,7 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
             ["rows in period", f"{int(left_in.sum()):,}", f"{int(right_in.sum()):,}"],
             ["matched", f"{matched_left:,}", f"{matched_right:,}"],
             ["not matched", f"{int(left_in.sum()) - matched_left:,}", f"{int(right_in.sum()) - matched_right:,}"],
-            ["total", left.format(int(left.amounts[left_in].sum())), right.format(int(right.amounts[right_in].sum()))],
+            ["total", left.format(exact_sum(left.amounts[left_in])), right.format(exact_sum(right.amounts[right_in]))],
         ],
     )
     return CheckResult(findings, [summary])
@@ -171,9 +171,7 @@ def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResu
 
 def _totals(table: Table, by: str) -> dict[str, int]:
     groups, inverse = np.unique(table.column(by).astype(str), return_inverse=True)
-    sums = np.zeros(len(groups), dtype=np.int64)
-    np.add.at(sums, inverse, table.amounts)
-    return dict(zip(groups.tolist(), sums.tolist()))
+    return dict(zip(groups.tolist(), exact_group_sums(table.amounts, inverse.ravel(), len(groups))))
 
 
 def check_totals(config: dict[str, Any], context: CheckContext) -> CheckResult:
@@ -183,7 +181,7 @@ def check_totals(config: dict[str, Any], context: CheckContext) -> CheckResult:
     totals = _totals(table, by)
     counts = dict(zip(*np.unique(table.column(by).astype(str), return_counts=True))) if len(table) else {}
     rows = [[group, f"{int(counts[group]):,}", table.format(total)] for group, total in sorted(totals.items())]
-    rows.append(["total", f"{len(table):,}", table.format(int(table.amounts.sum()))])
+    rows.append(["total", f"{len(table):,}", table.format(exact_sum(table.amounts))])
     findings = []
     if other_name := config.get("compare"):
         other = _totals(context.current(other_name, "totals"), by)
@@ -222,7 +220,7 @@ def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
             continue
         moved_rows = np.arange(len(movements)) if fixed else np.flatnonzero(movements.text["account"] == account)
         opening, closing = int(mine.amounts[opening_row]), int(mine.amounts[closing_row])
-        moved = int(movements.amounts[moved_rows].sum())
+        moved = exact_sum(movements.amounts[moved_rows])
         difference = opening + moved - closing
         rows.append([account, balances.format(opening), balances.format(moved), balances.format(closing),
                      balances.format(difference)])  # fmt: skip

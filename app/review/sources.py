@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from app.review.errors import ReviewError
-from app.review.money import format_amount, parse_amount, to_decimal
+from app.review.money import check_units, format_amount, parse_amount, to_decimal
 
 TEXT_COLUMNS = ("reference", "account", "description")
 COLUMNS = ("date", "amount", *TEXT_COLUMNS)
@@ -195,12 +195,12 @@ class SqliteSource:
             }
 
     def _units(self, value: Any, where: str) -> int:
-        if isinstance(value, int) and self.amount_in_minor_units:
-            return value
-        if isinstance(value, float):
-            # repr of a float is its shortest exact decimal form: 12.3 -> "12.3"
-            value = repr(value)
         try:
+            if isinstance(value, int) and self.amount_in_minor_units:
+                return check_units(value)
+            if isinstance(value, float):
+                # repr of a float is its shortest exact decimal form: 12.3 -> "12.3"
+                value = repr(value)
             return parse_amount(str(value), self.decimals)
         except ReviewError as exc:
             raise ReviewError(f"{where}: {exc}") from None
