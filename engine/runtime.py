@@ -34,6 +34,7 @@ from engine.moe.load import load_streaming  # noqa: E402
 from engine.moe.settings import StreamSettings  # noqa: E402
 from engine.moe.stream import ExpertStream  # noqa: E402
 from engine.prefill import DEFAULT_CHUNK, prefill  # noqa: E402
+from engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens  # noqa: E402
 from engine.store.loader import is_store, load_store  # noqa: E402
 
 Message = dict[str, str]
@@ -56,6 +57,8 @@ class GenerationStats:
     # Expert bytes the prompt needed (each (layer, expert) once) and bytes read while prefilling it.
     prefill_unique_bytes: int = 0
     prefill_bytes_read: int = 0
+    # With a drafter: drafted/accepted tokens, verify passes, union size per verify, switch-off (engine/speculative.py).
+    draft: DraftStats | None = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -90,9 +93,10 @@ class Model:
     """
 
     def __init__(self, path: Path, stream: StreamSettings | None = None, drives: list[Drive] | None = None,
-                 ceilings: Ceilings | None = None):
+                 ceilings: Ceilings | None = None, drafter: Path | None = None):
         self.path = Path(path)
         self.stream: ExpertStream | None = None
+        self.drafter: Model | None = None
         if not is_store(self.path) and not (self.path / "config.json").is_file():
             raise ModelNotFoundError(f"no model at {self.path} (config.json missing)")
         if stream is not None and not is_store(self.path):
@@ -109,6 +113,11 @@ class Model:
             use_gemm_prefill(self.model)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
+        self.vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
+        if drafter is not None:
+            self.drafter = Model(drafter)
+            check_pair(self.tokenizer.get_vocab(), self.vocab_size, self.drafter.tokenizer.get_vocab(),
+                       self.drafter.vocab_size, str(drafter))
 
     def chat_tokens(self, messages: list[Message]) -> list[int]:
         """Token ids of `messages` formatted with the model's chat template, ready to answer."""
@@ -122,9 +131,11 @@ class Model:
         seed: int = 0,
         cancel: threading.Event | None = None,
         prefill_chunk: int = DEFAULT_CHUNK,
+        draft_depth: int | None = None,
     ) -> Iterator[Chunk]:
         """Stream the answer to `messages`; greedy when `temp` is 0. Stops early if `cancel` is set."""
-        yield from self.generate_tokens(self.chat_tokens(messages), max_tokens, temp, seed, cancel, prefill_chunk)
+        yield from self.generate_tokens(self.chat_tokens(messages), max_tokens, temp, seed, cancel, prefill_chunk,
+                                        draft_depth)
 
     def generate_tokens(
         self,
@@ -134,8 +145,12 @@ class Model:
         seed: int = 0,
         cancel: threading.Event | None = None,
         prefill_chunk: int = DEFAULT_CHUNK,
+        draft_depth: int | None = None,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
+
+        With a drafter, `draft_depth` tokens are drafted per verify pass (None: the measured best
+        depth for this model and drafter, see `engine.speculative.default_depth`; 0: no drafting).
 
         The last chunk yields the first token and ends with the last row's EOS check, as
         mlx-lm's `stream_generate` does: an end token is yielded (its text empty) and ends the stream.
@@ -144,6 +159,11 @@ class Model:
             raise NightshiftError(f"max_tokens {max_tokens}: ask for at least 1 token")
         mx.random.seed(seed)
         stats = GenerationStats(prompt_tokens=len(prompt))
+        if self.drafter is not None:
+            depth = default_depth(self.path, self.drafter.path) if draft_depth is None else check_depth(draft_depth)
+            stats.draft = DraftStats(depth=depth)
+        elif draft_depth:
+            raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
         detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
         for token in self._token_ids(prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats):
@@ -179,10 +199,20 @@ class Model:
             stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
         first = sampler(logprobs[None]).item()
         yield first
-        if max_tokens > 1:
+        if max_tokens > 1 and stats.draft is not None and stats.draft.depth > 0:
+            yield from self._drafted(prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft)
+        elif max_tokens > 1:
             steps = generate_step(mx.array([first]), self.model, prompt_cache=cache, sampler=sampler,
                                   max_tokens=max_tokens - 1)
             yield from (int(token) for token, _ in steps)
+
+    def _drafted(self, prompt: list[int], first: int, limit: int, cache: list, sampler, prefill_chunk: int,
+                 stats: DraftStats) -> Iterator[int]:
+        """Tokens after `first` drafted by the drafter and verified by this model (engine/speculative.py)."""
+        draft_cache = make_prompt_cache(self.drafter.model)
+        prefill(self.drafter.model, prompt, draft_cache, prefill_chunk)
+        pair = Pair(self.model, cache, self.drafter.model, draft_cache, sampler, self.stream)
+        yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit)
 
     def _stream_figures(self, stats: GenerationStats) -> None:
         if self.stream is None:
@@ -199,7 +229,8 @@ class Model:
 
 
 def open_model(path: Path, stream: StreamSettings | None = None, drives: list[Drive] | None = None,
-               ceilings: Ceilings | None = None) -> Model:
+               ceilings: Ceilings | None = None, drafter: Path | None = None) -> Model:
     """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
-    (default: the drives its manifest names), starting its read estimates from `ceilings` if given."""
-    return Model(path, stream, drives, ceilings)
+    (default: the drives its manifest names), starting its read estimates from `ceilings` if given.
+    `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding."""
+    return Model(path, stream, drives, ceilings, drafter)
