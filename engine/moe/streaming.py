@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from engine.errors import ModelFormatError
 from engine.moe.stream import ExpertStream
-from engine.store.families import SWITCH_LINEAR_TYPES, switch_sites
+from engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
 from engine.store.manifest import Manifest, MoeLayer
 
 
@@ -63,13 +63,6 @@ def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
         )
     mx.eval(switch.parameters())
     return switch
-
-
-def module_at(model: nn.Module, path: str) -> nn.Module:
-    module = model
-    for part in path.split("."):
-        module = module[int(part)] if isinstance(module, list) else getattr(module, part)
-    return module
 
 
 def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:

@@ -86,6 +86,14 @@ def switch_sites(model: nn.Module) -> list[SwitchSite]:
     return sorted(sites, key=lambda s: s.layer)
 
 
+def module_at(model: nn.Module, path: str) -> nn.Module:
+    """The submodule of `model` at a dotted `path` (list items by index)."""
+    module = model
+    for part in path.split("."):
+        module = module[int(part)] if isinstance(module, list) else getattr(module, part)
+    return module
+
+
 def sanitize_layer(model: nn.Module, model_type: str, layer: int | None, weights: dict) -> dict:
     """The family's `sanitize()` applied to the tensors of one layer (or of no layer)."""
     if not hasattr(model, "sanitize"):
