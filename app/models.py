@@ -25,6 +25,7 @@ def resolve_model(name: str | None) -> Path:
     raise NightshiftError(f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`")
 
 
-def open_for_generation(path: Path, in_ram: bool = False) -> Model:
-    """Open `path` to generate: a store streams its experts from its drives unless `in_ram`."""
-    return open_model(path, stream=StreamSettings() if is_store(path) and not in_ram else None)
+def open_for_generation(path: Path, in_ram: bool = False, drafter: Path | None = None) -> Model:
+    """Open `path` to generate: a store streams its experts from its drives unless `in_ram`;
+    `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
+    return open_model(path, stream=StreamSettings() if is_store(path) and not in_ram else None, drafter=drafter)

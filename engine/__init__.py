@@ -19,10 +19,13 @@ from engine.io.counters import DriveReadCounters
 from engine.io.devices import DeviceNotFoundError, resolve_device
 from engine.io.drives import Drive, DrivesFileError, load_drives
 from engine.runtime import Chunk, GenerationStats, Model, open_model
+from engine.speculative import DraftError, DraftStats, record_best_depth
+from engine.store.drafter import make_drafter
 from engine.prefill import DEFAULT_CHUNK
 from engine.moe.settings import CACHE_POLICIES, DISPATCH_POLICIES, StreamSettings
 from engine.moe.reader import ExpertReadError
 from engine.bench.layout import replicate_everywhere
+from engine.bench.draft import best_depth, draft_sweep
 from engine.bench.decode import decode_bench, first_difference, greedy_of_record, ladder as decode_ladder
 from engine.instruments.assertions import AssertionFailed, Proof, require as require_proofs
 from engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare as compare_runs
@@ -86,12 +89,18 @@ __all__ = [
     "Run",
     "compare_runs",
     "decode_bench",
+    "best_depth",
+    "draft_sweep",
     "decode_ladder",
     "first_difference",
     "greedy_of_record",
     "replicate_everywhere",
     "StreamSettings",
     "Chunk",
+    "DraftError",
+    "DraftStats",
+    "make_drafter",
+    "record_best_depth",
     "GenerationStats",
     "Model",
     "ModelFormatError",

@@ -146,11 +146,13 @@ class Model:
         cancel: threading.Event | None = None,
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
+        draft_switch_off: bool = True,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
 
         With a drafter, `draft_depth` tokens are drafted per verify pass (None: the measured best
-        depth for this model and drafter, see `engine.speculative.default_depth`; 0: no drafting).
+        depth for this model and drafter, see `engine.speculative.default_depth`; 0: no drafting);
+        drafting switches itself off when it stops paying unless `draft_switch_off` is False (sweeps).
 
         The last chunk yields the first token and ends with the last row's EOS check, as
         mlx-lm's `stream_generate` does: an end token is yielded (its text empty) and ends the stream.
@@ -166,7 +168,8 @@ class Model:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
         detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
-        for token in self._token_ids(prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats):
+        for token in self._token_ids(prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats,
+                                     draft_switch_off):
             now = time.perf_counter() - start
             if stats.generated_tokens == 0:
                 stats.time_to_first_token = now
@@ -188,7 +191,7 @@ class Model:
                 return
 
     def _token_ids(self, prompt: list[int], max_tokens: int, sampler, prefill_chunk: int,
-                   stats: GenerationStats) -> Iterator[int]:
+                   stats: GenerationStats, draft_switch_off: bool = True) -> Iterator[int]:
         """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
         cache = make_prompt_cache(self.model)
         if self.stream is not None:
@@ -200,19 +203,20 @@ class Model:
         first = sampler(logprobs[None]).item()
         yield first
         if max_tokens > 1 and stats.draft is not None and stats.draft.depth > 0:
-            yield from self._drafted(prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft)
+            yield from self._drafted(prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft,
+                                     draft_switch_off)
         elif max_tokens > 1:
             steps = generate_step(mx.array([first]), self.model, prompt_cache=cache, sampler=sampler,
                                   max_tokens=max_tokens - 1)
             yield from (int(token) for token, _ in steps)
 
     def _drafted(self, prompt: list[int], first: int, limit: int, cache: list, sampler, prefill_chunk: int,
-                 stats: DraftStats) -> Iterator[int]:
+                 stats: DraftStats, switch_off: bool) -> Iterator[int]:
         """Tokens after `first` drafted by the drafter and verified by this model (engine/speculative.py)."""
         draft_cache = make_prompt_cache(self.drafter.model)
         prefill(self.drafter.model, prompt, draft_cache, prefill_chunk)
         pair = Pair(self.model, cache, self.drafter.model, draft_cache, sampler, self.stream)
-        yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit)
+        yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit, switch_off=switch_off)
 
     def _stream_figures(self, stats: GenerationStats) -> None:
         if self.stream is None:

@@ -77,6 +77,17 @@ class DraftStats:
         """Mean unique experts one MoE layer read per plain step (one row: the router's top-k)."""
         return self.plain_unique_experts / self.plain_layer_calls if self.plain_layer_calls else 0.0
 
+    def describe(self) -> str:
+        """One line for people: what drafting did and whether it switched itself off."""
+        line = (f"draft depth {self.depth}: {self.accepted}/{self.drafted} drafts accepted ({self.acceptance_rate:.0%}) "
+                f"in {self.rounds} verify passes, {self.union_per_verify:.1f} experts per layer per verify "
+                f"({self.experts_per_plain_step:.1f} per plain step)")
+        if self.break_even_acceptance is not None:
+            line += f"; break-even acceptance {self.break_even_acceptance:.0%}"
+        if self.switched_off:
+            line += f"; switched off after {self.switched_off_after} tokens ({self.switch_off_reason})"
+        return line
+
     def as_dict(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "union_per_verify": self.union_per_verify,
                 "experts_per_plain_step": self.experts_per_plain_step}

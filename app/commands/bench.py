@@ -1,4 +1,4 @@
-"""`nightshift bench decode|ab|ladder`: timed runs of the streaming engine, recorded in the run catalogue.
+"""`nightshift bench decode|ab|ladder|draft`: timed runs of the streaming engine, recorded in the run catalogue.
 
 Run them on the rig for drive-bound figures: `nightshift rig run -- nightshift bench decode --model M
 --drives RIG/drives.toml`. Every run is recorded, losses included; an A/B records its variant only when
@@ -69,10 +69,10 @@ def sources_from(args: argparse.Namespace):
 
 
 def _record(args: argparse.Namespace, kind: str, store: Path, settings, result: dict, verdict: str, proofs=(),
-            note: str = "") -> int:
+            note: str = "", extra_config: dict | None = None) -> int:
     from engine import Run
 
-    config = {**settings.as_dict(), "tokens": result["figures"]["tokens"]}
+    config = {**settings.as_dict(), "tokens": result["figures"]["tokens"], **(extra_config or {})}
     run = Run(kind=kind, model=store.name, config=config, figures=result["figures"], verdict=verdict,
               drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *args.invocation]),
               note=note)
@@ -153,6 +153,50 @@ def cmd_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _depths(text: str) -> list[int]:
+    try:
+        depths = [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give draft depths as whole numbers, e.g. 0,1,2,4; got {text!r}") from None
+    if not depths or min(depths) < 0:
+        raise argparse.ArgumentTypeError(f"draft depths must be 0 or more, at least one; got {text!r}")
+    return depths
+
+
+def cmd_draft(args: argparse.Namespace) -> int:
+    from app.models import resolve_model
+    from engine import Proof, best_depth, draft_sweep, open_model, record_best_depth
+
+    store, drives, ceilings = sources_from(args)
+    settings = settings_from(args)
+    drafter = resolve_model(args.drafter)
+    model = open_model(store, settings, drives, ceilings, drafter=drafter)
+    try:
+        results = draft_sweep(model, args.depths, args.tokens)
+    finally:
+        model.close()
+    best = best_depth(results)
+    say("| depth | tok/s | acceptance | drafted | accepted | verify passes | union/verify | experts/plain step "
+        "| MB/token | break-even | tokens identical |")
+    for result in results:
+        f, c = result["figures"], result["counters"]
+        say(f"| {f['depth']} | {f['tokens_per_s']:.2f} | {f['acceptance_rate']:.0%} | {c['drafted']} | {c['accepted']} "
+            f"| {c['verify_passes']} | {f['union_per_verify']:.2f} | {f['experts_per_plain_step']:.2f} "
+            f"| {f['bytes_per_token'] / 1e6:.2f} | {f['break_even_acceptance'] or 0:.0%} | {f['tokens_identical']} |")
+        result["drives"] = {}
+        verdict = ("best" if result is best else "measured") if f["tokens_identical"] else "tokens-differ"
+        proofs = [Proof(f"draft depth {f['depth']}", "drafted")] if f["depth"] else []
+        run = _record(args, "draft", store, settings, result, verdict, proofs, note=f"draft sweep, drafter {drafter.name}",
+                      extra_config={"depth": f["depth"], "drafter": drafter.name})
+        result["run"] = run
+    depth = best["figures"]["depth"]
+    where = record_best_depth(store, drafter, depth, {"tokens_per_s": best["figures"]["tokens_per_s"],
+                                                      "run": best["run"]})
+    say(f"best depth {depth} ({best['figures']['tokens_per_s']:.2f} tok/s, run {best['run']}); "
+        f"the default for this drafter now, in {where}")
+    return 0
+
+
 def cmd_replicate(args: argparse.Namespace) -> int:
     from app.models import resolve_model
     from engine import replicate_everywhere
@@ -176,6 +220,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--bandwidth-seconds", type=float, default=2.0,
                             help="how long to measure the drives' aggregate read bandwidth before decoding (2)")
         parser.set_defaults(run=run)
+    draft = sub.add_parser("draft", help="sweep speculative draft depth: acceptance, union per verify, tok/s")
+    add_stream_arguments(draft)
+    draft.add_argument("--drafter", required=True, help="drafter model (name or directory) sharing the tokenizer")
+    draft.add_argument("--depths", type=_depths, default=[0, 1, 2, 3, 4, 5, 6], help="comma-separated (0,1,...,6)")
+    draft.add_argument("--tokens", type=int, default=32, help="tokens to decode per depth (32)")
+    draft.set_defaults(run=cmd_draft)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     replicate.set_defaults(run=cmd_replicate)

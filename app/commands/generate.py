@@ -15,14 +15,17 @@ EXIT_INTERRUPTED = 130
 def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise NightshiftError('the prompt is empty; pass the text to answer, e.g. nightshift generate "Hello"')
-    model = open_for_generation(resolve_model(args.model), in_ram=args.in_ram)
+    if args.draft_depth is not None and args.drafter is None:
+        raise NightshiftError("--draft-depth needs --drafter (a small model sharing the tokenizer)")
+    drafter = resolve_model(args.drafter) if args.drafter else None
+    model = open_for_generation(resolve_model(args.model), in_ram=args.in_ram, drafter=drafter)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
     stats = None
     try:
         for chunk in model.generate(messages, max_tokens=args.max_tokens, temp=args.temp, seed=args.seed,
-                                    prefill_chunk=args.prefill_chunk):
+                                    prefill_chunk=args.prefill_chunk, draft_depth=args.draft_depth):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             stats = chunk.stats
@@ -42,6 +45,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             say("experts streamed: " + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in stats.drive_bytes.items())
                 + f"; prefetch recall {stats.prefetch_recall:.0%}; "
                 f"prefill read amplification {stats.prefill_read_amplification:.2f}x")
+        if stats.draft is not None:
+            say(stats.draft.describe())
     return 0
 
 
@@ -49,6 +54,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
@@ -76,4 +88,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                           help=f"prompt rows per forward pass ({DEFAULT_CHUNK}); each chunk reads an expert once")
     generate.add_argument("--in-ram", action="store_true",
                           help="load a store's experts into RAM instead of streaming them from its drives")
+    generate.add_argument("--drafter", metavar="MODEL",
+                          help="small model sharing the tokenizer (name or directory), held in RAM: speculative decoding")
+    generate.add_argument("--draft-depth", type=_non_negative_int, metavar="N",
+                          help="tokens drafted per verify pass (default: the best `bench draft` measured, else 2; "
+                          "0: no drafting)")
     generate.set_defaults(run=cmd_generate)

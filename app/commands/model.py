@@ -93,6 +93,18 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drafter(args: argparse.Namespace) -> int:
+    from engine import make_drafter
+
+    store = resolve_model(args.source)
+    out = models_dir() / args.name
+    routed = not args.no_routed_experts
+    say(f"cutting a drafter from {store} into {out}")
+    layers = args.layers if args.layers is not None else 1 if routed else None
+    print(make_drafter(store, out, layers, routed))
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from engine import verify_store
 
@@ -190,6 +202,18 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", help="directory to create (default: under the data dir's cache)")
     synth.set_defaults(run=cmd_synth)
+    drafter = actions.add_parser(
+        "drafter", help="cut a small resident drafter from a store (speculative decoding)",
+        description="Write a drafter store sharing MODEL's tokenizer: its first --layers layers (their routed "
+        "experts, if any, referenced on MODEL's drives and held in RAM), or with --no-routed-experts every layer "
+        "without routed experts (the whole trunk). Use it with `generate --drafter` and `bench draft`.",
+    )
+    drafter.add_argument("--from", dest="source", required=True, metavar="MODEL", help="store name or directory")
+    drafter.add_argument("--name", required=True, help="name of the drafter in the data dir")
+    drafter.add_argument("--layers", type=int, help="leading layers to keep (default 1; all with --no-routed-experts)")
+    drafter.add_argument("--no-routed-experts", action="store_true",
+                         help="keep every layer's attention, shared experts and dense MLPs, drop the routed experts")
+    drafter.set_defaults(run=cmd_drafter)
     verify = actions.add_parser(
         "verify", help="check every expert replica's checksum", description="Check the trunk and every "
         "replica of every expert against the manifest's checksums; names each bad file.",

@@ -15,6 +15,7 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.errors import ModelFormatError
+from engine.store.drafter import drop_routed_experts, routed_dropped
 from engine.store.families import build_model, quantize_as_stored
 from engine.store.manifest import Manifest, MoeLayer, is_store, read_manifest, sha256_bytes
 from engine.store.safetensors_io import DTYPES, read_header, read_tensor
@@ -71,6 +72,8 @@ def load_store(store: Path) -> tuple[nn.Module, dict]:
     for layer in manifest.layers:
         weights.update(layer_experts(manifest, layer))
     model = build_model(manifest.config)
+    if routed_dropped(manifest.source):
+        drop_routed_experts(model)
     quantize_as_stored(model, weights)
     model.eval()
     try:

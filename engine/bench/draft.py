@@ -1,0 +1,71 @@
+"""Draft-depth sweep: the same greedy generation at each draft depth, through the engine's own generate.
+
+Per depth: decode tokens/s (prefill excluded), drafted / accepted tokens and the acceptance
+rate, verify passes, union size per verify (mean unique experts one MoE layer read per verify
+pass) next to the experts per plain step, expert bytes read per token, the break-even
+acceptance the loop measured, and whether the tokens equal depth 0's (greedy identity).
+The switch-off is disabled during the sweep so each row measures its depth; the best depth
+is the one with the most tokens/s. Nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the sweep drives an opened model (engine/runtime sits above engine/bench)
+    from engine.runtime import Model
+
+# A prompt of record, so runs of one configuration are comparable (chat-formatted with the model's template).
+PROMPT = "Write a short note on the month-end close: revenue rose 4 %, costs fell, cash is steady."
+WARMUP_TOKENS = 4
+
+
+def _drive_bytes(model: "Model") -> int:
+    return sum(d["bytes"] for d in model.stream.figures()["drives"].values()) if model.stream else 0
+
+
+def generate_once(model: "Model", prompt: list[int], tokens: int, depth: int) -> dict:
+    """One greedy generation at `depth`: its tokens and figures."""
+    chunks, before = [], 0
+    for chunk in model.generate_tokens(prompt, max_tokens=tokens + 1, draft_depth=depth, draft_switch_off=False):
+        if not chunks:
+            before = _drive_bytes(model)  # decode bytes only: the prefill's are the prefill benchmark's
+        chunks.append(chunk.token)
+    stats = chunk.stats
+    decoded = max(stats.generated_tokens - 1, 1)
+    draft = stats.draft.as_dict()
+    figures = {
+        "depth": depth,
+        "tokens": stats.generated_tokens,
+        "tokens_per_s": stats.decode_tokens_per_s,
+        "ms_per_token": 1000 / stats.decode_tokens_per_s if stats.decode_tokens_per_s else 0.0,
+        "bytes_per_token": (_drive_bytes(model) - before) / decoded,
+        **{k: draft[k] for k in ("acceptance_rate", "union_per_verify", "experts_per_plain_step", "plain_step_s",
+                                 "round_s", "break_even_acceptance")},
+    }
+    counters = {k: draft[k] for k in ("drafted", "accepted", "rounds", "plain_steps", "replays")}
+    counters["verify_passes"] = counters.pop("rounds")
+    return {"tokens": chunks, "figures": figures, "counters": counters}
+
+
+def draft_sweep(model: "Model", depths: list[int], tokens: int, prompt_text: str = PROMPT) -> list[dict]:
+    """One result per depth (see `generate_once`) from `model` (opened with a drafter), each with
+    `tokens_identical` to depth 0's tokens (or the first depth's)."""
+    prompt = model.chat_tokens([{"role": "user", "content": prompt_text}])
+    generate_once(model, prompt, WARMUP_TOKENS, max(depths))  # kernels built, trunk faulted in: not timed
+    results = [generate_once(model, prompt, tokens, depth) for depth in depths]
+    plain = next((r for r in results if r["figures"]["depth"] == 0), None)
+    reference = (plain or results[0])["tokens"]
+    for result in results:
+        f = result["figures"]
+        f["tokens_identical"] = result["tokens"] == reference
+        if plain and f["depth"] and plain["figures"]["tokens_per_s"]:
+            # Acceptance at which this depth's rounds would yield tokens exactly as fast as plain decoding.
+            plain_s = 1 / plain["figures"]["tokens_per_s"]
+            f["break_even_acceptance"] = max(0.0, (f["round_s"] / plain_s - 1) / f["depth"])
+    return results
+
+
+def best_depth(results: list[dict]) -> dict:
+    """The result with the most tokens/s (greedy identity is reported beside it, not a filter: see docs/engine.md)."""
+    return max(results, key=lambda r: r["figures"]["tokens_per_s"])

@@ -1,0 +1,202 @@
+"""Speculative decoding: greedy tokens equal plain decoding at every depth, drafting shows in the counters,
+it switches itself off when it cannot pay, and bad drafters or depths are refused clearly.
+
+Targets are tiny streamed stores (the experts come from the drive files on every verify pass).
+Drafters: the target's own trunk without routed experts (partial acceptance), the target itself
+held in RAM (near-total acceptance), and for a MoEfied tiny llama its dense original, as for the
+default model. Times are never asserted; the switch-off test uses a drafter that always disagrees,
+whose acceptance (0) is at or below any break-even.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from app.cli import main
+from engine import DraftError, NightshiftError, StreamSettings, make_drafter, open_model
+from engine.speculative import MIN_ROUNDS, BreakEven, DraftStats
+from engine.store.importer import import_checkpoint
+from engine.store.loader import load_store
+from engine.io.drives import Drive
+from engine.store.synth import write_tokenizer
+from tests.test_moefy import tiny_dense, tiny_moefy  # noqa: F401  (module fixture)
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.test_stream import QUICK, stores  # noqa: F401  (module fixtures: tiny two-drive stores)
+from tests.test_stream import sources  # noqa: F401
+
+PROMPT = np.random.default_rng(7).integers(3, 500, size=40).tolist()
+TOKENS = 16
+# Kimi K3 computes one row (decode) and several rows (prefill, verify) by different formulas (MLA's absorbed
+# projection, delta attention's recurrent step), in bfloat16: logits differ by up to ~0.15 between the two.
+BF16_ROW_NOISE = 0.25
+
+
+def plain_logits(store: Path, prompt: list[int], decoded: list[int]) -> mx.array:
+    """The next-token logits plain decoding computes after `prompt` (one prefill) and `decoded` (row by row)."""
+    model, _ = load_store(store)
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompt)[None], cache=cache)
+    for token in decoded:
+        logits = model(mx.array([[token]]), cache=cache)
+    return logits[0, -1].astype(mx.float32)
+
+
+def assert_same_or_near_tie(store: Path, tokens: list[int], reference: list[int], bf16: bool) -> None:
+    """Greedy identity; for a bfloat16 Kimi K3, the first difference must be a near-tie of plain decoding."""
+    if tokens == reference or not bf16:
+        assert tokens == reference
+        return
+    first = next(i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b)
+    logits = plain_logits(store, PROMPT, reference[:first])
+    gap = (logits[reference[first]] - logits[tokens[first]]).item()
+    assert 0 <= gap < BF16_ROW_NOISE, f"token {first}: {tokens[first]} instead of {reference[first]} (gap {gap})"
+
+
+def generate(store: Path, drafter: Path | None, depth: int | None, switch_off: bool = False,
+             tokens: int = TOKENS, prompt: list[int] = PROMPT):
+    model = open_model(store, stream=StreamSettings(), drafter=drafter)
+    try:
+        chunks = list(model.generate_tokens(prompt, max_tokens=tokens, draft_depth=depth, draft_switch_off=switch_off))
+    finally:
+        model.close()
+    return [c.token for c in chunks], chunks[-1].stats
+
+
+@pytest.fixture(scope="module")
+def trunk_drafters(stores, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
+    root = tmp_path_factory.mktemp("drafters")
+    return {arch: make_drafter(stores[arch], root / arch, routed=False) for arch in QUICK}
+
+
+@pytest.fixture(scope="module")
+def plain(stores) -> dict[str, list[int]]:  # noqa: F811
+    return {arch: generate(stores[arch], None, None)[0] for arch in QUICK}
+
+
+@pytest.mark.parametrize("depth", [0, 2, 4])
+@pytest.mark.parametrize("arch", QUICK)
+def test_drafted_greedy_tokens_equal_plain_decoding(arch, depth, stores, trunk_drafters, plain):  # noqa: F811
+    for drafter in (trunk_drafters[arch], stores[arch]):  # partial acceptance; the target itself in RAM
+        tokens, stats = generate(stores[arch], drafter, depth)
+        assert_same_or_near_tie(stores[arch], tokens, plain[arch], bf16=arch == "kimi_k3")
+        draft = stats.draft
+        assert draft.depth == depth
+        if depth == 0:
+            assert draft.drafted == 0 and draft.rounds == 0
+            continue
+        assert draft.drafted > 0 and draft.rounds > 0  # drafting fired
+        assert draft.union_per_verify >= 1  # every verify pass read experts through the streaming layers
+    assert draft.acceptance_rate > 0.5 if depth else True  # the target drafting for itself agrees with itself
+
+
+def test_a_recurrent_cache_is_rewound_by_replaying_the_accepted_rows(stores, trunk_drafters, plain):  # noqa: F811
+    tokens, stats = generate(stores["kimi_k3"], trunk_drafters["kimi_k3"], 3)  # Kimi K3's delta attention
+    assert_same_or_near_tie(stores["kimi_k3"], tokens, plain["kimi_k3"], bf16=True)
+    assert stats.draft.accepted < stats.draft.drafted and stats.draft.replays > 0
+
+
+def test_verify_reads_the_union_of_its_rows_experts_once_per_layer(stores):  # noqa: F811
+    _, stats = generate(stores["qwen3_moe"], stores["qwen3_moe"], 4)
+    draft = stats.draft
+    # 5 rows of top-2 of 8 experts: at least one row's 2, at most all 8; one pass per MoE layer per verify.
+    assert 2 <= draft.union_per_verify <= 8
+    assert draft.verify_layer_calls == draft.rounds * 3
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_moe(tiny_dense, tmp_path_factory) -> Path:  # noqa: F811
+    """A MoEfied tiny llama (8 experts, 6 active) imported into a store: the default model in miniature."""
+    root = tmp_path_factory.mktemp("llama-moe")
+    src = tiny_moefy(tiny_dense, root / "src", experts=8, k=6)
+    import_checkpoint(src, root / "store", [Drive("d0", root / "drive")])
+    return root / "store"
+
+
+@pytest.mark.parametrize("depth", [0, 2, 4])
+def test_a_llama_moe_drafted_by_its_dense_original_decodes_its_own_tokens(tiny_llama_moe, tiny_dense, depth):  # noqa: F811
+    prompt = [t % 200 for t in PROMPT[:12]]  # ids inside the tiny llama's vocabulary
+    reference, _ = generate(tiny_llama_moe, None, None, prompt=prompt)
+    tokens, stats = generate(tiny_llama_moe, tiny_dense, depth, prompt=prompt)
+    assert tokens == reference
+    assert (stats.draft.drafted > 0) == (depth > 0)
+
+
+def test_a_drafter_that_always_disagrees_switches_itself_off(stores, trunk_drafters, tmp_path):  # noqa: F811
+    store = stores["qwen3_moe"]
+    reference, _ = generate(store, None, None, tokens=40)
+    model = open_model(store, stream=StreamSettings(), drafter=stores["qwen3_moe"])
+    try:
+        head = model.drafter.model.lm_head
+        head.weight = -head.weight  # its favourite token is now the target's least likely one
+        chunks = list(model.generate_tokens(PROMPT, max_tokens=40, draft_depth=3))
+    finally:
+        model.close()
+    draft = chunks[-1].stats.draft
+    assert [c.token for c in chunks] == reference
+    assert draft.accepted == 0 and draft.drafted == 3 * MIN_ROUNDS
+    assert draft.switched_off == 1 and draft.switched_off_after is not None
+    assert "break-even" in draft.switch_off_reason
+    assert draft.plain_steps > 20  # the rest of the generation decoded plainly
+
+
+def test_break_even_is_the_acceptance_at_which_a_round_pays_like_plain_steps():
+    stats = DraftStats(depth=4)
+    judge = BreakEven(stats, calibrate=True)
+    for seconds in (5.0, 1.0, 1.0):  # the first plain step (warm-up) is not used
+        judge.plain(seconds)
+    assert stats.plain_step_s == 1.0
+    # A round of 4 drafts taking 2 s pays when it yields more than 2 tokens: acceptance above 1/4.
+    assert [judge.round(2.0, 4, 2) for _ in range(MIN_ROUNDS)] == [False] * MIN_ROUNDS
+    assert stats.break_even_acceptance == pytest.approx(0.25)
+    for _ in range(8):
+        off = judge.round(2.0, 4, 1)  # the window fills with rounds at acceptance 1/4: not worth it
+    assert off
+
+
+def test_a_negative_depth_or_a_depth_without_drafter_is_refused(stores, trunk_drafters):  # noqa: F811
+    with pytest.raises(DraftError, match="draft depth -1"):
+        generate(stores["qwen3_moe"], trunk_drafters["qwen3_moe"], -1)
+    with pytest.raises(NightshiftError, match="needs a drafter"):
+        generate(stores["qwen3_moe"], None, 2)
+
+
+def test_a_drafter_with_another_tokenizer_is_refused(stores, tmp_path):  # noqa: F811
+    drafter = make_drafter(stores["qwen3_moe"], tmp_path / "other", layers=1)
+    write_tokenizer(drafter, 300)  # a tokenizer trained to another size: other ids
+    with pytest.raises(DraftError, match="another tokenizer"):
+        open_model(stores["qwen3_moe"], drafter=drafter)
+
+
+def test_make_drafter_refuses_bad_layer_counts_and_used_directories(stores, tmp_path):  # noqa: F811
+    with pytest.raises(NightshiftError, match="--layers 3"):
+        make_drafter(stores["qwen3_moe"], tmp_path / "d", layers=3)  # all 3 layers with their experts: the model
+    make_drafter(stores["qwen3_moe"], tmp_path / "d", layers=1)
+    with pytest.raises(NightshiftError, match="not empty"):
+        make_drafter(stores["qwen3_moe"], tmp_path / "d", layers=1)
+
+
+def test_cli_drafter_generate_and_draft_sweep_recorded_with_proof(home, tmp_path, capsys):
+    store = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "qwen3_moe"), "q")
+    assert main(["model", "drafter", "--from", str(store), "--name", "q-draft", "--no-routed-experts"]) == 0
+    drafter = Path(capsys.readouterr().out.strip())
+    assert main(["generate", "--model", str(store), "--drafter", "q-draft", "--draft-depth", "2",
+                 "--max-tokens", "8", "hello"]) == 0
+    assert "draft depth 2:" in capsys.readouterr().err
+    assert main(["generate", "--model", str(store), "--draft-depth", "2", "hello"]) == 1
+    assert "--draft-depth needs --drafter" in capsys.readouterr().err
+    assert main(["bench", "draft", "--model", str(store), "--drafter", str(drafter), "--depths", "0,2",
+                 "--tokens", "6"]) == 0
+    assert "best depth" in capsys.readouterr().err
+    assert main(["runs", "export"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [(r["kind"], r["config"]["depth"]) for r in runs] == [("draft", 0), ("draft", 2)]
+    assert runs[1]["counters"]["drafted"] > 0 and runs[1]["figures"]["union_per_verify"] > 0
+    best = json.loads((store / "draft.json").read_text())["q-draft"]
+    assert best["depth"] in (0, 2) and best["run"] in (runs[0]["id"], runs[1]["id"])
+
