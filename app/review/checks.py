@@ -7,6 +7,7 @@ source line.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -92,12 +93,14 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
     left_in, right_in = _inside(left, window), _inside(right, window)
     left_rest = {i for i in result.left_unmatched.tolist() if left_in[i]}
     right_rest = {i for i in result.right_unmatched.tolist() if right_in[i]}
+    # Unmatched rows with the same reference on both sides: one finding for the pair.
+    left_references, right_references = left.text.get("reference"), right.text.get("reference")
     right_by_reference: dict[str, int] = {}
-    for i in result.right_unmatched:
-        if reference := right.text.get("reference", np.array([""] * len(right)))[i]:
-            right_by_reference.setdefault(reference, int(i))
+    for i in result.right_unmatched.tolist() if right_references is not None else []:
+        if reference := right_references[i]:
+            right_by_reference.setdefault(reference, i)
     for i in sorted(left_rest):
-        reference = left.text.get("reference", np.array([""] * len(left)))[i]
+        reference = left_references[i] if left_references is not None else ""
         j = right_by_reference.pop(reference, None) if reference else None
         if j is None or j not in right_rest:
             continue
@@ -283,11 +286,17 @@ REQUIRED = {"match": ("left", "right"), "duplicates": ("source",), "totals": ("s
             "balance": ("balances", "movements"), "variance": ("source",)}  # fmt: skip
 
 
-def run_checks(checks: list[dict[str, Any]], context: CheckContext) -> CheckResult:
+Step = Callable[[str, float], None]  # told a step's name and seconds as it ends (the checks benchmark)
+
+
+def run_checks(checks: list[dict[str, Any]], context: CheckContext, step: Step | None = None) -> CheckResult:
     """Every check in order; findings sorted by severity, then size."""
     combined = CheckResult()
-    for config in checks:
+    for number, config in enumerate(checks, start=1):
+        started = time.perf_counter()
         result = CHECKS[config["type"]](config, context)
+        if step is not None:
+            step(f"check {number} {config['type']}", time.perf_counter() - started)
         combined.findings.extend(result.findings)
         combined.tables.extend(result.tables)
     combined.findings.sort(key=lambda f: (SEVERITIES.index(f.severity), -abs(f.amount or 0)))

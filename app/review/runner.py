@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from app.models import open_for_generation
 from app.review.charts import bar_chart
-from app.review.checks import SEVERITIES, CheckContext, CheckResult, run_checks
+from app.review.checks import SEVERITIES, CheckContext, CheckResult, Step, run_checks
 from app.review.errors import ReviewInterrupted
 from app.review.index import add_to_index
 from app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
@@ -62,11 +62,17 @@ class Checked:
     result: CheckResult
 
 
-def run_checks_for(schedule: Schedule, as_of: date) -> Checked:
+def run_checks_for(schedule: Schedule, as_of: date, step: Step | None = None) -> Checked:
+    """Load every source and run every check; `step`, if given, is told each one's name and seconds as it ends."""
     window = window_containing(schedule.period, as_of)
     previous = window.previous()
-    tables = {name: source.load(previous.start, window.end) for name, source in schedule.sources.items()}
-    result = run_checks(schedule.checks, CheckContext(tables, window, previous, schedule.materiality))
+    tables = {}
+    for name, source in schedule.sources.items():
+        started = time.perf_counter()
+        tables[name] = source.load(previous.start, window.end)
+        if step is not None:
+            step(f"load {name}", time.perf_counter() - started)
+    result = run_checks(schedule.checks, CheckContext(tables, window, previous, schedule.materiality), step)
     return Checked(window, previous, tables, result)
 
 
@@ -74,7 +80,7 @@ def _file_digest(path: Path) -> str:
     return sha256_of(path)[:12]
 
 
-def _provenance(schedule: Schedule, checked: Checked, model: Model, narrative: Narrative) -> dict[str, Any]:
+def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrative: Narrative) -> dict[str, Any]:
     stats = narrative.stats
     settings = schedule.generation
     window = checked.window
@@ -89,7 +95,7 @@ def _provenance(schedule: Schedule, checked: Checked, model: Model, narrative: N
         {"name": "reports/report.css", "sha256": _file_digest(REPORTS_DIR / "report.css")},
     ]  # fmt: skip
     return {
-        "model": str(model.path), "max_tokens": settings.max_tokens, "temp": settings.temp, "seed": settings.seed,
+        "model": str(model), "max_tokens": settings.max_tokens, "temp": settings.temp, "seed": settings.seed,
         "prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
         "time_to_first_token": stats.time_to_first_token, "elapsed": stats.elapsed,
         "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
@@ -156,14 +162,21 @@ def run_review(
     narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
     if cancel is not None and cancel.is_set():
         raise ReviewInterrupted(f"{schedule.name}: stopped while the model was writing; no report was written")
+    return write_report(schedule, as_of, checked, prompt.messages[1]["content"], narrative, model.path, started, run_id)
+
+
+def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt_text: str, narrative: Narrative,
+                 model: Path | str, started: float, run_id: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The PDF and its index entry, from the checks and the narrative (the checks benchmark calls it with none)."""
     created = datetime.now(timezone.utc).astimezone(schedule.timezone)
     provenance = _provenance(schedule, checked, model, narrative)
-    context = build_report_context(schedule, checked, prompt.messages[1]["content"], narrative, provenance, created)
+    context = build_report_context(schedule, checked, prompt_text, narrative, provenance, created)
     target = schedule.output / f"{schedule.name}-{checked.window.start:%Y-%m-%d}-{created:%Y%m%dT%H%M%S}.pdf"
     write_pdf(render_html(schedule.report_template, context), target)
     headline = context["headline"]
     return add_to_index({
-        "state": "done", "run": run_id, "as_of": as_of.isoformat(), "review": schedule.name, "title": schedule.title, "period": checked.window.label,
+        "state": "done", "run": run_id, "as_of": as_of.isoformat(), "review": schedule.name,
+        "title": schedule.title, "period": checked.window.label,
         "start": checked.window.start.isoformat(), "end": checked.window.end.isoformat(),
         "created": created.isoformat(timespec="seconds"), "path": str(target),
         "findings": headline["findings"], "by_severity": headline["by_severity"],

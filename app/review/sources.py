@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import sqlite3
+from array import array
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
@@ -23,6 +24,8 @@ from app.review.money import check_units, format_amount, parse_amount, to_decima
 
 TEXT_COLUMNS = ("reference", "account", "description")
 COLUMNS = ("date", "amount", *TEXT_COLUMNS)
+EPOCH_ORDINAL = date(1970, 1, 1).toordinal()  # day 0 of datetime64[D]
+SHARED_TEXTS = 4096  # distinct values per text column that are kept as one shared string each
 
 
 @dataclass
@@ -74,17 +77,28 @@ class Table:
 
 
 def build_table(name: str, origin: Path, scale: int, rows: Iterable[tuple[int, date, int, dict[str, str]]]) -> Table:
-    """A Table from (line, date, amount units, text columns) tuples."""
-    lines, dates, amounts, texts = [], [], [], {key: [] for key in TEXT_COLUMNS}
+    """A Table from (line, date, amount units, text columns) tuples.
+
+    Numbers are gathered in typed arrays (8 bytes a value; a list holds a 36-byte int object each),
+    and a column's repeated text (accounts, categories) shares one string, so 10**7 rows fit in a few GB.
+    """
+    lines, days, amounts = array("q"), array("q"), array("q")
+    texts: dict[str, list[str]] = {key: [] for key in TEXT_COLUMNS}
+    shared: dict[str, dict[str, str]] = {key: {} for key in TEXT_COLUMNS}
     for line, day, units, text in rows:
         lines.append(line)
-        dates.append(day)
+        days.append(day.toordinal() - EPOCH_ORDINAL)
         amounts.append(units)
         for key in TEXT_COLUMNS:
-            texts[key].append(text.get(key, ""))
+            value, seen = text.get(key, ""), shared[key]
+            if (same := seen.get(value)) is not None:
+                value = same
+            elif len(seen) < SHARED_TEXTS:
+                seen[value] = value
+            texts[key].append(value)
     return Table(
         name, origin, scale,
-        np.array(dates, dtype="datetime64[D]"), np.array(amounts, dtype=np.int64),
+        np.array(days, dtype=np.int64).view("datetime64[D]"), np.array(amounts, dtype=np.int64),
         {key: np.array(values, dtype=object) for key, values in texts.items()},
         np.array(lines, dtype=np.int64),
     )  # fmt: skip
