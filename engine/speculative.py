@@ -183,8 +183,9 @@ def restore(cache: list[Any], mark: list[Any], plus: int = 0) -> None:
 
 
 def _logits(model: nn.Module, cache: list[Any], tokens: list[int]) -> mx.array:
-    """Log-probabilities of the next token after each of `tokens` (rows x vocab), as mlx-lm's samplers take."""
-    logits = model(mx.array(tokens, mx.uint32)[None], cache=cache)[0].astype(mx.float32)
+    """Log-probabilities of the next token after each of `tokens` (rows x vocab), computed as mlx-lm's decode
+    loop does (in the model's dtype), so a greedy pick rounds exactly as plain decoding's does."""
+    logits = model(mx.array(tokens, mx.uint32)[None], cache=cache)[0]
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
@@ -247,7 +248,7 @@ class Pair:
 
 
 def speculative_tokens(pair: Pair, first: int, depth: int, stats: DraftStats, limit: int | None = None,
-                       switch_off: bool = True, clock: Callable[[], float] = time.perf_counter) -> Iterator[int]:
+                       switch_off: bool = True) -> Iterator[int]:
     """Tokens after `first`, which both caches hold the context before but not `first` itself.
 
     Yields at most `limit` tokens (None: until the caller stops). `depth` 0 decodes plainly.
@@ -264,19 +265,20 @@ def speculative_tokens(pair: Pair, first: int, depth: int, stats: DraftStats, li
         if not stats.switched_off and room > 0 and not rewindable(pair.target_cache + pair.draft_cache, room + 1):
             _switch_off(stats, produced, "a cache of the model cannot be rewound (sliding window full)")
         if stats.switched_off or room <= 0 or judge.calibrating():
-            start, before = clock(), count()
+            start, before = time.perf_counter(), count()
             y = int(pair.sampler(_logits(pair.target, pair.target_cache, [y]))[0])
-            judge.plain(clock() - start)
+            judge.plain(time.perf_counter() - start)
             _add(stats, "plain", before, count())
             stats.plain_steps += 1
-            unseen.append(y)
+            if not stats.switched_off:
+                unseen.append(y)
             produced += 1
             yield y
             continue
-        start = clock()
+        start = time.perf_counter()
         emitted, unseen = _round(pair, y, unseen, room, stats, count)
         y = emitted[-1]
-        if judge.round(clock() - start, room, len(emitted) - 1):
+        if judge.round(time.perf_counter() - start, room, len(emitted) - 1):
             _switch_off(stats, produced + len(emitted), "acceptance at or below the measured break-even")
         for token in emitted:
             produced += 1

@@ -176,12 +176,12 @@ def cmd_draft(args: argparse.Namespace) -> int:
     finally:
         model.close()
     best = best_depth(results)
-    say("| depth | tok/s | acceptance | drafted | accepted | verify passes | union/verify | experts/plain step "
+    say("| depth | tok/s | acceptance | drafted | accepted | verify passes | union/verify | experts/layer pass "
         "| MB/token | break-even | tokens identical |")
     for result in results:
         f, c = result["figures"], result["counters"]
         say(f"| {f['depth']} | {f['tokens_per_s']:.2f} | {f['acceptance_rate']:.0%} | {c['drafted']} | {c['accepted']} "
-            f"| {c['verify_passes']} | {f['union_per_verify']:.2f} | {f['experts_per_plain_step']:.2f} "
+            f"| {c['verify_passes']} | {f['union_per_verify']:.2f} | {f['experts_per_layer_pass']:.2f} "
             f"| {f['bytes_per_token'] / 1e6:.2f} | {f['break_even_acceptance'] or 0:.0%} | {f['tokens_identical']} |")
         result["drives"] = {}
         verdict = ("best" if result is best else "measured") if f["tokens_identical"] else "tokens-differ"

@@ -2,8 +2,9 @@
 
 Per depth: decode tokens/s (prefill excluded), drafted / accepted tokens and the acceptance
 rate, verify passes, union size per verify (mean unique experts one MoE layer read per verify
-pass) next to the experts per plain step, expert bytes read per token, the break-even
-acceptance the loop measured, and whether the tokens equal depth 0's (greedy identity).
+pass) next to the experts per layer pass of the whole decode (depth 0: the router's top-k),
+expert bytes read per token, the break-even acceptance against depth 0's step time, and
+whether the tokens equal depth 0's (greedy identity).
 The switch-off is disabled during the sweep so each row measures its depth; the best depth
 is the one with the most tokens/s. Nothing here asserts on time.
 """
@@ -20,28 +21,34 @@ PROMPT = "Write a short note on the month-end close: revenue rose 4 %, costs fel
 WARMUP_TOKENS = 4
 
 
-def _drive_bytes(model: "Model") -> int:
-    return sum(d["bytes"] for d in model.stream.figures()["drives"].values()) if model.stream else 0
+def _reads(model: "Model") -> tuple[int, int, int]:
+    """(bytes read from the drives, streaming layer calls, unique experts they selected) so far."""
+    if model.stream is None:
+        return 0, 0, 0
+    calls = model.stream.calls
+    return sum(d["bytes"] for d in model.stream.figures()["drives"].values()), calls.calls, calls.unique
 
 
 def generate_once(model: "Model", prompt: list[int], tokens: int, depth: int) -> dict:
     """One greedy generation at `depth`: its tokens and figures."""
-    chunks, before = [], 0
+    chunks, before = [], (0, 0, 0)
     for chunk in model.generate_tokens(prompt, max_tokens=tokens + 1, draft_depth=depth, draft_switch_off=False):
         if not chunks:
-            before = _drive_bytes(model)  # decode bytes only: the prefill's are the prefill benchmark's
+            before = _reads(model)  # decode only: the prefill's reads are the prefill benchmark's
         chunks.append(chunk.token)
     stats = chunk.stats
     decoded = max(stats.generated_tokens - 1, 1)
+    read, calls, unique = (after - first for after, first in zip(_reads(model), before))
     draft = stats.draft.as_dict()
     figures = {
         "depth": depth,
         "tokens": stats.generated_tokens,
         "tokens_per_s": stats.decode_tokens_per_s,
         "ms_per_token": 1000 / stats.decode_tokens_per_s if stats.decode_tokens_per_s else 0.0,
-        "bytes_per_token": (_drive_bytes(model) - before) / decoded,
-        **{k: draft[k] for k in ("acceptance_rate", "union_per_verify", "experts_per_plain_step", "plain_step_s",
-                                 "round_s", "break_even_acceptance")},
+        "bytes_per_token": read / decoded,
+        # Unique experts per MoE layer pass while decoding: top-k at depth 0, the union of k+1 rows when drafting.
+        "experts_per_layer_pass": unique / calls if calls else 0.0,
+        **{k: draft[k] for k in ("acceptance_rate", "union_per_verify", "round_s", "break_even_acceptance")},
     }
     counters = {k: draft[k] for k in ("drafted", "accepted", "rounds", "plain_steps", "replays")}
     counters["verify_passes"] = counters.pop("rounds")
