@@ -2,23 +2,31 @@
 
 Each drive has a bandwidth and latency estimate (from `nightshift drives probe`
 when present, then following measurements) and a count of the bytes in flight
-on it, shared by the demand and prefetch pools. A read of n bytes on drive d is
-expected to complete after latency(d) + (in_flight(d) + n) / bandwidth(d): the
-bytes already queued there are served first, or alongside at shared bandwidth.
-A finished read of n bytes that had `ahead` bytes in flight beside it, taking t
-seconds, measures bandwidth (ahead + n) / (t - latency), folded in with an EWMA.
+on it (queued or being read), shared by the demand and prefetch queues. A read of
+n bytes on drive d is expected to complete after latency(d) + (in_flight(d) + n) /
+bandwidth(d): the bytes already placed there are served first, or alongside at
+shared bandwidth.
+
+Bandwidth is measured as a busy drive's throughput: bytes completed over the time
+between completions (or since the drive became busy), summed over the last WINDOW
+reads. Timing single reads instead (bytes ahead + n over its latency) swung with
+every burst a throttle or a drive's cache allowed, and the drive that looked
+fastest for a moment was handed a whole layer's reads.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.io.ceilings import Ceilings
 
 DEFAULT_BANDWIDTH = 1e9  # bytes/s, until measured
 DEFAULT_LATENCY = 1e-4  # s
-SMOOTHING = 0.2
+WINDOW = 16  # completed reads the throughput is measured over
 
 
 @dataclass
@@ -27,6 +35,8 @@ class DriveEstimate:
     latency: float = DEFAULT_LATENCY
     in_flight: int = 0  # bytes
     samples: int = 0
+    mark: float = 0.0  # last completion, or when the drive last became busy
+    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (bytes, seconds) per completion
 
 
 def estimates_from(ceilings: Ceilings | None, drives: list[str]) -> dict[str, DriveEstimate]:
@@ -42,38 +52,47 @@ def estimates_from(ceilings: Ceilings | None, drives: list[str]) -> dict[str, Dr
 class Dispatcher:
     """Chooses a replica per read (`least_completion`, or always the first: `first_replica`)."""
 
-    def __init__(self, estimates: dict[str, DriveEstimate], policy: str = "least_completion"):
+    def __init__(self, estimates: dict[str, DriveEstimate], policy: str = "least_completion",
+                 clock: Callable[[], float] = time.perf_counter):
         self.policy = policy
         self.choices = 0  # reads that had more than one replica to choose from (the policy mattered)
         self._drives = estimates
+        self._clock = clock
         self._lock = threading.Lock()
 
     def expected_completion(self, drive: str, nbytes: int) -> float:
         est = self._drives[drive]
         return est.latency + (est.in_flight + nbytes) / est.bandwidth
 
-    def choose(self, candidates: list[str], nbytes: int) -> tuple[str, int]:
-        """The drive to read `nbytes` from, now counted in flight, and the bytes that were ahead of it."""
+    def choose(self, candidates: list[str], nbytes: int) -> str:
+        """The drive to read `nbytes` from, now counted in flight there until `finished`."""
         with self._lock:
             self.choices += len(candidates) > 1
             if self.policy == "first_replica":
                 drive = candidates[0]
             else:
                 drive = min(candidates, key=lambda d: self.expected_completion(d, nbytes))
-            ahead = self._drives[drive].in_flight
-            self._drives[drive].in_flight += nbytes
-            return drive, ahead
+            est = self._drives[drive]
+            if est.in_flight == 0:
+                est.mark = self._clock()
+            est.in_flight += nbytes
+            return drive
 
-    def finished(self, drive: str, nbytes: int, ahead: int, seconds: float, ok: bool) -> None:
-        """A read chosen by `choose` is done; a successful one updates the drive's bandwidth estimate."""
+    def finished(self, drive: str, nbytes: int, ok: bool) -> None:
+        """A read placed by `choose` is done (or cancelled: ok=False); a successful one is a throughput sample."""
         with self._lock:
             est = self._drives[drive]
             est.in_flight -= nbytes
-            if ok and seconds > est.latency:
-                measured = (ahead + nbytes) / (seconds - est.latency)
-                est.bandwidth += SMOOTHING * (measured - est.bandwidth)
-                est.samples += 1
+            if not ok:
+                return
+            now = self._clock()
+            est.recent.append((nbytes, max(now - est.mark, 1e-9)))
+            est.mark = now
+            est.bandwidth = sum(b for b, _ in est.recent) / sum(t for _, t in est.recent)
+            est.samples += 1
 
     def snapshot(self) -> dict[str, DriveEstimate]:
         with self._lock:
-            return {name: DriveEstimate(**vars(est)) for name, est in self._drives.items()}
+            return {name: DriveEstimate(est.bandwidth, est.latency, est.in_flight, est.samples, est.mark,
+                                        deque(est.recent, maxlen=WINDOW))
+                    for name, est in self._drives.items()}

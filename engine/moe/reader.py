@@ -1,9 +1,12 @@
 """Expert reads: direct I/O into pooled buffers, from the replica expected to finish first.
 
-Two thread pools, sized separately: demand (a layer is waiting) and prefetch (a
-prediction). Both share one dispatcher, so in-flight bytes per drive count every
-read. An expert already in flight is never read twice: a demand joins the
-prefetch read under way. A failed read (I/O error, short file, bad checksum) falls
+Each drive has two queues with their own threads, sized separately: demand (a layer
+is waiting) and prefetch (a prediction). A read's replica is chosen when the read is
+submitted, not when a thread picks it up, so a layer's whole set of experts is spread
+over the drives at once (choosing at start time, with fewer threads than reads, piled
+them on whichever drive looked fastest). Both queues share one dispatcher, so
+in-flight bytes per drive count every queued and running read. An expert already in
+flight is never read twice: a demand joins the prefetch read under way. A failed read (I/O error, short file, bad checksum) falls
 back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
 A demand for an expert whose prefetch is still queued (not started) cancels it and reads it
@@ -39,6 +42,15 @@ Tensors = dict[str, mx.array]
 
 class ExpertReadError(NightshiftError):
     """No replica of an expert could be read."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One read placed by the dispatcher: drive, file and bytes."""
+
+    drive: str
+    path: Path
+    nbytes: int
 
 
 @dataclass
@@ -94,16 +106,19 @@ class ExpertReader:
         self.counters = counters
         self.clock = clock
         self.counts = ReadCounts()
-        self._demand = ThreadPoolExecutor(settings.demand_threads, thread_name_prefix="ns-demand")
-        self._prefetch = self._demand if settings.shared_pool else ThreadPoolExecutor(
-            settings.prefetch_threads, thread_name_prefix="ns-prefetch")
-        threads = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
+        drives = list(manifest.drives)
+        self._demand = {d: ThreadPoolExecutor(settings.demand_threads, f"ns-demand-{d}") for d in drives}
+        self._prefetch = self._demand if settings.shared_pool else {
+            d: ThreadPoolExecutor(settings.prefetch_threads, f"ns-prefetch-{d}") for d in drives}
+        per_drive = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
+        threads = per_drive * len(drives)
         self._halves = ThreadPoolExecutor(threads, thread_name_prefix="ns-half") if settings.split_reads else None
         self.buffers = BufferPool(threads, max(layer.file_bytes for layer in manifest.layers))
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
         self._inflight: dict[Key, Future[LoadedExpert]] = {}
-        self._lock = threading.Lock()
+        self._tickets: dict[Key, tuple[Future[LoadedExpert], list[Ticket]]] = {}
+        self._lock = threading.RLock()  # a cancel under the lock runs the done callback, which takes it too
 
     def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
         """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
@@ -111,12 +126,11 @@ class ExpertReader:
         with self._lock:
             for expert in experts:
                 future = self._inflight.get((layer, expert))
-                if future is not None and future.cancel():  # a prefetch still queued: read it now, as demand
+                if future is not None and self._cancel((layer, expert)):  # a prefetch still queued: read it now
                     self.counts.promoted_prefetch += 1
-                    self.counts.cancelled_prefetch += 1
                     future = None
                 if future is None:
-                    future = self._demand.submit(self._load, layer, expert, DEMAND)
+                    future = self._submit(layer, expert, DEMAND)
                     self._inflight[(layer, expert)] = future
                     self.counts.demand_reads += 1
                     pending.append((future, DEMAND))
@@ -143,7 +157,7 @@ class ExpertReader:
         with self._lock:
             for expert in experts:
                 if (layer, expert) not in self._inflight:
-                    self._inflight[(layer, expert)] = self._prefetch.submit(self._load, layer, expert, PREFETCH)
+                    self._inflight[(layer, expert)] = self._submit(layer, expert, PREFETCH)
                     started += 1
             self.counts.prefetch_reads += started
         return started
@@ -161,7 +175,8 @@ class ExpertReader:
         return usable
 
     def close(self) -> None:
-        for pool in {self._demand, self._prefetch, self._halves} - {None}:
+        pools = [*self._demand.values(), *self._prefetch.values(), self._halves]
+        for pool in dict.fromkeys(p for p in pools if p is not None):
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _drop_unused(self, layer: int, used: set[int]) -> None:
@@ -170,68 +185,97 @@ class ExpertReader:
         One still running lands unclaimed and is freed; should the expert be needed later, it is read anew.
         """
         for key in [k for k in self._inflight if k[0] == layer and k[1] not in used]:
-            self.counts.cancelled_prefetch += self._inflight.pop(key).cancel()
+            self._cancel(key)
+            self._inflight.pop(key)
             self.counts.wasted_prefetch += 1
 
-    def _load(self, layer: int, expert: int, source: str) -> LoadedExpert:
+    def _submit(self, layer: int, expert: int, source: str) -> Future[LoadedExpert]:
+        """Place the read now (drive, or two drives for a split read) and queue it on its drive (caller holds the lock)."""
         spec = self.layers[layer]
+        replicas = self.replicas(layer, expert)
+        tickets = self._split_pair(replicas, spec.file_bytes // 2) if self._halves is not None else None
+        if tickets is None:
+            drive = self.dispatcher.choose([d for d, _ in replicas], spec.file_bytes)
+            tickets = [Ticket(drive, dict(replicas)[drive], spec.file_bytes)]
+        pools = self._demand if source == DEMAND else self._prefetch
+        future = pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets)
+        self._tickets[(layer, expert)] = (future, tickets)
+        future.add_done_callback(lambda done, key=(layer, expert): self._forget_tickets(key, done))
+        return future
+
+    def _cancel(self, key: Key) -> bool:
+        """Cancel the queued read of `key`, releasing its place on the drives; False if it already started."""
+        future, tickets = self._tickets.get(key, (None, []))
+        if future is None or not future.cancel():
+            return False
+        for ticket in tickets:
+            self.dispatcher.finished(ticket.drive, ticket.nbytes, ok=False)
+        self.counts.cancelled_prefetch += 1
+        return True
+
+    def _forget_tickets(self, key: Key, future: Future) -> None:
+        with self._lock:
+            if self._tickets.get(key, (None,))[0] is future:
+                del self._tickets[key]
+
+    def _load(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> LoadedExpert:
         with self.buffers.take() as buffer:
-            read = self._read(buffer, spec, expert, source)
+            read = self._read(buffer, spec, expert, source, tickets)
             return LoadedExpert(decode(buffer, spec), read, spec.file_bytes)
 
-    def _read(self, buffer, spec: MoeLayer, expert: int, source: str) -> ExpertRead:
-        """Fill `buffer` with the expert's file: split over two devices if asked, else whole, falling back."""
-        replicas = self.replicas(spec.layer, expert)
+    def _read(self, buffer, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> ExpertRead:
+        """Fill `buffer` with the expert's file as placed (whole, or halves), then from other replicas on failure."""
         problems: list[str] = []
-        if self._halves is not None:
-            pair = self._split_pair(replicas, spec.file_bytes // 2)
-            if pair is not None:
-                read = self._read_split(buffer, spec, expert, source, pair, problems)
-                if read is not None:
-                    return read
-        remaining = dict(replicas)
-        while remaining:
-            drive, ahead = self.dispatcher.choose(list(remaining), spec.file_bytes)
-            path = remaining.pop(drive)
+        if len(tickets) == 2:
+            read = self._read_split(buffer, spec, expert, source, tickets, problems)
+            if read is not None:
+                return read
+        remaining = dict(self.replicas(spec.layer, expert))
+        ticket = tickets[0] if len(tickets) == 1 else None
+        while ticket is not None or remaining:
+            if ticket is None:
+                drive = self.dispatcher.choose(list(remaining), spec.file_bytes)
+                ticket = Ticket(drive, remaining[drive], spec.file_bytes)
+            remaining.pop(ticket.drive, None)
             start = self.clock()
-            ok = self._read_part(buffer, path, drive, ahead, 0, spec.file_bytes, problems)
-            if ok and self._intact(buffer, spec, expert, path, drive, problems):
-                return ExpertRead(expert, source, drive, start, self.clock(), spec.file_bytes)
+            ok = self._read_part(buffer, ticket, 0, problems)
+            if ok and self._intact(buffer, spec, expert, ticket.path, ticket.drive, problems):
+                return ExpertRead(expert, source, ticket.drive, start, self.clock(), spec.file_bytes)
+            ticket = None
         names = "; ".join(problems)
         raise ExpertReadError(
             f"expert {expert} of layer {spec.layer}: no replica could be read ({names}); "
             "check the drive, then run `nightshift model verify` and re-import if no replica is intact"
         )
 
-    def _split_pair(self, replicas: list[tuple[str, Path]], half: int) -> list[tuple[str, Path, int]] | None:
-        """Two replicas on different devices (dispatcher's choice), or None when there are not two."""
-        first, first_ahead = self.dispatcher.choose([d for d, _ in replicas], half)
+    def _split_pair(self, replicas: list[tuple[str, Path]], half: int) -> list[Ticket] | None:
+        """Halves placed on two replicas on different devices (dispatcher's choice), or None when there are not two."""
+        first = self.dispatcher.choose([d for d, _ in replicas], half)
         others = [d for d, _ in replicas if self.devices[d] != self.devices[first]]
         if not others:
-            self.dispatcher.finished(first, half, first_ahead, 0.0, ok=False)
+            self.dispatcher.finished(first, half, ok=False)
             return None
-        second, second_ahead = self.dispatcher.choose(others, half)
+        second = self.dispatcher.choose(others, half)
         paths = dict(replicas)
-        return [(first, paths[first], first_ahead), (second, paths[second], second_ahead)]
+        return [Ticket(first, paths[first], half), Ticket(second, paths[second], half)]
 
     def _read_split(self, buffer, spec: MoeLayer, expert: int, source: str,
-                    pair: list[tuple[str, Path, int]], problems: list[str]) -> ExpertRead | None:
-        half = spec.file_bytes // 2
+                    halves: list[Ticket], problems: list[str]) -> ExpertRead | None:
         start = self.clock()
-        (d0, p0, a0), (d1, p1, a1) = pair
-        other = self._halves.submit(self._read_part, buffer, p1, d1, a1, half, half, problems)
-        ok = self._read_part(buffer, p0, d0, a0, 0, half, problems)
+        first, second = halves
+        other = self._halves.submit(self._read_part, buffer, second, first.nbytes, problems)
+        ok = self._read_part(buffer, first, 0, problems)
         ok = other.result() and ok
-        if not ok or not self._intact(buffer, spec, expert, p0, f"{d0}+{d1}", problems):
+        d0, d1 = first.drive, second.drive
+        if not ok or not self._intact(buffer, spec, expert, first.path, f"{d0}+{d1}", problems):
             return None
         with self._lock:
             self.counts.split_reads += 1
         return ExpertRead(expert, source, f"{d0}+{d1}", start, self.clock(), spec.file_bytes, split=True)
 
-    def _read_part(self, buffer, path: Path, drive: str, ahead: int, offset: int, length: int,
-                   problems: list[str]) -> bool:
-        """Read `length` bytes at `offset` of `path` into the same place of `buffer`; False (noted) on failure."""
-        start = self.clock()
+    def _read_part(self, buffer, ticket: Ticket, offset: int, problems: list[str]) -> bool:
+        """Read the ticket's bytes at `offset` of its file into the same place of `buffer`; False (noted) on failure."""
+        path, drive, length = ticket.path, ticket.drive, ticket.nbytes
         done = 0
         self.counters.started(drive)
         try:
@@ -248,7 +292,7 @@ class ExpertReader:
             return False
         finally:
             self.counters.finished(drive, done)
-            self.dispatcher.finished(drive, length, ahead, self.clock() - start, ok=done == length)
+            self.dispatcher.finished(drive, length, ok=done == length)
 
     def _intact(self, buffer, spec: MoeLayer, expert: int, path: Path, drive: str, problems: list[str]) -> bool:
         if not self.settings.verify_checksums:

@@ -14,7 +14,8 @@ CACHE_POLICIES = ("lru", "frequency")
 class StreamSettings:
     """Settings of one streaming configuration; `fingerprint()` in the catalogue keys on them.
 
-    shared_pool: demand and prefetch reads go to one pool (the A/B against separate pools).
+    demand_threads, prefetch_threads: reader threads per drive for each queue (reads in flight per drive).
+    shared_pool: demand and prefetch reads go to one queue per drive (the A/B against separate pools).
     prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
     """
 
