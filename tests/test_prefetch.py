@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.moe.prefetch import predict
 from engine.moe.settings import StreamSettings
 from tests.test_stream import streamed_tokens, tiny_store
 
@@ -36,3 +37,22 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
 def test_prefetch_can_be_turned_off_for_one_layer(store):
     _, some = figures(store, StreamSettings(prefetch=True, prefetch_off=frozenset({2})))
     assert set(some["recall_per_layer"]) == {1}
+
+
+def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(store):
+    _, all_k = figures(store, StreamSettings(prefetch=True))
+    _, one = figures(store, StreamSettings(prefetch=True, prefetch_limit=1))
+    assert 0 < one["reads"]["prefetch_reads"] < all_k["reads"]["prefetch_reads"]
+    predicting_calls = one["calls"]["calls"] * 2 // 3  # 3 MoE layers: the first two predict the next one
+    assert one["reads"]["prefetch_reads"] <= predicting_calls  # at most one read ahead per predicting call
+
+
+def test_predict_orders_the_union_of_rows_by_confidence():
+    import mlx.core as mx
+
+    weight = mx.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [3.0, 0.0]])  # 4 experts over 2 dims
+    router = lambda x: x @ weight.T  # noqa: E731
+    rows = mx.array([[1.0, 0.0], [0.0, 2.0]])  # row 0 likes experts 3 then 1; row 1 likes expert 2 (logit 2)
+    # top-2 per row: row 0 -> {3, 1}, row 1 -> {2, and one of the 0-logit experts 0 or 1}
+    ranked = predict(router, rows, 2)
+    assert ranked[:2] == [3, 2] and set(ranked) <= {0, 1, 2, 3} and 1 in ranked

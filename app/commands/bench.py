@@ -31,13 +31,15 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     parser.add_argument("--drives", help="drives.toml whose roots replace the store's (e.g. the rig's)")
     parser.add_argument("--ceilings", help="drive_ceilings.json from `drives probe` (dispatcher's starting estimates)")
-    parser.add_argument("--demand-threads", type=int, default=4)
-    parser.add_argument("--prefetch-threads", type=int, default=2)
-    parser.add_argument("--shared-pool", action="store_true", help="demand and prefetch reads share one pool")
+    parser.add_argument("--demand-threads", type=int, default=4, help="demand reader threads per drive (4)")
+    parser.add_argument("--prefetch-threads", type=int, default=2, help="prefetch reader threads per drive (2)")
+    parser.add_argument("--shared-pool", action="store_true", help="demand and prefetch reads share one queue per drive")
     parser.add_argument("--dispatch", choices=("least_completion", "first_replica"), default="least_completion")
     parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
     parser.add_argument("--prefetch", action="store_true", help="next-layer prefetch (off by default: it lost on the rig)")
     parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
+    parser.add_argument("--prefetch-limit", type=int, default=0,
+                        help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
     parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="lru")
     parser.add_argument("--use-drives", default="", help="comma-separated drive names to read from (default: all)")
@@ -53,6 +55,7 @@ def settings_from(args: argparse.Namespace):
     return StreamSettings(
         demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
         dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
+        prefetch_limit=args.prefetch_limit,
         cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
         use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
     )

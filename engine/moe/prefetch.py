@@ -41,11 +41,13 @@ def router_of(block: nn.Module, num_experts: int, input_dims: int) -> Router | N
 
 
 def predict(router: Router, x: mx.array, k: int) -> list[int]:
-    """Union over rows of the top-k experts of `router(x)`, sorted."""
+    """Union over rows of the top-k experts of `router(x)`, most confident first (by best logit over rows)."""
     logits = router(x)
-    logits = logits.reshape(-1, logits.shape[-1])
-    top = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
-    return sorted(set(np.array(top).ravel().tolist()))
+    logits = np.array(logits.reshape(-1, logits.shape[-1]).astype(mx.float32))
+    top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
+    union = np.unique(top)
+    best = logits[:, union].max(axis=0)
+    return union[np.argsort(-best, kind="stable")].tolist()
 
 
 @dataclass

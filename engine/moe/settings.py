@@ -17,6 +17,7 @@ class StreamSettings:
     demand_threads, prefetch_threads: reader threads per drive for each queue (reads in flight per drive).
     shared_pool: demand and prefetch reads go to one queue per drive (the A/B against separate pools).
     prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
+    prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
     """
 
     demand_threads: int = 4
@@ -28,6 +29,7 @@ class StreamSettings:
     # at 62 % recall its wasted reads cost more bandwidth than the overlap saves.
     prefetch: bool = False
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
+    prefetch_limit: int = 0
     cache_bytes: int = 0
     cache_policy: str = "lru"
     verify_checksums: bool = False
@@ -35,6 +37,8 @@ class StreamSettings:
     use_drives: tuple[str, ...] = ()  # read only from these drives (empty: all); the drive ladder's knob
 
     def __post_init__(self):
+        if self.prefetch_limit < 0:
+            raise NightshiftError("the prefetch limit must be 0 (the whole top-k) or more experts")
         if self.demand_threads < 1 or self.prefetch_threads < 1:
             raise NightshiftError("demand and prefetch threads must be at least 1 each")
         if self.dispatch not in DISPATCH_POLICIES:
