@@ -33,7 +33,7 @@ def _factorize(*columns: np.ndarray) -> list[np.ndarray]:
     _, codes = np.unique(joined, return_inverse=True)
     out, start = [], 0
     for column in columns:
-        out.append(codes[start : start + len(column)].astype(np.int64))
+        out.append(codes[start : start + len(column)].astype(np.int64, copy=False))
         start += len(column)
     return out
 
@@ -101,10 +101,18 @@ def match(left: Table, right: Table, date_tolerance_days: int, use_reference: bo
         pairs_right.append(chosen_right)
 
     if use_reference and "reference" in left.text and "reference" in right.text:
-        ref_left, ref_right = _factorize(left.text["reference"].astype(str), right.text["reference"].astype(str))
-        width = np.int64(max(amount_left.max(initial=0), amount_right.max(initial=0)) + 1)
-        run_pass(ref_left * width + amount_left, ref_right * width + amount_right,
-                 left.text["reference"] != "", right.text["reference"] != "")  # fmt: skip
+        # Only rows with a reference take part, so only theirs are turned into codes (as fixed-width
+        # text, the largest transient of a match: a statement without references skips it).
+        usable_left, usable_right = left.text["reference"] != "", right.text["reference"] != ""
+        with_left, with_right = np.flatnonzero(usable_left), np.flatnonzero(usable_right)
+        if len(with_left) and len(with_right):
+            ref_left, ref_right = _factorize(left.text["reference"][with_left].astype(str),
+                                             right.text["reference"][with_right].astype(str))  # fmt: skip
+            width = np.int64(max(amount_left.max(initial=0), amount_right.max(initial=0)) + 1)
+            key_left, key_right = np.zeros(len(left), dtype=np.int64), np.zeros(len(right), dtype=np.int64)
+            key_left[with_left] = ref_left * width + amount_left[with_left]
+            key_right[with_right] = ref_right * width + amount_right[with_right]
+            run_pass(key_left, key_right, usable_left, usable_right)
     run_pass(amount_left, amount_right, np.ones(len(left), bool), np.ones(len(right), bool))
     return MatchResult(
         np.concatenate(pairs_left), np.concatenate(pairs_right), np.flatnonzero(left_free), np.flatnonzero(right_free)
