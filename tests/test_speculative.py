@@ -191,13 +191,14 @@ def test_cli_drafter_generate_and_draft_sweep_recorded_with_proof(home, tmp_path
     assert main(["generate", "--model", str(store), "--draft-depth", "2", "hello"]) == 1
     assert "--draft-depth needs --drafter" in capsys.readouterr().err
     assert main(["bench", "draft", "--model", str(store), "--drafter", str(drafter), "--depths", "0,2",
-                 "--tokens", "6"]) == 0
+                 "--tokens", "6", "--repeats", "2"]) == 0
     assert "best depth" in capsys.readouterr().err
     assert main(["runs", "export"]) == 0
     runs = json.loads(capsys.readouterr().out)
     assert [(r["kind"], r["config"]["depth"]) for r in runs] == [("draft", 0), ("draft", 2)]
     assert runs[1]["counters"]["drafted"] > 0 and runs[1]["figures"]["union_per_verify"] > 0
     assert runs[0]["figures"]["experts_per_layer_pass"] == 2  # plain decoding: one row, the router's top 2 of 8
+    assert all(len(r["figures"]["tokens_per_s_runs"]) == 2 for r in runs)
     best = json.loads((store / "draft.json").read_text())["q-draft"]
     assert best["depth"] in (0, 2) and best["run"] in (runs[0]["id"], runs[1]["id"])
 

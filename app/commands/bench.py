@@ -175,7 +175,7 @@ def cmd_draft(args: argparse.Namespace) -> int:
     drafter = resolve_model(args.drafter)
     model = open_model(store, settings, drives, ceilings, drafter=drafter)
     try:
-        results = draft_sweep(model, args.depths, args.tokens)
+        results = draft_sweep(model, args.depths, args.tokens, args.repeats)
     finally:
         model.close()
     best = best_depth(results)
@@ -228,6 +228,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     draft.add_argument("--drafter", required=True, help="drafter model (name or directory) sharing the tokenizer")
     draft.add_argument("--depths", type=_depths, default=[0, 1, 2, 3, 4, 5, 6], help="comma-separated (0,1,...,6)")
     draft.add_argument("--tokens", type=int, default=32, help="tokens to decode per depth (32)")
+    draft.add_argument("--repeats", type=int, default=1,
+                       help="runs per depth, in alternating order; each depth keeps its median tok/s (1)")
     draft.set_defaults(run=cmd_draft)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")

@@ -55,12 +55,27 @@ def generate_once(model: "Model", prompt: list[int], tokens: int, depth: int) ->
     return {"tokens": chunks, "figures": figures, "counters": counters}
 
 
-def draft_sweep(model: "Model", depths: list[int], tokens: int, prompt_text: str = PROMPT) -> list[dict]:
+def draft_sweep(model: "Model", depths: list[int], tokens: int, repeats: int = 1,
+                prompt_text: str = PROMPT) -> list[dict]:
     """One result per depth (see `generate_once`) from `model` (opened with a drafter), each with
-    `tokens_identical` to depth 0's tokens (or the first depth's)."""
+    `tokens_identical` to depth 0's tokens (or the first depth's).
+
+    With `repeats` > 1 the depths run that many times, in alternating order (so a slow spell on a
+    shared machine does not land on one depth), and each depth keeps its run of median tokens/s
+    (every run's tokens/s in `tokens_per_s_runs`).
+    """
     prompt = model.chat_tokens([{"role": "user", "content": prompt_text}])
     generate_once(model, prompt, WARMUP_TOKENS, max(depths))  # kernels built, trunk faulted in: not timed
-    results = [generate_once(model, prompt, tokens, depth) for depth in depths]
+    runs: dict[int, list[dict]] = {depth: [] for depth in depths}
+    for repeat in range(repeats):
+        for depth in depths if repeat % 2 == 0 else depths[::-1]:
+            runs[depth].append(generate_once(model, prompt, tokens, depth))
+    results = []
+    for depth in depths:
+        ranked = sorted(runs[depth], key=lambda r: r["figures"]["tokens_per_s"])
+        median = ranked[len(ranked) // 2]
+        median["figures"]["tokens_per_s_runs"] = [r["figures"]["tokens_per_s"] for r in runs[depth]]
+        results.append(median)
     plain = next((r for r in results if r["figures"]["depth"] == 0), None)
     reference = (plain or results[0])["tokens"]
     for result in results:
