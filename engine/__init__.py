@@ -12,7 +12,7 @@ from engine.errors import (
 )
 from engine.bench.fio import FioError, compare_with_fio
 from engine.bench.probe import QUEUE_DEPTHS, READ_SIZES, probe_drive
-from engine.bench.rig import RigError, RigSpec, RigState, inside_rig, rig_command, rig_down, rig_status, rig_up
+from engine.bench.rig import RigError, RigSpec, RigState, inside_rig, rig_command, rig_down, rig_limit, rig_status, rig_up
 from engine.instruments.monitor import DriveMonitor
 from engine.io.ceilings import CEILINGS_FILE, Ceilings
 from engine.io.counters import DriveReadCounters
@@ -76,6 +76,7 @@ __all__ = [
     "resolve_device",
     "rig_command",
     "rig_down",
+    "rig_limit",
     "rig_status",
     "rig_up",
     "CACHE_POLICIES",

@@ -103,6 +103,11 @@ def test_cli_up_status_run_down(rig_place, monkeypatch, capsys):
     inside = subprocess.run([str(NIGHTSHIFT), "rig", "run", "--", "cat", "/proc/self/cgroup"],
                             capture_output=True, text=True, check=True)
     assert f":/{cgroup_name(rig_place.rig_dir)}\n" in inside.stdout
+    assert main(["rig", "limit", "--mbps", "25"]) == 0  # a new limit on the same drives
+    assert main(["rig", "status"]) == 0
+    assert capsys.readouterr().out.count("\ton\t25\t") == 2
+    assert main(["rig", "limit", "--mbps", "0"]) == 1
+    assert "read limit must be above 0" in capsys.readouterr().err
     assert main(["rig", "up", "--drives", "1"]) == 1
     assert "a rig is already up" in capsys.readouterr().err
     assert main(["rig", "down"]) == 0

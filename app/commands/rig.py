@@ -33,6 +33,14 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limit(args: argparse.Namespace) -> int:
+    from engine import rig_limit
+
+    state = rig_limit(rig_dir(), int(args.mbps * 1e6), args.iops)
+    say(f"{len(state.drives)} drive(s) now limited to {args.mbps:g} MB/s" + (f", {args.iops} reads/s" if args.iops else ""))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from engine import rig_status
 
@@ -94,6 +102,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     up.set_defaults(run=cmd_up)
     actions.add_parser("down", help="remove every mount, loop device, image and cgroup the rig made",
                        description="Take the rig down (refuses while processes still run in it).").set_defaults(run=cmd_down)
+    limit = actions.add_parser("limit", help="change every rig drive's read limit",
+                               description="Set a new read limit on the rig's drives, keeping their data.")
+    limit.add_argument("--mbps", type=float, required=True, help="read limit per drive in MB/s")
+    limit.add_argument("--iops", type=int, help="read operations per second limit per drive (default: none)")
+    limit.set_defaults(run=cmd_limit)
     actions.add_parser("status", help="what the kernel says about each rig drive now",
                        description="Mounts, direct I/O and read limits of the rig's drives.").set_defaults(run=cmd_status)
     run = actions.add_parser("run", help="run a command inside the rig's cgroup",
