@@ -26,6 +26,7 @@ from engine.moe.settings import CACHE_POLICIES, DISPATCH_POLICIES, StreamSetting
 from engine.moe.reader import ExpertReadError
 from engine.bench.layout import replicate_everywhere
 from engine.bench.draft import best_depth, draft_sweep
+from engine.bench.prefill import prefill_bench
 from engine.bench.decode import decode_bench, first_difference, greedy_of_record, ladder as decode_ladder
 from engine.instruments.assertions import AssertionFailed, Proof, require as require_proofs
 from engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare as compare_runs
@@ -90,6 +91,7 @@ __all__ = [
     "Run",
     "compare_runs",
     "decode_bench",
+    "prefill_bench",
     "best_depth",
     "draft_sweep",
     "decode_ladder",

@@ -66,3 +66,17 @@ def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys,
     runs = json.loads(capsys.readouterr().out)
     assert [r["config"]["use_drives"] for r in runs] == [["d0"], ["d0", "d1"]]
     assert runs[0]["drives"]["d1"]["bytes"] == 0 and runs[1]["drives"]["d1"]["bytes"] > 0
+
+
+def test_prefill_records_read_amplification_floors_and_the_row_by_row_figure(store, home, capsys):
+    assert main(["bench", "prefill", "--model", str(store), "--prompt-tokens", "40", "--chunk", "16",
+                 "--row-tokens", "6", "--bandwidth-seconds", "0.2"]) == 0
+    assert "recorded as run 1" in capsys.readouterr().err
+    assert main(["runs", "show", "1"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    f = run["figures"]
+    assert run["kind"] == "prefill" and run["config"]["chunk"] == 16 and f["first_token_identical"] is True
+    assert f["read_amplification"] == f["bytes_read"] / f["unique_bytes"] >= 1.0  # 3 chunks: some experts re-read
+    assert f["row_by_row_read_amplification"] > 1.0
+    assert f["roofline_s"] == max(f["disk_floor_s"], f["compute_floor_s"])
+    assert run["counters"]["prefill_unique_bytes"] == f["unique_bytes"] > 0

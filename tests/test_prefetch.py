@@ -20,7 +20,7 @@ def figures(store, settings):
 
 def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
     tokens, on = figures(store, StreamSettings(prefetch=True))
-    same, off = figures(store, StreamSettings(prefetch=False))
+    same, off = figures(store, StreamSettings(prefetch=False, prefill_prefetch=False))
     assert tokens == same
     reads = on["reads"]
     assert reads["joined_prefetch"] > 0 and reads["prefetch_reads"] > 0
@@ -32,6 +32,14 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
     assert 0 < on["prefetch_recall"] <= 1
     assert set(on["recall_per_layer"]) == {1, 2}  # the first MoE layer has no layer before it to predict it
     assert off["reads"]["prefetch_reads"] == 0 and off["recall_per_layer"] == {}
+
+
+def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):
+    _, prefill_only = figures(store, StreamSettings(prefetch=False, prefill_prefetch=True))
+    reads = prefill_only["reads"]
+    assert reads["prefetch_reads"] > 0 and reads["joined_prefetch"] > 0
+    # the prompt's one pass per predicting layer (2 of 3 MoE layers) predicts at most all 8 experts each
+    assert reads["prefetch_reads"] <= 2 * 8
 
 
 def test_prefetch_can_be_turned_off_for_one_layer(store):

@@ -1,4 +1,4 @@
-"""`nightshift bench decode|ab|ladder|draft`: timed runs of the streaming engine, recorded in the run catalogue.
+"""`nightshift bench decode|ab|ladder|prefill|draft`: timed runs of the streaming engine, recorded in the run catalogue.
 
 Run them on the rig for drive-bound figures: `nightshift rig run -- nightshift bench decode --model M
 --drives RIG/drives.toml`. Every run is recorded, losses included; an A/B records its variant only when
@@ -40,6 +40,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
     parser.add_argument("--prefetch-limit", type=int, default=0,
                         help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)")
+    parser.add_argument("--no-prefill-prefetch", dest="prefill_prefetch", action="store_false",
+                        help="no read-ahead of the next layer's predicted experts in passes of many rows")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
     parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="lru")
     parser.add_argument("--use-drives", default="", help="comma-separated drive names to read from (default: all)")
@@ -55,7 +57,7 @@ def settings_from(args: argparse.Namespace):
     return StreamSettings(
         demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
         dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
-        prefetch_limit=args.prefetch_limit,
+        prefetch_limit=args.prefetch_limit, prefill_prefetch=args.prefill_prefetch,
         cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
         use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
     )
@@ -75,7 +77,7 @@ def _record(args: argparse.Namespace, kind: str, store: Path, settings, result: 
             note: str = "", extra_config: dict | None = None) -> int:
     from engine import Run
 
-    config = {**settings.as_dict(), "tokens": result["figures"]["tokens"], **(extra_config or {})}
+    config = {**settings.as_dict(), "tokens": result["figures"].get("tokens"), **(extra_config or {})}
     run = Run(kind=kind, model=store.name, config=config, figures=result["figures"], verdict=verdict,
               drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *args.invocation]),
               note=note)
@@ -200,6 +202,39 @@ def cmd_draft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prefill(args: argparse.Namespace) -> int:
+    from engine import Proof, prefill_bench
+
+    store, drives, ceilings = sources_from(args)
+    settings = settings_from(args)
+    result = prefill_bench(store, settings, args.prompt_tokens, args.chunk, drives, ceilings,
+                           not args.no_compute_floor, args.row_tokens, args.bandwidth_seconds)
+    f = result["figures"]
+    line = (f"prefill of {f['prompt_tokens']} tokens in chunks of {f['chunk']}: first token after "
+            f"{f['time_to_first_token_s']:.1f} s, read amplification {f['read_amplification']:.3f}x "
+            f"({f['bytes_read'] / 1e6:.0f} of {f['unique_bytes'] / 1e6:.0f} MB unique), disk floor "
+            f"{f['disk_floor_s']:.1f} s at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s")
+    if "compute_floor_s" in f:
+        line += (f", compute floor {f['compute_floor_s']:.1f} s, roofline fraction {f['roofline_fraction']:.2f}, "
+                 f"first token identical: {f['first_token_identical']}")
+    say(line)
+    if "row_by_row_s" in f:
+        say(f"  row by row on the first {f['row_by_row_tokens']} tokens: {f['row_by_row_tokens_per_s']:.2f} tok/s, "
+            f"read amplification {f['row_by_row_read_amplification']:.2f}x")
+    say(f"  counters: {result['counters']}")
+    verdict = "measured"
+    if "roofline_fraction" in f:
+        within = f["roofline_fraction"] >= 1 / 1.1 and f["read_amplification"] <= 1.05
+        verdict = "pass" if within else "below-roofline"
+    proofs = [Proof("expert-major prefill", "prefill_unique_bytes")]
+    if settings.prefill_prefetch:
+        proofs.append(Proof("prefill prefetch", "joined_prefetch"))
+    run = _record(args, "prefill", store, settings, result, verdict, proofs,
+                  extra_config={"tokens": args.prompt_tokens, "chunk": args.chunk})
+    say(f"recorded as run {run} ({verdict})")
+    return 0
+
+
 def cmd_replicate(args: argparse.Namespace) -> int:
     from app.models import resolve_model
     from engine import replicate_everywhere
@@ -223,6 +258,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--bandwidth-seconds", type=float, default=2.0,
                             help="how long to measure the drives' aggregate read bandwidth before decoding (2)")
         parser.set_defaults(run=run)
+    prefill = sub.add_parser("prefill", help="a long prompt's time to first token vs its floors; read amplification")
+    add_stream_arguments(prefill)
+    prefill.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (512)")
+    prefill.add_argument("--chunk", type=int, default=512, help="prompt rows per forward pass (512)")
+    prefill.add_argument("--row-tokens", type=int, default=0,
+                         help="also prefill the first N tokens row by row (chunk 1), for comparison (0: skip)")
+    prefill.add_argument("--bandwidth-seconds", type=float, default=2.0,
+                         help="how long to measure the drives' aggregate read bandwidth first (2)")
+    prefill.add_argument("--no-compute-floor", action="store_true", help="skip the in-RAM run")
+    prefill.set_defaults(run=cmd_prefill)
     draft = sub.add_parser("draft", help="sweep speculative draft depth: acceptance, union per verify, tok/s")
     add_stream_arguments(draft)
     draft.add_argument("--drafter", required=True, help="drafter model (name or directory) sharing the tokenizer")

@@ -163,7 +163,8 @@ class ExpertStream:
     def _prefetch_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> None:
         """Predict the next MoE layer's experts from `x` and start reading those not cached."""
         nxt = self._next.get(layer)
-        if nxt is None or not self.settings.prefetch or nxt.layer in self.settings.prefetch_off:
+        wanted_here = self.settings.prefetch or (record.rows > 1 and self.settings.prefill_prefetch)
+        if nxt is None or not wanted_here or nxt.layer in self.settings.prefetch_off:
             return
         if not nxt.resolved:
             nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
