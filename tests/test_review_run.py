@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from app.daemon.control import request
 from app.review.schedule import BUNDLED_DIR
 from engine import convert_gguf
 from tests.gguf_files import write_tiny_llama
@@ -89,12 +90,13 @@ def test_serve_install_writes_a_user_unit(home, tmp_path, monkeypatch, capsys):
 
 
 def serve(home: Path) -> subprocess.Popen:
+    """`nightshift serve` on `home`, once it answers on its socket (a killed service's socket may still be there)."""
     process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (home / "nightshift.sock").exists():
+    deadline = time.monotonic() + 120
+    while (request("ping") or {}).get("pid") != process.pid:
         assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline, "the service did not open its socket"
+        assert time.monotonic() < deadline, "the service did not answer on its socket"
         time.sleep(0.1)
     return process
 

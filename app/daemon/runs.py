@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from app.daemon import clock
 from app.paths import data_dir
@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS one_run_per_due ON runs (review, due) WHERE due IS NOT NULL AND origin = 'schedule';
 """
+_ENQUEUE = "INSERT OR IGNORE INTO runs (review, as_of, due, origin, state, created) VALUES (?, ?, ?, ?, 'queued', ?)"
+_FINISH = "UPDATE runs SET state = ?, finished = ?, report = ?, error = ? WHERE id = ?"
+INTERRUPTED_BY_STOP = "the service stopped during this run; queued again"
 
 
 @dataclass
@@ -92,21 +95,27 @@ class RunQueue:
         db.row_factory = sqlite3.Row
         return db
 
-    def _write(self, sql: str, parameters: tuple) -> sqlite3.Cursor:
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: everything in it is stored, or nothing (also when the process dies)."""
         with closing(self._connect()) as db:
             db.execute("BEGIN IMMEDIATE")
-            cursor = db.execute(sql, parameters)
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
             db.execute("COMMIT")
-            return cursor
+
+    def _write(self, sql: str, parameters: tuple) -> sqlite3.Cursor:
+        with self._transaction() as db:
+            return db.execute(sql, parameters)
 
     def enqueue(self, review: str, as_of: date | None = None, due: datetime | None = None,
                 origin: str = "manual") -> int | None:  # fmt: skip
         """Queue a run; None when that scheduled run (review, due) is already recorded."""
-        cursor = self._write(
-            "INSERT OR IGNORE INTO runs (review, as_of, due, origin, state, created) VALUES (?, ?, ?, ?, 'queued', ?)",
-            (review, as_of.isoformat() if as_of else None, due.isoformat() if due else None, origin,
-             clock.now().isoformat(timespec="seconds")),
-        )  # fmt: skip
+        cursor = self._write(_ENQUEUE, (review, as_of.isoformat() if as_of else None, due.isoformat() if due else None,
+                                        origin, clock.now().isoformat(timespec="seconds")))  # fmt: skip
         return cursor.lastrowid if cursor.rowcount else None
 
     def claim_next(self, pid: int) -> Run | None:
@@ -126,23 +135,24 @@ class RunQueue:
         return self.get(run_id) if cursor.rowcount else None
 
     def finish(self, run_id: int, state: str, report: str | None = None, error: str | None = None) -> None:
-        self._write(
-            "UPDATE runs SET state = ?, finished = ?, report = ?, error = ? WHERE id = ?",
-            (state, clock.now().isoformat(timespec="seconds"), report, error, run_id),
-        )
+        self._write(_FINISH, (state, clock.now().isoformat(timespec="seconds"), report, error, run_id))
 
     def set_progress(self, run_id: int, progress: dict[str, Any]) -> None:
         self._write("UPDATE runs SET progress = ? WHERE id = ?", (json.dumps(progress), run_id))
 
     def recover(self) -> list[int]:
-        """Runs left `running` by a service that died: marked interrupted and queued again. Returns the new ids."""
-        with closing(self._connect()) as db:
+        """Runs left `running` by a service that died: marked interrupted and queued again. Returns the new ids.
+
+        One transaction: a service that dies while recovering leaves each run either still `running`
+        (recovered next time) or interrupted with its retry queued, never interrupted and not queued.
+        """
+        now = clock.now().isoformat(timespec="seconds")
+        with self._transaction() as db:
             rows = db.execute("SELECT * FROM runs WHERE state = 'running'").fetchall()
-        retried = []
-        for row in rows:
-            run = Run.from_row(row)
-            self.finish(run.id, "interrupted", error="the service stopped during this run; queued again")
-            retried.append(self.enqueue(run.review, run.as_of, run.due, origin="retry"))
+            retried = []
+            for row in rows:
+                db.execute(_FINISH, ("interrupted", now, None, INTERRUPTED_BY_STOP, row["id"]))
+                retried.append(db.execute(_ENQUEUE, (row["review"], row["as_of"], row["due"], "retry", now)).lastrowid)
         return retried
 
     def get(self, run_id: int) -> Run | None:
