@@ -28,4 +28,5 @@ def resolve_model(name: str | None) -> Path:
 def open_for_generation(path: Path, in_ram: bool = False, drafter: Path | None = None) -> Model:
     """Open `path` to generate: a store streams its experts from its drives unless `in_ram`;
     `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
-    return open_model(path, stream=StreamSettings() if is_store(path) and not in_ram else None, drafter=drafter)
+    streamed = StreamSettings(verify_checksums="first") if is_store(path) and not in_ram else None
+    return open_model(path, stream=streamed, drafter=drafter)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.bench.layout import replicate_everywhere
+from engine.errors import NightshiftError
 from engine.moe.load import load_streaming
 from engine.moe.reader import ExpertReadError
 from engine.moe.settings import StreamSettings
@@ -86,7 +87,7 @@ def test_every_mechanism_on_keeps_tokens_identical(sources, in_ram_tokens, tmp_p
     store = import_tiny(tmp_path, sources["kimi_k3"], "kimi")
     replicate_everywhere(store)
     settings = StreamSettings(shared_pool=True, split_reads=True, prefetch=True, cache_bytes=200_000,
-                              cache_policy="frequency", verify_checksums=True, trace=True)
+                              cache_policy="frequency", verify_checksums="always", trace=True)
     # Both drives sit on this machine's one disk: call them two devices so halves are split between them.
     tokens, figures = streamed_tokens(store, settings, devices={"d0": 1, "d1": 2})
     assert tokens == in_ram_tokens["kimi_k3"]
@@ -119,8 +120,17 @@ def test_corrupt_replica_is_caught_by_checksums_and_skipped(sources, in_ram_toke
         data = bytearray(path.read_bytes())
         data[100] ^= 0xFF
         path.write_bytes(bytes(data))
-    settings = StreamSettings(dispatch="first_replica", verify_checksums=True)
-    assert streamed_tokens(store, settings)[0] == in_ram_tokens["qwen3_moe"]
+    for mode in ("always", "first"):  # "first": each file hashed once per process, a corrupt one never used
+        tokens, figures = streamed_tokens(store, StreamSettings(dispatch="first_replica", verify_checksums=mode))
+        assert tokens == in_ram_tokens["qwen3_moe"]
+        assert figures["reads"]["fallbacks"] > 0
+    # "off" reads the corrupt d0 copies as they are: only the checks above stand between them and the model
+    assert streamed_tokens(store, StreamSettings(dispatch="first_replica"))[1]["reads"]["fallbacks"] == 0
+
+
+def test_an_unknown_checksum_mode_is_refused():
+    with pytest.raises(NightshiftError, match="checksum mode 'sometimes'"):
+        StreamSettings(verify_checksums="sometimes")
 
 
 def test_no_replica_left_stops_with_an_error_naming_drive_and_file(sources, tmp_path):

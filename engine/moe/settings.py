@@ -8,6 +8,7 @@ from engine.errors import NightshiftError
 
 DISPATCH_POLICIES = ("least_completion", "first_replica")
 CACHE_POLICIES = ("lru", "frequency")
+CHECKSUM_MODES = ("off", "first", "always")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class StreamSettings:
     prefill_prefetch: bool = True
     cache_bytes: int = 0
     cache_policy: str = "lru"
-    verify_checksums: bool = False
+    # "first": each replica file is checked against the manifest's sha256 the first time this process
+    # reads it (catches a corrupt copy for the cost of one hash per file); "always": every read.
+    verify_checksums: str = "off"
     trace: bool = False
     use_drives: tuple[str, ...] = ()  # read only from these drives (empty: all); the drive ladder's knob
 
@@ -48,6 +51,8 @@ class StreamSettings:
             raise NightshiftError(f"dispatch policy {self.dispatch!r}: choose one of {', '.join(DISPATCH_POLICIES)}")
         if self.cache_policy not in CACHE_POLICIES:
             raise NightshiftError(f"cache policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}")
+        if self.verify_checksums not in CHECKSUM_MODES:
+            raise NightshiftError(f"checksum mode {self.verify_checksums!r}: choose one of {', '.join(CHECKSUM_MODES)}")
         if self.cache_bytes < 0:
             raise NightshiftError("the expert cache budget must be 0 (off) or more bytes")
         object.__setattr__(self, "prefetch_off", frozenset(self.prefetch_off))
