@@ -57,6 +57,7 @@ class GenerationStats:
     # Expert bytes the prompt needed (each (layer, expert) once) and bytes read while prefilling it.
     prefill_unique_bytes: int = 0
     prefill_bytes_read: int = 0
+    last_landed: str = ""  # the drive whose read landed last (the barrier) most often in recent passes
     # With a drafter: drafted/accepted tokens, verify passes, union size per verify, switch-off (engine/speculative.py).
     draft: DraftStats | None = None
 
@@ -225,6 +226,8 @@ class Model:
         stats.drive_bytes = {name: d["bytes"] for name, d in figures["drives"].items()}
         stats.cache_hits = figures["cache_hits"]
         stats.prefetch_recall = figures["prefetch_recall"]
+        barriers = self.stream.trace.summary()["barrier_drive_counts"]
+        stats.last_landed = max(barriers, key=barriers.get) if barriers else ""
 
     def close(self) -> None:
         """Stop the reader threads of a streamed model (a no-op otherwise)."""

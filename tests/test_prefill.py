@@ -43,6 +43,7 @@ def test_streamed_prefill_in_chunks_gives_the_tokens_of_the_model_in_ram(arch, c
     assert tokens == in_ram[arch]
     assert stats.prefill_unique_bytes > 0
     assert stats.prefill_read_amplification >= 1.0
+    assert stats.last_landed in {"d0", "d1"}  # the drive that most often held the barrier
 
 
 def test_one_chunk_reads_each_needed_expert_once_and_small_chunks_read_more(stores):  # noqa: F811

@@ -42,7 +42,9 @@ def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[
             "max_tokens": max_tokens, "text": text[-TEXT_KEPT:],
             # a streamed store's figures: bytes read per drive, experts served from the RAM cache, prefetch recall
             **({"drive_bytes": stats.drive_bytes, "cache_hits": stats.cache_hits,
-                "prefetch_recall": round(stats.prefetch_recall, 3)} if stats.drive_bytes else {}),
+                "prefetch_recall": round(stats.prefetch_recall, 3),
+                "read_amplification": round(stats.prefill_read_amplification, 3),
+                "last_landed": stats.last_landed or None} if stats.drive_bytes else {}),
         })  # fmt: skip
 
     return write

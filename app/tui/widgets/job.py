@@ -12,9 +12,8 @@ from app.tui.format import seconds, stamp
 from app.tui.widgets.plot import History, RatePlot
 from app.tui.widgets.text import Line
 
-# Figures a streamed store adds to a run's progress (a dense model has none: "—"). The engine does not
-# report prefill read amplification or the drive that landed last most often per generation yet; the
-# progress keys for them are named here so they show once it does.
+# Figures a streamed store adds to a run's progress (a dense model has none: "—"): the prompt's read
+# amplification, and the drive whose read landed last (the barrier) most often in recent passes.
 ENGINE_FIGURES = (("cache_hits", "cache hits", "{}"), ("prefetch_recall", "prefetch recall", "{:.0%}"),
                   ("read_amplification", "prefill read amp", "{:.2f}x"), ("last_landed", "last to land", "{}"))  # fmt: skip
 
