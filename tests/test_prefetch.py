@@ -64,3 +64,21 @@ def test_predict_orders_the_union_of_rows_by_confidence():
     # top-2 per row: row 0 -> {3, 1}, row 1 -> {2, and one of the 0-logit experts 0 or 1}
     ranked = predict(router, rows, 2)
     assert ranked[:2] == [3, 2] and set(ranked) <= {0, 1, 2, 3} and 1 in ranked
+
+
+def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(store):
+    from engine.moe.load import load_streaming
+
+    _, _, stream = load_streaming(store, StreamSettings(prefetch=True))
+    try:
+        layer = stream.manifest.layers[1].layer
+        file_bytes = stream.reader.layers[layer].file_bytes
+        assert stream._window_fill(layer) is None  # nothing measured yet: no cap
+        for est in stream.dispatcher._drives.values():
+            est.bandwidth = 2.5 * file_bytes  # per second, on each of the 2 drives
+        stream._window = 0.8  # seconds of compute before the next layer asks
+        assert stream._window_fill(layer) == 4  # 0.8 s x 5 files/s
+        stream._window = 0.01
+        assert stream._window_fill(layer) == 1  # always at least the most confident guess
+    finally:
+        stream.close()

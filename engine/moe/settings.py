@@ -19,6 +19,8 @@ class StreamSettings:
     shared_pool: demand and prefetch reads go to one queue per drive (the A/B against separate pools).
     prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
     prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
+    prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
+        measured compute window before the next layer asks (its bandwidth x window / expert bytes).
     prefill_prefetch: read the next layer's predicted union ahead during passes of many rows (a prefill
         chunk, a speculative verify) even with `prefetch` off: such a pass computes long enough to hide it.
     """
@@ -33,6 +35,7 @@ class StreamSettings:
     prefetch: bool = False
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
     prefetch_limit: int = 0
+    prefetch_fill: bool = True
     prefill_prefetch: bool = True
     cache_bytes: int = 0
     cache_policy: str = "lru"

@@ -20,6 +20,9 @@ from engine.moe.settings import StreamSettings
 from engine.store.manifest import Manifest
 
 
+WINDOW_SMOOTHING = 0.2
+
+
 @dataclass(frozen=True)
 class PrefillReads:
     """One prefill's reads: bytes read from the drives, and the bytes of the distinct experts it needed."""
@@ -72,6 +75,7 @@ class ExpertStream:
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
         self._prefill_needed: set[tuple[int, int]] | None = None
+        self._window: float | None = None  # seconds, smoothed readback of one-row passes
         self._prefill_bytes_at = 0
         self.calls = CallCounts()
 
@@ -88,6 +92,9 @@ class ExpertStream:
         unique = np.unique(host).tolist()
         self._count(host, unique)
         record.rows = host.size // host.shape[-1]
+        if record.rows == 1:  # the compute window a decode step's read-ahead can fill (see _window_fill)
+            w = record.readback_s
+            self._window = w if self._window is None else self._window + WINDOW_SMOOTHING * (w - self._window)
         if self._prefill_needed is not None:
             self._prefill_needed.update((layer, e) for e in unique)
         self._score(layer, unique)
@@ -160,6 +167,19 @@ class ExpertStream:
         recall.predicted += len(predicted)
         recall.predicted_hits += len(predicted.intersection(needed))
 
+    def _window_fill(self, layer: int) -> int | None:
+        """How many of `layer`'s experts the drives can read while the model computes up to its router.
+
+        The window is the readback time of recent one-row passes (the compute between one layer's reads
+        landing and the next layer's router); beyond what fits in it, a wrong guess only takes bandwidth
+        from the demands that follow. None until a window has been measured.
+        """
+        if self._window is None:
+            return None
+        in_use = set(self.settings.use_drives or self.manifest.drives)
+        bandwidth = sum(est.bandwidth for name, est in self.dispatcher.snapshot().items() if name in in_use)
+        return max(1, int(self._window * bandwidth / self.reader.layers[layer].file_bytes))
+
     def _prefetch_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> None:
         """Predict the next MoE layer's experts from `x` and start reading those not cached."""
         nxt = self._next.get(layer)
@@ -171,7 +191,10 @@ class ExpertStream:
         if nxt.router is None:
             return
         start = time.perf_counter()
-        guess = predict(nxt.router, x, k)[: self.settings.prefetch_limit or None]
+        caps = [self.settings.prefetch_limit or None]
+        if record.rows == 1 and self.settings.prefetch_fill:
+            caps.append(self._window_fill(nxt.layer))
+        guess = predict(nxt.router, x, k)[: min((c for c in caps if c), default=None)]
         record.predict_s = time.perf_counter() - start
         self._predicted[nxt.layer] = set(guess)
         wanted = [e for e in guess if self.cache is None or (nxt.layer, e) not in self.cache]
