@@ -47,7 +47,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefill-prefetch", dest="prefill_prefetch", action="store_false",
                         help="no read-ahead of the next layer's predicted experts in passes of many rows")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
-    parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="lru")
+    parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="frequency",
+                        help="what the RAM cache evicts (frequency: measured best)")
     parser.add_argument("--use-drives", default="", help="comma-separated drive names to read from (default: all)")
 
 
