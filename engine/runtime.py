@@ -226,7 +226,7 @@ class Model:
         stats.drive_bytes = {name: d["bytes"] for name, d in figures["drives"].items()}
         stats.cache_hits = figures["cache_hits"]
         stats.prefetch_recall = figures["prefetch_recall"]
-        barriers = self.stream.trace.summary()["barrier_drive_counts"]
+        barriers = self.stream.trace.barrier_counts()
         stats.last_landed = max(barriers, key=barriers.get) if barriers else ""
 
     def close(self) -> None:

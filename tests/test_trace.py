@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.instruments.trace import CACHE, DEMAND, PREFETCH
+from engine.instruments.trace import CACHE, DEMAND, PREFETCH, ExpertRead, Trace
 from engine.moe.settings import StreamSettings
 from engine.store.manifest import read_manifest
 from tests.test_stream import streamed, tiny_store
@@ -49,3 +49,14 @@ def test_cache_hits_cost_no_read_and_the_budget_is_kept(store):
     assert stream.cache.used <= budget
     hits = sum(1 for p in stream.trace.passes() for r in p.reads if r.source == CACHE)
     assert hits == stream.cache.hits > 0
+
+
+def test_barrier_counts_follow_the_ring_as_old_passes_drop_out():
+    trace = Trace(keep=2)
+    for drive in ("a", "b", "b"):
+        record = trace.begin(layer=1)
+        record.reads.append(ExpertRead(0, DEMAND, drive, 0.0, 1.0, 4096))
+        trace.add(record)
+    trace.add(trace.begin(layer=2))  # a pass served from the cache has no barrier; it pushes the first "b" out
+    assert trace.barrier_counts() == {"b": 1}
+    assert trace.summary()["barrier_drive_counts"] == {"b": 1}

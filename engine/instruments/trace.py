@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 
 CACHE = "cache"
@@ -57,6 +57,7 @@ class Trace:
     def __init__(self, keep: int = 100_000):
         self.origin = time.perf_counter()
         self._passes: deque[PassTrace] = deque(maxlen=keep)
+        self._barriers: Counter[str] = Counter()  # kept passes whose barrier (last read) was on each drive
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -67,7 +68,16 @@ class Trace:
 
     def add(self, record: PassTrace) -> None:
         with self._lock:
+            if len(self._passes) == self._passes.maxlen and (dropped := self._passes[0].last) is not None:
+                self._barriers[dropped.drive] -= 1
             self._passes.append(record)
+            if (last := record.last) is not None:
+                self._barriers[last.drive] += 1
+
+    def barrier_counts(self) -> dict[str, int]:
+        """Per drive, how many kept passes its read landed last in; counted as passes are added (cheap per token)."""
+        with self._lock:
+            return {drive: n for drive, n in self._barriers.items() if n}
 
     def passes(self) -> list[PassTrace]:
         with self._lock:
@@ -76,10 +86,6 @@ class Trace:
     def summary(self) -> dict:
         """Totals over the kept passes: where a layer's time went, and which drive held the barrier."""
         passes = self.passes()
-        barrier: dict[str, int] = {}
-        for p in passes:
-            if p.last is not None:
-                barrier[p.last.drive] = barrier.get(p.last.drive, 0) + 1
         sources: dict[str, int] = {}
         for p in passes:
             for r in p.reads:
@@ -89,7 +95,7 @@ class Trace:
             "readback_s": sum(p.readback_s for p in passes),
             "predict_s": sum(p.predict_s for p in passes),
             "wait_s": sum(p.wait_s for p in passes),
-            "barrier_drive_counts": barrier,
+            "barrier_drive_counts": self.barrier_counts(),
             "expert_sources": sources,
         }
 

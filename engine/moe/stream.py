@@ -90,8 +90,8 @@ class ExpertStream:
         host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
         record.readback_s = time.perf_counter() - start
         unique = np.unique(host).tolist()
-        self._count(host, unique)
         record.rows = host.size // host.shape[-1]
+        self._count(record.rows, unique)
         if record.rows == 1:  # the compute window a decode step's read-ahead can fill (see _window_fill)
             w = record.readback_s
             self._window = w if self._window is None else self._window + WINDOW_SMOOTHING * (w - self._window)
@@ -149,9 +149,9 @@ class ExpertStream:
     def close(self) -> None:
         self.reader.close()
 
-    def _count(self, host: np.ndarray, unique: list[int]) -> None:
+    def _count(self, rows: int, unique: list[int]) -> None:
         self.calls.calls += 1
-        self.calls.rows += host.size // host.shape[-1]
+        self.calls.rows += rows
         self.calls.unique += len(unique)
 
     def _cached(self, layer: int, expert: int) -> Tensors | None:
