@@ -9,12 +9,15 @@ layer), and that the chunk size is a setting whose effect is measured (read ampl
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import NightshiftError
+
+if TYPE_CHECKING:
+    from engine.moe.stream import ExpertStream, PrefillReads
 
 # Rows per forward pass while prefilling; a chunk reads each selected expert once.
 DEFAULT_CHUNK = 512
@@ -37,3 +40,13 @@ def prefill(model: nn.Module, prompt: list[int], cache: list, chunk: int = DEFAU
     logprobs = (logits - mx.logsumexp(logits, keepdims=True)).squeeze(0)
     mx.eval(logprobs)
     return logprobs
+
+
+def counted_prefill(model: nn.Module, prompt: list[int], cache: list, chunk: int, stream: ExpertStream | None
+                    ) -> tuple[mx.array, PrefillReads | None]:
+    """`prefill`, with the streamed model's prefill reads (bytes read, unique expert bytes) when it streams."""
+    if stream is None:
+        return prefill(model, prompt, cache, chunk), None
+    stream.begin_prefill()
+    logprobs = prefill(model, prompt, cache, chunk)
+    return logprobs, stream.end_prefill()

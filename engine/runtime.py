@@ -33,7 +33,7 @@ from engine.models import get_classes  # noqa: E402
 from engine.moe.load import load_streaming  # noqa: E402
 from engine.moe.settings import StreamSettings  # noqa: E402
 from engine.moe.stream import ExpertStream  # noqa: E402
-from engine.prefill import DEFAULT_CHUNK, prefill  # noqa: E402
+from engine.prefill import DEFAULT_CHUNK, counted_prefill, prefill  # noqa: E402
 from engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens  # noqa: E402
 from engine.store.loader import is_store, load_store  # noqa: E402
 
@@ -195,11 +195,8 @@ class Model:
                    stats: GenerationStats, draft_switch_off: bool = True) -> Iterator[int]:
         """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
         cache = make_prompt_cache(self.model)
-        if self.stream is not None:
-            self.stream.begin_prefill()
-        logprobs = prefill(self.model, prompt, cache, prefill_chunk)
-        if self.stream is not None:
-            reads = self.stream.end_prefill()
+        logprobs, reads = counted_prefill(self.model, prompt, cache, prefill_chunk, self.stream)
+        if reads is not None:
             stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
         first = sampler(logprobs[None]).item()
         yield first

@@ -26,7 +26,7 @@ from engine.io.drives import Drive
 from engine.moe.load import load_streaming, with_drives
 from engine.moe.settings import StreamSettings
 from engine.moe.stream import ExpertStream, PrefillReads
-from engine.prefill import prefill
+from engine.prefill import counted_prefill, prefill
 from engine.store.loader import load_store
 from engine.store.manifest import read_manifest
 
@@ -42,13 +42,10 @@ def timed_prefill(model, prompt: list[int], chunk: int, stream: ExpertStream | N
                   ) -> tuple[float, int, PrefillReads | None]:
     """(seconds to the first token, that token, the stream's prefill reads) for one prefill from an empty cache."""
     prefill(model, prompt[:WARMUP_TOKENS], make_prompt_cache(model), chunk)
-    if stream is not None:
-        stream.begin_prefill()
     start = time.perf_counter()
-    logprobs = prefill(model, prompt, make_prompt_cache(model), chunk)
+    logprobs, reads = counted_prefill(model, prompt, make_prompt_cache(model), chunk, stream)
     first = int(mx.argmax(logprobs).item())
-    seconds = time.perf_counter() - start
-    return seconds, first, stream.end_prefill() if stream is not None else None
+    return time.perf_counter() - start, first, reads
 
 
 def prefill_bench(store: Path, settings: StreamSettings, prompt_tokens: int = 512, chunk: int = 512,
