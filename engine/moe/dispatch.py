@@ -91,6 +91,11 @@ class Dispatcher:
             est.bandwidth = sum(b for b, _ in est.recent) / sum(t for _, t in est.recent)
             est.samples += 1
 
+    def bandwidth(self, drives: set[str]) -> float:
+        """Summed bandwidth estimate of `drives` (bytes/s), without copying every estimate as `snapshot` does."""
+        with self._lock:
+            return sum(est.bandwidth for name, est in self._drives.items() if name in drives)
+
     def snapshot(self) -> dict[str, DriveEstimate]:
         with self._lock:
             return {name: DriveEstimate(est.bandwidth, est.latency, est.in_flight, est.samples, est.mark,

@@ -177,8 +177,7 @@ class ExpertStream:
         if self._window is None:
             return None
         in_use = set(self.settings.use_drives or self.manifest.drives)
-        bandwidth = sum(est.bandwidth for name, est in self.dispatcher.snapshot().items() if name in in_use)
-        return max(1, int(self._window * bandwidth / self.reader.layers[layer].file_bytes))
+        return max(1, int(self._window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
 
     def _prefetch_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> None:
         """Predict the next MoE layer's experts from `x` and start reading those not cached."""
