@@ -53,6 +53,14 @@ class Ticket:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A read in flight: its future and where it was placed (released from the drives if it is cancelled)."""
+
+    future: Future
+    tickets: list[Ticket]
+
+
 @dataclass
 class LoadedExpert:
     tensors: Tensors
@@ -116,28 +124,26 @@ class ExpertReader:
         self.buffers = BufferPool(threads, max(layer.file_bytes for layer in manifest.layers))
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
-        self._inflight: dict[Key, Future[LoadedExpert]] = {}
-        self._tickets: dict[Key, tuple[Future[LoadedExpert], list[Ticket]]] = {}
+        self._inflight: dict[Key, Placed] = {}
         self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
-        self._lock = threading.RLock()  # a cancel under the lock runs the done callback, which takes it too
+        self._lock = threading.Lock()
 
     def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
         """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
         pending = []
         with self._lock:
             for expert in experts:
-                future = self._inflight.get((layer, expert))
-                if future is not None and self._cancel((layer, expert)):  # a prefetch still queued: read it now
+                placed = self._inflight.get((layer, expert))
+                if placed is not None and self._cancel(placed):  # a prefetch still queued: read it now
                     self.counts.promoted_prefetch += 1
-                    future = None
-                if future is None:
-                    future = self._submit(layer, expert, DEMAND)
-                    self._inflight[(layer, expert)] = future
+                    placed = None
+                if placed is None:
+                    placed = self._inflight[(layer, expert)] = self._submit(layer, expert, DEMAND)
                     self.counts.demand_reads += 1
-                    pending.append((future, DEMAND))
+                    pending.append((placed.future, DEMAND))
                 else:
                     self.counts.joined_prefetch += 1
-                    pending.append((future, PREFETCH))
+                    pending.append((placed.future, PREFETCH))
             self._drop_unused(layer, set(experts))
         return pending
 
@@ -149,7 +155,8 @@ class ExpertReader:
         finally:
             with self._lock:
                 for expert, (future, _) in zip(experts, pending):
-                    if self._inflight.get((layer, expert)) is future:
+                    placed = self._inflight.get((layer, expert))
+                    if placed is not None and placed.future is future:
                         del self._inflight[(layer, expert)]
 
     def prefetch(self, layer: int, experts: list[int]) -> int:
@@ -186,11 +193,10 @@ class ExpertReader:
         One still running lands unclaimed and is freed; should the expert be needed later, it is read anew.
         """
         for key in [k for k in self._inflight if k[0] == layer and k[1] not in used]:
-            self._cancel(key)
-            self._inflight.pop(key)
+            self._cancel(self._inflight.pop(key))
             self.counts.wasted_prefetch += 1
 
-    def _submit(self, layer: int, expert: int, source: str) -> Future[LoadedExpert]:
+    def _submit(self, layer: int, expert: int, source: str) -> Placed:
         """Place the read now (drive, or two drives for a split read) and queue it on its drive (caller holds the lock)."""
         spec = self.layers[layer]
         replicas = self.replicas(layer, expert)
@@ -199,25 +205,16 @@ class ExpertReader:
             drive = self.dispatcher.choose([d for d, _ in replicas], spec.file_bytes)
             tickets = [Ticket(drive, dict(replicas)[drive], spec.file_bytes)]
         pools = self._demand if source == DEMAND else self._prefetch
-        future = pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets)
-        self._tickets[(layer, expert)] = (future, tickets)
-        future.add_done_callback(lambda done, key=(layer, expert): self._forget_tickets(key, done))
-        return future
+        return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets), tickets)
 
-    def _cancel(self, key: Key) -> bool:
-        """Cancel the queued read of `key`, releasing its place on the drives; False if it already started."""
-        future, tickets = self._tickets.get(key, (None, []))
-        if future is None or not future.cancel():
+    def _cancel(self, placed: Placed) -> bool:
+        """Cancel a queued read, releasing its place on the drives; False if it already started."""
+        if not placed.future.cancel():
             return False
-        for ticket in tickets:
+        for ticket in placed.tickets:
             self.dispatcher.finished(ticket.drive, ticket.nbytes, ok=False)
         self.counts.cancelled_prefetch += 1
         return True
-
-    def _forget_tickets(self, key: Key, future: Future) -> None:
-        with self._lock:
-            if self._tickets.get(key, (None,))[0] is future:
-                del self._tickets[key]
 
     def _load(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> LoadedExpert:
         with self.buffers.take() as buffer:
