@@ -4,8 +4,9 @@ Checking k drafted tokens is one forward pass of the target over k+1 rows, so ea
 layer reads the union of those rows' experts once instead of k+1 times. The loop is our own
 (mlx-lm's `speculative_generate_step` fits neither a switch-off nor per-verify statistics) but
 keeps its rules: a drafted token is accepted when the target's own sample at that row equals
-it, the first disagreement is replaced by the target's token, and the caches are trimmed back
-with mlx-lm's `trim` (recurrent caches, e.g. Kimi K3's delta-attention state, are restored from
+it (the verify pass runs attention row by row, `engine/row_attention.py`, so that sample is
+exactly plain decoding's), the first disagreement is replaced by the target's token, and the
+caches are trimmed back with mlx-lm's `trim` (recurrent caches, e.g. Kimi K3's delta-attention state, are restored from
 a snapshot and the accepted rows replayed). Greedy output is the target's greedy output.
 
 Drafting pays only while enough drafts are accepted: the loop times plain decode steps, then
@@ -28,6 +29,7 @@ from mlx_lm.models.cache import ArraysCache
 
 from engine.errors import NightshiftError
 from engine.moe.stream import ExpertStream
+from engine.row_attention import attention_row_by_row
 from engine.store.manifest import write_json_atomic
 
 Sampler = Callable[[mx.array], mx.array]
@@ -307,7 +309,8 @@ def _round(pair: Pair, y: int, unseen: list[int], depth: int, stats: DraftStats,
         feed = drafts[-1:]
     target_mark = checkpoint(pair.target_cache)
     before = count()
-    verified = pair.sampler(_logits(pair.target, pair.target_cache, [y, *drafts])).tolist()
+    with attention_row_by_row(pair.target):  # each row as a decode step computes it: greedy identity
+        verified = pair.sampler(_logits(pair.target, pair.target_cache, [y, *drafts])).tolist()
     _add(stats, "verify", before, count())
     accepted = next((i for i, (d, t) in enumerate(zip(drafts, verified)) if d != t), depth)
     stats.rounds += 1
@@ -326,6 +329,7 @@ def _rewind_target(pair: Pair, mark: list[Any], keep: list[int], stats: DraftSta
         restore(pair.target_cache, mark, plus=len(keep))
         return
     restore(pair.target_cache, mark)  # a recurrent state cannot be trimmed: go back and replay the accepted rows
-    pair.target(mx.array(keep, mx.uint32)[None], cache=pair.target_cache)
-    mx.eval([c.state for c in pair.target_cache])
+    with attention_row_by_row(pair.target):
+        pair.target(mx.array(keep, mx.uint32)[None], cache=pair.target_cache)
+        mx.eval([c.state for c in pair.target_cache])
     stats.replays += 1
