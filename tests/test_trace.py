@@ -35,6 +35,9 @@ def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
             assert p.last.end == max(r.end for r in read)
     summary = stream.trace.summary()
     assert summary["passes"] == len(passes)
+    decode = [p for p in passes if p.rows == 1]
+    assert 0 < summary["one_row_passes"] == len(decode) < len(passes)  # the prompt's passes are not decode's
+    assert summary["one_row_readback_s"] == pytest.approx(sum(p.readback_s for p in decode))
     assert sum(summary["barrier_drive_counts"].values()) == sum(1 for p in passes if p.last is not None)
     out = tmp_path / "trace.jsonl"
     stream.trace.dump_jsonl(out)

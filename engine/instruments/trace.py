@@ -90,11 +90,15 @@ class Trace:
         for p in passes:
             for r in p.reads:
                 sources[r.source] = sources.get(r.source, 0) + 1
+        one_row = [p for p in passes if p.rows == 1]  # decode steps; a prefill chunk's pass computes far longer
         return {
             "passes": len(passes),
             "readback_s": sum(p.readback_s for p in passes),
             "predict_s": sum(p.predict_s for p in passes),
             "wait_s": sum(p.wait_s for p in passes),
+            "one_row_passes": len(one_row),
+            "one_row_readback_s": sum(p.readback_s for p in one_row),
+            "one_row_wait_s": sum(p.wait_s for p in one_row),
             "barrier_drive_counts": self.barrier_counts(),
             "expert_sources": sources,
         }
