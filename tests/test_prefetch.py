@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.instruments.trace import DEMAND, PREFETCH
 from engine.moe.prefetch import predict
 from engine.moe.settings import StreamSettings
-from tests.test_stream import streamed, streamed_tokens, tiny_store
+from tests.test_stream import streamed_tokens, tiny_store
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +32,6 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
     assert 0 < on["prefetch_recall"] <= 1
     assert set(on["recall_per_layer"]) == {1, 2}  # the first MoE layer has no layer before it to predict it
     assert off["reads"]["prefetch_reads"] == 0 and off["recall_per_layer"] == {}
-
-
-def test_a_yielding_prefetch_never_starts_on_a_drive_busy_with_demand_reads(store):
-    tokens, stream = streamed(store, StreamSettings(prefetch=True, prefetch_yields=True, trace=True), steps=8)
-    same, _ = streamed_tokens(store, StreamSettings(prefetch=True, prefetch_yields=False), steps=8)
-    assert tokens == same
-    reads = [r for p in stream.trace.passes() for r in p.reads]
-    demands = [r for r in reads if r.source == DEMAND]
-    ahead = [r for r in reads if r.source == PREFETCH]
-    assert ahead and stream.reader.counts.yielded_prefetch > 0  # asked for while the drives read demands
-    for r in ahead:
-        assert not any(d.drive == r.drive and d.start <= r.start < d.end for d in demands), r
 
 
 def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):

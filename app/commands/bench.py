@@ -23,8 +23,6 @@ MECHANISMS = {
     "prefetch": ({"prefetch": False}, {"prefetch": True}, "joined_prefetch"),
     "prefetch-fill": ({"prefetch": True, "prefetch_fill": False}, {"prefetch": True, "prefetch_fill": True},
                       "joined_prefetch"),
-    "prefetch-yield": ({"prefetch": True, "prefetch_yields": False}, {"prefetch": True, "prefetch_yields": True},
-                       "yielded_prefetch"),
     "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --cache-mb (must be > 0)
     "cache-policy": ({"cache_policy": "lru"}, {"cache_policy": "frequency"}, "cache_hits"),
 }
@@ -46,8 +44,6 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)")
     parser.add_argument("--no-prefetch-fill", dest="prefetch_fill", action="store_false",
                         help="decode read-ahead not capped at what fits in the measured compute window")
-    parser.add_argument("--no-prefetch-yield", dest="prefetch_yields", action="store_false",
-                        help="read-ahead queued beside demand reads, after the layer's reads land, not yielding to them")
     parser.add_argument("--no-prefill-prefetch", dest="prefill_prefetch", action="store_false",
                         help="no read-ahead of the next layer's predicted experts in passes of many rows")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
@@ -67,7 +63,7 @@ def settings_from(args: argparse.Namespace):
         demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
         dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
         prefetch_limit=args.prefetch_limit, prefill_prefetch=args.prefill_prefetch,
-        prefetch_fill=args.prefetch_fill, prefetch_yields=args.prefetch_yields,
+        prefetch_fill=args.prefetch_fill,
         cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
         use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
     )

@@ -11,11 +11,6 @@ back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
 A demand for an expert whose prefetch is still queued (not started) cancels it and reads it
 in the demand pool, so a layer never waits behind the prefetch queue.
-
-With `prefetch_yields` a prefetch is not placed when it is asked for: it is held until some
-drive holding a replica has no demand work, then placed there (most confident first). So a
-read-ahead never shares a drive with a layer's own reads, and a drive that finishes its share
-of a layer early starts on the next layer's guesses while the others finish.
 """
 
 from __future__ import annotations
@@ -66,15 +61,6 @@ class Placed:
     tickets: list[Ticket]
 
 
-@dataclass(eq=False)
-class Held:
-    """A prefetch waiting for a drive with no demand work; `waited` once it was passed over for that."""
-
-    key: Key
-    placed: Placed
-    waited: bool = False
-
-
 @dataclass
 class LoadedExpert:
     tensors: Tensors
@@ -94,7 +80,6 @@ class ReadCounts:
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
     cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
-    yielded_prefetch: int = 0  # prefetches held back while their drives had demand work (prefetch_yields)
 
 
 def decode(buffer, layer: MoeLayer) -> Tensors:
@@ -140,9 +125,6 @@ class ExpertReader:
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
         self._inflight: dict[Key, Placed] = {}
-        self._demand_work = dict.fromkeys(drives, 0)  # demand reads placed on each drive, queued or running
-        self._prefetching = dict.fromkeys(drives, 0)  # held prefetches started on each drive, running
-        self._held: list[Held] = []
         self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
         self._lock = threading.Lock()
 
@@ -183,12 +165,9 @@ class ExpertReader:
         with self._lock:
             for expert in experts:
                 if (layer, expert) not in self._inflight:
-                    self._inflight[(layer, expert)] = (
-                        self._hold((layer, expert)) if self.settings.prefetch_yields
-                        else self._submit(layer, expert, PREFETCH))
+                    self._inflight[(layer, expert)] = self._submit(layer, expert, PREFETCH)
                     started += 1
             self.counts.prefetch_reads += started
-            self._pump()
         return started
 
     def replicas(self, layer: int, expert: int) -> list[tuple[str, Path]]:
@@ -226,56 +205,7 @@ class ExpertReader:
             drive = self.dispatcher.choose([d for d, _ in replicas], spec.file_bytes)
             tickets = [Ticket(drive, dict(replicas)[drive], spec.file_bytes)]
         pools = self._demand if source == DEMAND else self._prefetch
-        if source == DEMAND:
-            for ticket in tickets:
-                self._demand_work[ticket.drive] += 1
         return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets), tickets)
-
-    def _hold(self, key: Key) -> Placed:
-        """A prefetch not yet placed: `_pump` starts it on a drive with no demand work (caller holds the lock)."""
-        self.replicas(*key)  # no usable replica is an error now, not in a later pump
-        placed = Placed(Future(), [])
-        self._held.append(Held(key, placed))
-        return placed
-
-    def _pump(self) -> None:
-        """Start held prefetches, most confident first, on drives with no demand work and a free prefetch thread.
-
-        Caller holds the lock. A held prefetch stays cancellable (its future pending) until it starts.
-        """
-        waiting = []
-        for held in self._held:
-            if held.placed.future.cancelled():
-                continue
-            layer, expert = held.key
-            replicas = dict(self.replicas(layer, expert))
-            free = [d for d in replicas
-                    if not self._demand_work[d] and self._prefetching[d] < self.settings.prefetch_threads]
-            if not free:
-                if not held.waited and any(self._demand_work[d] for d in replicas):
-                    held.waited = True
-                    self.counts.yielded_prefetch += 1
-                waiting.append(held)
-                continue
-            if not held.placed.future.set_running_or_notify_cancel():
-                continue
-            spec = self.layers[layer]
-            drive = self.dispatcher.choose(free, spec.file_bytes)
-            ticket = Ticket(drive, replicas[drive], spec.file_bytes)
-            held.placed.tickets.append(ticket)
-            self._prefetching[drive] += 1
-            self._prefetch[drive].submit(self._run_held, held.placed.future, spec, expert, ticket)
-        self._held = waiting
-
-    def _run_held(self, future: Future, spec: MoeLayer, expert: int, ticket: Ticket) -> None:
-        try:
-            future.set_result(self._load(spec, expert, PREFETCH, [ticket]))
-        except BaseException as exc:  # handed to whoever waits on the read, as a pool's future would be
-            future.set_exception(exc)
-        finally:
-            with self._lock:
-                self._prefetching[ticket.drive] -= 1
-                self._pump()
 
     def _cancel(self, placed: Placed) -> bool:
         """Cancel a queued read, releasing its place on the drives; False if it already started."""
@@ -287,16 +217,9 @@ class ExpertReader:
         return True
 
     def _load(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> LoadedExpert:
-        try:
-            with self.buffers.take() as buffer:
-                read = self._read(buffer, spec, expert, source, tickets)
-                return LoadedExpert(decode(buffer, spec), read, spec.file_bytes)
-        finally:
-            if source == DEMAND:
-                with self._lock:
-                    for ticket in tickets:
-                        self._demand_work[ticket.drive] -= 1
-                    self._pump()
+        with self.buffers.take() as buffer:
+            read = self._read(buffer, spec, expert, source, tickets)
+            return LoadedExpert(decode(buffer, spec), read, spec.file_bytes)
 
     def _read(self, buffer, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> ExpertRead:
         """Fill `buffer` with the expert's file as placed (whole, or halves), then from other replicas on failure."""

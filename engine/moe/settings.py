@@ -21,8 +21,6 @@ class StreamSettings:
     prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
     prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
         measured compute window before the next layer asks (its bandwidth x window / expert bytes).
-    prefetch_yields: a read-ahead starts only on a drive with no demand work, so it is asked for as soon as
-        the guess is made (before the layer's own reads land) and fills the drives that finish first.
     prefill_prefetch: read the next layer's predicted union ahead during passes of many rows (a prefill
         chunk, a speculative verify) even with `prefetch` off: such a pass computes long enough to hide it.
     """
@@ -38,7 +36,6 @@ class StreamSettings:
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
     prefetch_limit: int = 0
     prefetch_fill: bool = True
-    prefetch_yields: bool = True
     prefill_prefetch: bool = True
     cache_bytes: int = 0
     # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).

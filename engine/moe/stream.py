@@ -101,16 +101,12 @@ class ExpertStream:
         found = {e: t for e in unique if (t := self._cached(layer, e)) is not None}
         missing = [e for e in unique if e not in found]
         pending = self.reader.demand(layer, missing)
-        # Read-ahead that yields to demand may be asked for now: a drive starts it once its share of
-        # this layer is read. Otherwise only after the wait, so it takes no bandwidth from this layer.
-        yields = self.settings.prefetch_yields
-        if yields:
-            self._prefetch_next(layer, x, host.shape[-1], record)
         start = time.perf_counter()
         landed = self.reader.wait(layer, missing, pending)
         record.wait_s = time.perf_counter() - start
-        if not yields:
-            self._prefetch_next(layer, x, host.shape[-1], record)
+        # Only now: the drives are idle until the next layer asks, so its predicted reads take no
+        # bandwidth from this layer's own (before the wait or here measured the same on small2).
+        self._prefetch_next(layer, x, host.shape[-1], record)
         spec = self.reader.layers[layer]
         for expert, (loaded, _) in zip(missing, landed):
             found[expert] = as_stored(loaded.tensors, spec)
