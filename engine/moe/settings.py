@@ -17,6 +17,9 @@ class StreamSettings:
 
     demand_threads, prefetch_threads: reader threads per drive for each queue (reads in flight per drive).
     shared_pool: demand and prefetch reads go to one queue per drive (the A/B against separate pools).
+    split_reads: every read as two halves from replicas on two devices.
+    split_remainder: a layer's demand reads beyond an equal number of whole files per device are read in
+        parts from every device (whole files alone leave 8 experts over 3 drives at 3/3/2).
     prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
     prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
     prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
@@ -30,6 +33,7 @@ class StreamSettings:
     shared_pool: bool = False
     dispatch: str = "least_completion"
     split_reads: bool = False
+    split_remainder: bool = False
     # Off by default: on the disk-bound rig next-layer prefetch lost 21 % (docs/results.md, runs 13/14):
     # at 62 % recall its wasted reads cost more bandwidth than the overlap saves.
     prefetch: bool = False
