@@ -41,7 +41,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
     parser.add_argument("--split-remainder", action="store_true",
                         help="a layer's reads beyond an equal share of whole files per drive, in parts from every drive")
-    parser.add_argument("--prefetch", action="store_true", help="next-layer prefetch (off by default: it lost on the rig)")
+    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                        help="read the next layer's predicted experts during this layer's compute (default: on)")
     parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
     parser.add_argument("--prefetch-limit", type=int, default=0,
                         help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)")

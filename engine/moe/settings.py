@@ -34,9 +34,10 @@ class StreamSettings:
     dispatch: str = "least_completion"
     split_reads: bool = False
     split_remainder: bool = False
-    # Off by default: on the disk-bound rig next-layer prefetch lost 21 % (docs/results.md, runs 13/14):
-    # at 62 % recall its wasted reads cost more bandwidth than the overlap saves.
-    prefetch: bool = False
+    # On by default since prefetch fill: on the bench model (disk floor 3.3x compute) decode went from 0.75 of
+    # the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is short, it is even to
+    # -2.5 % (docs/results.md, third round).
+    prefetch: bool = True
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
     prefetch_limit: int = 0
     prefetch_fill: bool = True
