@@ -14,7 +14,6 @@ import pytest
 
 from engine.bench.layout import replicate_everywhere
 from engine.errors import NightshiftError
-from engine.instruments.trace import DEMAND
 from engine.moe.load import load_streaming
 from engine.moe.reader import ExpertReadError
 from engine.moe.settings import StreamSettings
@@ -95,23 +94,6 @@ def test_every_mechanism_on_keeps_tokens_identical(sources, in_ram_tokens, tmp_p
     assert figures["reads"]["split_reads"] > 0
     assert figures["cache_hits"] > 0
     assert figures["prefetch_recall"] > 0
-
-
-def test_split_remainder_splits_only_what_is_left_once_each_device_has_an_equal_share(sources, in_ram_tokens,
-                                                                                     tmp_path):
-    store = import_tiny(tmp_path, sources["kimi_k3"], "kimi")
-    replicate_everywhere(store)
-    settings = StreamSettings(split_remainder=True, prefill_prefetch=False, trace=True)
-    tokens, stream = streamed(store, settings, devices={"d0": 1, "d1": 2})
-    assert tokens == in_ram_tokens["kimi_k3"]
-    split_total = 0
-    for p in stream.trace.passes():
-        demands = [r for r in p.reads if r.source == DEMAND]
-        split = [r for r in demands if r.split]
-        assert len(split) == len(demands) % 2  # two devices: an odd count leaves one expert over, read in two parts
-        assert all(sorted(r.drive.split("+")) == ["d0", "d1"] for r in split)
-        split_total += len(split)
-    assert split_total == stream.reader.counts.split_reads > 0
 
 
 def test_a_bad_replica_falls_back_to_another(sources, in_ram_tokens, tmp_path):

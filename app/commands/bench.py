@@ -18,7 +18,6 @@ from app.commands.runs import catalogue
 # mechanism -> (baseline settings, variant settings, counter that proves the variant fired)
 MECHANISMS = {
     "split": ({"split_reads": False}, {"split_reads": True}, "split_reads"),
-    "split-remainder": ({"split_remainder": False}, {"split_remainder": True}, "split_reads"),
     "pools": ({"shared_pool": True}, {"shared_pool": False}, "prefetch_reads"),
     "dispatch": ({"dispatch": "first_replica"}, {"dispatch": "least_completion"}, "replica_choices"),
     "prefetch": ({"prefetch": False}, {"prefetch": True}, "joined_prefetch"),
@@ -39,8 +38,6 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-pool", action="store_true", help="demand and prefetch reads share one queue per drive")
     parser.add_argument("--dispatch", choices=("least_completion", "first_replica"), default="least_completion")
     parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
-    parser.add_argument("--split-remainder", action="store_true",
-                        help="a layer's reads beyond an equal share of whole files per drive, in parts from every drive")
     parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                         help="read the next layer's predicted experts during this layer's compute (default: on)")
     parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
@@ -65,7 +62,7 @@ def settings_from(args: argparse.Namespace):
         raise NightshiftError(f"--prefetch-off takes layer numbers, e.g. 3,4; got {args.prefetch_off!r}") from None
     return StreamSettings(
         demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
-        dispatch=args.dispatch, split_reads=args.split_reads, split_remainder=args.split_remainder, prefetch=args.prefetch, prefetch_off=off,
+        dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
         prefetch_limit=args.prefetch_limit, prefill_prefetch=args.prefill_prefetch,
         prefetch_fill=args.prefetch_fill,
         cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,

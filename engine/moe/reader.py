@@ -8,10 +8,7 @@ them on whichever drive looked fastest). Both queues share one dispatcher, so
 in-flight bytes per drive count every queued and running read. An expert already in
 flight is never read twice: a demand joins the prefetch read under way. A failed read (I/O error, short file, bad checksum) falls
 back to the next replica; with none left the error names every drive and file.
-Optionally an expert with replicas on two devices is read as two halves at once, and with
-`split_remainder` the reads a layer's demand leaves over once every device has its equal share
-of whole files (8 experts over 3 drives: 2 left) are each read in parts from all devices, so no
-drive reads a whole expert more than another while the rest wait.
+Optionally an expert with replicas on two devices is read as two halves at once.
 A demand for an expert whose prefetch is still queued (not started) cancels it and reads it
 in the demand pool, so a layer never waits behind the prefetch queue.
 """
@@ -31,7 +28,7 @@ import numpy as np
 from engine.errors import NightshiftError
 from engine.instruments.trace import DEMAND, PREFETCH, ExpertRead
 from engine.io.counters import DriveReadCounters
-from engine.io.direct import ALIGNMENT, DirectReadError, open_direct
+from engine.io.direct import DirectReadError, open_direct
 from engine.moe.buffers import BufferPool
 from engine.moe.dispatch import Dispatcher
 from engine.moe.settings import StreamSettings
@@ -54,7 +51,6 @@ class Ticket:
     drive: str
     path: Path
     nbytes: int
-    offset: int = 0  # where in the file (and the buffer) this part starts
 
 
 @dataclass(frozen=True)
@@ -124,33 +120,30 @@ class ExpertReader:
             d: ThreadPoolExecutor(settings.prefetch_threads, f"ns-prefetch-{d}") for d in drives}
         per_drive = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
         threads = per_drive * len(drives)
-        splits = settings.split_reads or settings.split_remainder
-        self._parts = ThreadPoolExecutor(threads, thread_name_prefix="ns-part") if splits else None
+        self._halves = ThreadPoolExecutor(threads, thread_name_prefix="ns-half") if settings.split_reads else None
         self.buffers = BufferPool(threads, max(layer.file_bytes for layer in manifest.layers))
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
         self._inflight: dict[Key, Placed] = {}
-        self._verified: set[tuple[Path, ...]] = set()  # files (or a split read's parts) found intact ("first" mode)
+        self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
         self._lock = threading.Lock()
 
     def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
         """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
+        pending = []
         with self._lock:
-            joined = set()
             for expert in experts:
                 placed = self._inflight.get((layer, expert))
                 if placed is not None and self._cancel(placed):  # a prefetch still queued: read it now
                     self.counts.promoted_prefetch += 1
-                elif placed is not None:
-                    joined.add(expert)
-            new = [e for e in experts if e not in joined]
-            whole = self._whole_reads(len(new))
-            for i, expert in enumerate(new):
-                parts = self._device_count() if i >= whole else 1
-                self._inflight[(layer, expert)] = self._submit(layer, expert, DEMAND, parts)
-            self.counts.demand_reads += len(new)
-            self.counts.joined_prefetch += len(joined)
-            pending = [(self._inflight[(layer, e)].future, PREFETCH if e in joined else DEMAND) for e in experts]
+                    placed = None
+                if placed is None:
+                    placed = self._inflight[(layer, expert)] = self._submit(layer, expert, DEMAND)
+                    self.counts.demand_reads += 1
+                    pending.append((placed.future, DEMAND))
+                else:
+                    self.counts.joined_prefetch += 1
+                    pending.append((placed.future, PREFETCH))
             self._drop_unused(layer, set(experts))
         return pending
 
@@ -190,7 +183,7 @@ class ExpertReader:
         return usable
 
     def close(self) -> None:
-        pools = [*self._demand.values(), *self._prefetch.values(), self._parts]
+        pools = [*self._demand.values(), *self._prefetch.values(), self._halves]
         for pool in dict.fromkeys(p for p in pools if p is not None):
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -203,24 +196,11 @@ class ExpertReader:
             self._cancel(self._inflight.pop(key))
             self.counts.wasted_prefetch += 1
 
-    def _device_count(self) -> int:
-        """Distinct devices under the drives in use (replicas on one device do not read in parallel)."""
-        return len({dev for d, dev in self.devices.items() if d in (self.settings.use_drives or self.devices)})
-
-    def _whole_reads(self, count: int) -> int:
-        """How many of a layer's `count` new demand reads are whole files; the rest (the remainder once every
-        device in use has an equal share) are read in parts from all devices, with `split_remainder`."""
-        devices = self._device_count()
-        if not self.settings.split_remainder or devices < 2:
-            return count
-        return count - count % devices
-
-    def _submit(self, layer: int, expert: int, source: str, parts: int = 1) -> Placed:
-        """Place the read now (a drive, or a drive per part) and queue it on its (first) drive (caller holds the lock)."""
+    def _submit(self, layer: int, expert: int, source: str) -> Placed:
+        """Place the read now (drive, or two drives for a split read) and queue it on its drive (caller holds the lock)."""
         spec = self.layers[layer]
         replicas = self.replicas(layer, expert)
-        parts = max(parts, 2 if self.settings.split_reads else 1)
-        tickets = self._spread(replicas, spec.file_bytes, parts) if parts > 1 else None
+        tickets = self._split_pair(replicas, spec.file_bytes // 2) if self._halves is not None else None
         if tickets is None:
             drive = self.dispatcher.choose([d for d, _ in replicas], spec.file_bytes)
             tickets = [Ticket(drive, dict(replicas)[drive], spec.file_bytes)]
@@ -244,8 +224,8 @@ class ExpertReader:
     def _read(self, buffer, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> ExpertRead:
         """Fill `buffer` with the expert's file as placed (whole, or halves), then from other replicas on failure."""
         problems: list[str] = []
-        if len(tickets) > 1:
-            read = self._read_parts(buffer, spec, expert, source, tickets, problems)
+        if len(tickets) == 2:
+            read = self._read_split(buffer, spec, expert, source, tickets, problems)
             if read is not None:
                 return read
         remaining = dict(self.replicas(spec.layer, expert))
@@ -256,7 +236,7 @@ class ExpertReader:
                 ticket = Ticket(drive, remaining[drive], spec.file_bytes)
             remaining.pop(ticket.drive, None)
             start = self.clock()
-            ok = self._read_part(buffer, ticket, problems)
+            ok = self._read_part(buffer, ticket, 0, problems)
             if ok and self._intact(buffer, spec, expert, (ticket.path,), ticket.drive, problems):
                 return ExpertRead(expert, source, ticket.drive, start, self.clock(), spec.file_bytes)
             ticket = None
@@ -266,41 +246,34 @@ class ExpertReader:
             "check the drive, then run `nightshift model verify` and re-import if no replica is intact"
         )
 
-    def _spread(self, replicas: list[tuple[str, Path]], file_bytes: int, parts: int) -> list[Ticket] | None:
-        """The file in up to `parts` page-aligned parts from replicas on different devices, each part placed by
-        the dispatcher; None when fewer than two devices hold the expert."""
-        devices = {self.devices[d] for d, _ in replicas}
-        count = min(parts, len(devices), file_bytes // ALIGNMENT)
-        if count < 2:
+    def _split_pair(self, replicas: list[tuple[str, Path]], half: int) -> list[Ticket] | None:
+        """Halves placed on two replicas on different devices (dispatcher's choice), or None when there are not two."""
+        first = self.dispatcher.choose([d for d, _ in replicas], half)
+        others = [d for d, _ in replicas if self.devices[d] != self.devices[first]]
+        if not others:
+            self.dispatcher.finished(first, half, ok=False)
             return None
-        pages = file_bytes // ALIGNMENT
+        second = self.dispatcher.choose(others, half)
         paths = dict(replicas)
-        tickets: list[Ticket] = []
-        offset, used = 0, set()
-        for i in range(count):
-            size = (pages // count + (i < pages % count)) * ALIGNMENT
-            drive = self.dispatcher.choose([d for d, _ in replicas if self.devices[d] not in used], size)
-            used.add(self.devices[drive])
-            tickets.append(Ticket(drive, paths[drive], size, offset))
-            offset += size
-        return tickets
+        return [Ticket(first, paths[first], half), Ticket(second, paths[second], half)]
 
-    def _read_parts(self, buffer, spec: MoeLayer, expert: int, source: str,
-                    tickets: list[Ticket], problems: list[str]) -> ExpertRead | None:
+    def _read_split(self, buffer, spec: MoeLayer, expert: int, source: str,
+                    halves: list[Ticket], problems: list[str]) -> ExpertRead | None:
         start = self.clock()
-        others = [self._parts.submit(self._read_part, buffer, t, problems) for t in tickets[1:]]
-        ok = self._read_part(buffer, tickets[0], problems)
-        ok = all([f.result() for f in others]) and ok
-        drives = "+".join(t.drive for t in tickets)
-        if not ok or not self._intact(buffer, spec, expert, tuple(t.path for t in tickets), drives, problems):
+        first, second = halves
+        other = self._halves.submit(self._read_part, buffer, second, first.nbytes, problems)
+        ok = self._read_part(buffer, first, 0, problems)
+        ok = other.result() and ok
+        d0, d1 = first.drive, second.drive
+        if not ok or not self._intact(buffer, spec, expert, (first.path, second.path), f"{d0}+{d1}", problems):
             return None
         with self._lock:
             self.counts.split_reads += 1
-        return ExpertRead(expert, source, drives, start, self.clock(), spec.file_bytes, split=True)
+        return ExpertRead(expert, source, f"{d0}+{d1}", start, self.clock(), spec.file_bytes, split=True)
 
-    def _read_part(self, buffer, ticket: Ticket, problems: list[str]) -> bool:
-        """Read the ticket's bytes of its file into the same place of `buffer`; False (noted) on failure."""
-        path, drive, length, offset = ticket.path, ticket.drive, ticket.nbytes, ticket.offset
+    def _read_part(self, buffer, ticket: Ticket, offset: int, problems: list[str]) -> bool:
+        """Read the ticket's bytes at `offset` of its file into the same place of `buffer`; False (noted) on failure."""
+        path, drive, length = ticket.path, ticket.drive, ticket.nbytes
         done = 0
         self.counters.started(drive)
         try:

@@ -18,8 +18,6 @@ class StreamSettings:
     demand_threads, prefetch_threads: reader threads per drive for each queue (reads in flight per drive).
     shared_pool: demand and prefetch reads go to one queue per drive (the A/B against separate pools).
     split_reads: every read as two halves from replicas on two devices.
-    split_remainder: a layer's demand reads beyond an equal number of whole files per device are read in
-        parts from every device (whole files alone leave 8 experts over 3 drives at 3/3/2).
     prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
     prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
     prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
@@ -33,7 +31,6 @@ class StreamSettings:
     shared_pool: bool = False
     dispatch: str = "least_completion"
     split_reads: bool = False
-    split_remainder: bool = False
     # On by default since prefetch fill: on the bench model (disk floor 3.3x compute) decode went from 0.75 of
     # the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is short, it is even to
     # -2.5 % (docs/results.md, third round).
