@@ -6,8 +6,9 @@ layer reads the union of those rows' experts once instead of k+1 times. The loop
 keeps its rules: a drafted token is accepted when the target's own sample at that row equals
 it (the verify pass runs attention row by row, `engine/row_attention.py`, so that sample is
 exactly plain decoding's), the first disagreement is replaced by the target's token, and the
-caches are trimmed back with mlx-lm's `trim` (recurrent caches, e.g. Kimi K3's delta-attention state, are restored from
-a snapshot and the accepted rows replayed). Greedy output is the target's greedy output.
+caches are trimmed back with mlx-lm's `trim` (recurrent caches, e.g. Kimi K3's delta-attention
+state, are restored from a snapshot and the accepted rows replayed). Greedy output is the
+target's greedy output.
 
 Drafting pays only while enough drafts are accepted: the loop times plain decode steps, then
 each draft+verify round, and switches drafting off for the rest of the generation once the

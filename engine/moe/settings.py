@@ -31,9 +31,9 @@ class StreamSettings:
     shared_pool: bool = False
     dispatch: str = "least_completion"
     split_reads: bool = False
-    # On by default since prefetch fill: on the bench model (disk floor 3.3x compute) decode went from 0.75 of
-    # the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is short, it is even to
-    # -2.5 % (docs/results.md, third round).
+    # On by default since prefetch fill: on the bench model (disk floor 3.6x compute) decode went from 0.75 of
+    # the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is short, it measured
+    # -2.5 % to +3.5 %, within the noise (docs/results.md, third round).
     prefetch: bool = True
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
     prefetch_limit: int = 0
