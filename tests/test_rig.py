@@ -130,13 +130,20 @@ def test_cli_verify_reads_every_drive_with_probe_and_fio(rig_place, monkeypatch,
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_up_leaves_nothing_behind(rig_place):
-    env = {**os.environ, "NIGHTSHIFT_HOME": str(rig_place.rig_dir.parent)}
+def test_ctrl_c_during_up_leaves_nothing_behind(rig_place, tmp_path):
+    # mkfs.ext4 on PATH is a stand-in that says it started and then waits, so Ctrl-C lands mid-build on
+    # every run (after the cgroup and the first image were made), however fast the machine builds.
+    shims, started = tmp_path / "bin", tmp_path / "mkfs-started"
+    shims.mkdir()
+    mkfs = shims / "mkfs.ext4"
+    mkfs.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    mkfs.chmod(0o755)
+    env = {**os.environ, "NIGHTSHIFT_HOME": str(rig_place.rig_dir.parent), "PATH": f"{shims}:{os.environ['PATH']}"}
     up = subprocess.Popen([str(NIGHTSHIFT), "rig", "up", "--drives", "4", "--size-mib", "256"], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while up.poll() is None and not (rig_place.rig_dir / "rig.json").exists():
+    while up.poll() is None and not started.exists():
         time.sleep(0.005)
-    up.send_signal(signal.SIGINT)  # building has begun: the record exists
+    up.send_signal(signal.SIGINT)
     _, err = up.communicate(timeout=60)
     assert up.returncode != 0 and "KeyboardInterrupt" in err
     assert leftovers(*rig_place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
