@@ -139,8 +139,10 @@ def test_ctrl_c_during_up_leaves_nothing_behind(rig_place, tmp_path):
     mkfs.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
     mkfs.chmod(0o755)
     env = {**os.environ, "NIGHTSHIFT_HOME": str(rig_place.rig_dir.parent), "PATH": f"{shims}:{os.environ['PATH']}"}
+    # A run started in the background (`cmd &`) inherits SIGINT ignored; Ctrl-C at a terminal is not.
     up = subprocess.Popen([str(NIGHTSHIFT), "rig", "up", "--drives", "4", "--size-mib", "256"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while up.poll() is None and not started.exists():
         time.sleep(0.005)
     up.send_signal(signal.SIGINT)
