@@ -115,6 +115,7 @@ def soak(model: Path, runs: int, max_tokens: int = 4, timeout_s: float = 300.0) 
                 service.scheduler.check_now()
                 service.wake_worker.set()
                 run = _wait_finished(queue, number, started + timeout_s)
+                _wait_idle(service, started + timeout_s)  # the run is recorded before the worker lets go of it
                 result.samples.append(Sample(number, run, time.monotonic() - started,
                                              process.memory_info().rss, _open_fds(process)))  # fmt: skip
         finally:
@@ -130,6 +131,12 @@ def _wait_finished(queue: RunQueue, run_id: int, deadline: float) -> str:
             return run.state
         time.sleep(0.02)
     return "missing" if queue.get(run_id) is None else "timeout"
+
+
+def _wait_idle(service: Service, deadline: float) -> None:
+    """Until the worker has returned from the run (its files closed), so a sample sees no half-finished run."""
+    while service.running is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _open_fds(process: psutil.Process) -> int:
