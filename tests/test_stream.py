@@ -68,12 +68,17 @@ def streamed_tokens(store: Path, settings: StreamSettings, steps: int = 32, devi
     return tokens, stream.figures()
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "stacked"])
 @pytest.mark.parametrize("arch", QUICK)
-def test_streamed_greedy_tokens_equal_the_model_in_ram(arch, stores, in_ram_tokens):
-    tokens, figures = streamed_tokens(stores[arch], StreamSettings(prefetch=True))
+def test_streamed_greedy_tokens_equal_the_model_in_ram(arch, overlap, stores, in_ram_tokens):
+    tokens, stream = streamed(stores[arch], StreamSettings(prefetch=True, overlap=overlap))
     assert tokens == in_ram_tokens[arch]
+    figures = stream.figures()
     assert sum(d["bytes"] for d in figures["drives"].values()) > 0  # the experts did come from the drives
     assert figures["reads"]["demand_reads"] > 0
+    decode_steps = [p for p in stream.trace.passes() if p.rows == 1]
+    # With overlap each decode step's experts ran one by one inside the pass; stacked, all ran after it.
+    assert all((p.expert_s > 0) == overlap for p in decode_steps)
 
 
 @pytest.mark.slow
@@ -133,8 +138,8 @@ def test_an_unknown_checksum_mode_is_refused():
         StreamSettings(verify_checksums="sometimes")
 
 
-def test_no_replica_left_stops_with_an_error_naming_drive_and_file(sources, tmp_path):
-    store = import_tiny(tmp_path, sources["deepseek_v3"], "deepseek")
+def break_last_layer(store: Path) -> tuple[int, list[tuple[str, Path]]]:
+    """Delete every replica of every expert of the store's last MoE layer: (that layer, what was deleted)."""
     manifest = read_manifest(store)
     layer = manifest.layers[-1]
     broken = []
@@ -142,11 +147,52 @@ def test_no_replica_left_stops_with_an_error_naming_drive_and_file(sources, tmp_
         for drive, path in manifest.replica_paths(layer.layer, expert):
             path.unlink()
             broken.append((drive, path))
+    return layer.layer, broken
+
+
+def assert_names_the_lost_files(error: ExpertReadError, layer: int, broken: list[tuple[str, Path]]) -> None:
+    message = str(error)
+    assert f"layer {layer}" in message
+    assert any(f"drive {drive}" in message and str(path) in message for drive, path in broken)
+
+
+def test_no_replica_left_stops_with_an_error_naming_drive_and_file(sources, tmp_path):
+    store = import_tiny(tmp_path, sources["deepseek_v3"], "deepseek")
+    layer, broken = break_last_layer(store)
     with pytest.raises(ExpertReadError) as caught:
         streamed_tokens(store, StreamSettings(), steps=4)
-    message = str(caught.value)
-    assert f"layer {layer.layer}" in message
-    assert any(f"drive {drive}" in message and str(path) in message for drive, path in broken)
+    assert_names_the_lost_files(caught.value, layer, broken)
+
+
+def test_a_lost_expert_stops_an_overlapped_decode_step_too(sources, tmp_path):
+    """A one-token prompt makes the very first pass a one-row one: experts run as they land (overlap)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    store = import_tiny(tmp_path, sources["deepseek_v3"], "deepseek")
+    layer, broken = break_last_layer(store)
+    model, _, stream = load_streaming(store, StreamSettings(overlap=True))
+    try:
+        with pytest.raises(ExpertReadError) as caught:
+            list(generate_step(mx.array([5]), model, max_tokens=2))
+        assert all(p.rows == 1 for p in stream.trace.passes())
+    finally:
+        stream.close()
+    assert_names_the_lost_files(caught.value, layer, broken)
+
+
+def test_overlap_counts_only_experts_run_while_reads_were_landing(stores):
+    """Once every expert is in the RAM cache nothing is read: experts still run one by one, none overlapped."""
+    store = stores["qwen3_moe"]
+    model, _, stream = load_streaming(store, StreamSettings(overlap=True, prefetch=False, cache_bytes=10**9))
+    try:
+        greedy_tokens(model, 24)
+    finally:
+        stream.close()
+    all_cached = [p for p in stream.trace.passes() if p.rows == 1 and all(r.source == "cache" for r in p.reads)]
+    assert all_cached, "the cache should hold every expert of some decode steps"
+    assert all(p.overlapped == 0 and p.expert_s > 0 for p in all_cached)
+    assert stream.figures()["calls"]["overlapped"] == sum(p.overlapped for p in stream.trace.passes())
 
 
 def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):

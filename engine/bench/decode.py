@@ -97,7 +97,8 @@ def needed_bytes(passes: list[PassTrace], since: float) -> int:
 def counters_of(figures: dict) -> dict[str, float]:
     """The stream's figures flattened to the counters config assertions check."""
     return {**figures["reads"], "cache_hits": figures["cache_hits"],
-            "prefetch_recall_pct": round(100 * figures["prefetch_recall"], 1)}
+            "prefetch_recall_pct": round(100 * figures["prefetch_recall"], 1),
+            "overlapped_experts": figures["calls"]["overlapped"]}
 
 
 def decode_bench(store: Path, settings: StreamSettings, tokens: int = 16, drives: list[Drive] | None = None,

@@ -42,6 +42,8 @@ class PassTrace:
     readback_s: float = 0.0  # router indices evaluated and copied to the host
     predict_s: float = 0.0  # next layer's router on this hidden state (prefetch prediction)
     wait_s: float = 0.0  # from asking for the experts until the last one landed
+    expert_s: float = 0.0  # running experts as they landed, inside the wait (overlap; 0 when off)
+    overlapped: int = 0  # experts run before the pass's last read landed
     reads: list[ExpertRead] = field(default_factory=list)
 
     @property
@@ -99,6 +101,8 @@ class Trace:
             "one_row_passes": len(one_row),
             "one_row_readback_s": sum(p.readback_s for p in one_row),
             "one_row_wait_s": sum(p.wait_s for p in one_row),
+            "one_row_expert_s": sum(p.expert_s for p in one_row),
+            "overlapped": sum(p.overlapped for p in passes),
             "barrier_drive_counts": self.barrier_counts(),
             "expert_sources": sources,
         }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -147,10 +147,18 @@ class ExpertReader:
             self._drop_unused(layer, set(experts))
         return pending
 
-    def wait(self, layer: int, experts: list[int], pending: list[tuple[Future[LoadedExpert], str]]
-             ) -> list[tuple[LoadedExpert, str]]:
-        """The experts started by `demand`, once all have landed; the first read error is raised."""
+    def wait(self, layer: int, experts: list[int], pending: list[tuple[Future[LoadedExpert], str]],
+             landed: Callable[[int, LoadedExpert, int], None] | None = None) -> list[tuple[LoadedExpert, str]]:
+        """The experts started by `demand`, once all have landed; the first read error is raised.
+
+        `landed(i, expert, still_reading)` is called for each as it lands, in landing order (i: its place in
+        `experts`; still_reading: how many of the others have not landed yet), so work on it overlaps the rest.
+        """
         try:
+            if landed is not None:
+                place = {future: i for i, (future, _) in enumerate(pending)}
+                for future in as_completed(place):
+                    landed(place[future], future.result(), sum(not f.done() for f in place))
             return [(future.result(), source) for future, source in pending]
         finally:
             with self._lock:

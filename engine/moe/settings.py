@@ -22,6 +22,9 @@ class StreamSettings:
     prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
     prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
         measured compute window before the next layer asks (its bandwidth x window / expert bytes).
+    overlap: in a one-row (decode) pass, run each expert as soon as it is here (cached, or its read landed)
+        while the others are still being read; the layer still sums the experts in slot order, and one
+        expert run alone gives the same bits as in the stack, so output is unchanged.
     prefill_prefetch: read the next layer's predicted union ahead during passes of many rows (a prefill
         chunk, a speculative verify) even with `prefetch` off: such a pass computes long enough to hide it.
     """
@@ -39,6 +42,7 @@ class StreamSettings:
     prefetch_limit: int = 0
     prefetch_fill: bool = True
     prefill_prefetch: bool = True
+    overlap: bool = True
     cache_bytes: int = 0
     # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).
     cache_policy: str = "frequency"

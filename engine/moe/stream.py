@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,7 +16,7 @@ from engine.io.counters import DriveReadCounters
 from engine.moe.cache import ExpertCache
 from engine.moe.dispatch import Dispatcher, estimates_from
 from engine.moe.prefetch import Recall, Router, predict, router_of
-from engine.moe.reader import ExpertReader, Tensors, as_stored
+from engine.moe.reader import ExpertReader, LoadedExpert, Tensors, as_stored
 from engine.moe.settings import StreamSettings
 from engine.store.manifest import Manifest
 
@@ -57,6 +58,7 @@ class CallCounts:
     calls: int = 0
     rows: int = 0
     unique: int = 0
+    overlapped: int = 0  # experts run while others of their pass were still being read (the overlap proof)
 
 
 class ExpertStream:
@@ -83,15 +85,20 @@ class ExpertStream:
         """Declare that `next_layer` (its MoE block `block`) follows `layer`: its router predicts from here."""
         self._next[layer] = NextLayer(next_layer, block, num_experts)
 
-    def experts(self, layer: int, x: mx.array, indices: mx.array) -> tuple[list[int], np.ndarray, list[Tensors]]:
-        """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, their tensors)."""
+    def experts(self, layer: int, x: mx.array, indices: mx.array,
+                landed: Callable[[int, Tensors], None] | None = None) -> tuple[list[int], np.ndarray, list[Tensors]]:
+        """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, their tensors).
+
+        `landed(i, tensors)`, if given, is called for each expert (i: its place in the sorted ids) as soon as
+        it is here: cached ones first, then each read as it lands, so the caller can run it while the rest
+        are still being read.
+        """
         record = self.trace.begin(layer)
         start = time.perf_counter()
         host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
         record.readback_s = time.perf_counter() - start
         unique = np.unique(host).tolist()
         record.rows = host.size // host.shape[-1]
-        self._count(record.rows, unique)
         if record.rows == 1:  # the compute window a decode step's read-ahead can fill (see _window_fill)
             w = record.readback_s
             self._window = w if self._window is None else self._window + WINDOW_SMOOTHING * (w - self._window)
@@ -100,20 +107,39 @@ class ExpertStream:
         self._score(layer, unique)
         found = {e: t for e in unique if (t := self._cached(layer, e)) is not None}
         missing = [e for e in unique if e not in found]
+        spec = self.reader.layers[layer]
         pending = self.reader.demand(layer, missing)
         start = time.perf_counter()
-        landed = self.reader.wait(layer, missing, pending)
-        record.wait_s = time.perf_counter() - start
+        place = {e: i for i, e in enumerate(unique)}
+
+        def run(expert: int, still_reading: int) -> None:
+            began = time.perf_counter()
+            landed(place[expert], found[expert])
+            record.expert_s += time.perf_counter() - began
+            record.overlapped += still_reading > 0
+
+        def arrived(i: int, loaded: LoadedExpert, still_reading: int) -> None:
+            record.wait_s = time.perf_counter() - start
+            found[missing[i]] = as_stored(loaded.tensors, spec)
+            run(missing[i], still_reading)
+
+        if landed is not None:
+            for expert in list(found):
+                run(expert, len(missing))
+        landed_all = self.reader.wait(layer, missing, pending, arrived if landed is not None else None)
+        if landed is None:
+            record.wait_s = time.perf_counter() - start
         # Only now: the drives are idle until the next layer asks, so its predicted reads take no
         # bandwidth from this layer's own (before the wait or here measured the same on small2).
         self._prefetch_next(layer, x, host.shape[-1], record)
-        spec = self.reader.layers[layer]
-        for expert, (loaded, _) in zip(missing, landed):
-            found[expert] = as_stored(loaded.tensors, spec)
+        for expert, (loaded, _) in zip(missing, landed_all):
+            if expert not in found:
+                found[expert] = as_stored(loaded.tensors, spec)
             record.reads.append(loaded.read)
             if self.cache is not None:
                 self.cache.put((layer, expert), found[expert], loaded.nbytes)
         record.reads += [ExpertRead(e, CACHE) for e in unique if e not in missing]
+        self._count(record, unique)
         self.trace.add(record)
         return unique, host, [found[e] for e in unique]
 
@@ -149,10 +175,11 @@ class ExpertStream:
     def close(self) -> None:
         self.reader.close()
 
-    def _count(self, rows: int, unique: list[int]) -> None:
+    def _count(self, record: PassTrace, unique: list[int]) -> None:
         self.calls.calls += 1
-        self.calls.rows += rows
+        self.calls.rows += record.rows
         self.calls.unique += len(unique)
+        self.calls.overlapped += record.overlapped
 
     def _cached(self, layer: int, expert: int) -> Tensors | None:
         return self.cache.get((layer, expert)) if self.cache is not None else None

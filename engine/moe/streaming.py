@@ -4,7 +4,9 @@ It takes the same `(x, indices)`, brings in exactly the experts this call select
 (cache, prefetch in flight, or a demand read), stacks them and runs the family's
 own switch module on the stack with the indices remapped into it, so the math is
 mlx-lm's `gather_qmm` / `gather_mm` (and bias, activation) unchanged: greedy output
-is token-identical to the model held fully in RAM.
+is token-identical to the model held fully in RAM. A one-row (decode) call instead
+runs each expert alone, through the same switch module, as soon as it lands
+(`overlap`): per slot the result is the same, and the compute hides behind the reads.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class StreamingSwitch(nn.Module):
         self.tensor_names = [slot.name for slot in layer.tensors]
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        one_row = indices.size == indices.shape[-1]
+        if one_row and self._stream.settings.overlap:
+            return self._overlapped(x, indices)
         unique, host, experts = self._stream.experts(self.layer_index, x, indices)
         stacked = [(name, mx.stack([e[name] for e in experts])) for name in self.tensor_names]
         local = mx.array(np.searchsorted(unique, host).astype(np.uint32)).astype(indices.dtype)
@@ -41,6 +46,27 @@ class StreamingSwitch(nn.Module):
             return self._switch(x, local)
         finally:
             self._switch.update(self._empty)  # the output holds what it needs; drop the stack here
+
+    def _overlapped(self, x: mx.array, indices: mx.array) -> mx.array:
+        """One row: run each expert alone as it lands, then put the outputs back in the row's slot order.
+
+        The experts' compute hides behind the reads still landing instead of following the last one; the
+        model's block then sums the slots in their order, as it would the stacked call's output.
+        """
+        alone = mx.zeros((*indices.shape[:-1], 1), dtype=indices.dtype)
+        outputs: dict[int, mx.array] = {}
+
+        def run(i: int, tensors: dict[str, mx.array]) -> None:
+            self._switch.update(tree_unflatten([(name, tensors[name][None]) for name in self.tensor_names]))
+            outputs[i] = self._switch(x, alone)
+            mx.eval(outputs[i])
+
+        try:
+            unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
+        finally:
+            self._switch.update(self._empty)
+        slots = np.searchsorted(unique, host.reshape(-1)).tolist()
+        return mx.concatenate([outputs[i] for i in slots], axis=-2)
 
 
 def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
