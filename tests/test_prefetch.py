@@ -82,3 +82,54 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
         assert stream._window_fill(layer) == 1  # always at least the most confident guess
     finally:
         stream.close()
+
+
+def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another_still_reads(tmp_path_factory):
+    """Drive d1's demand reads are held back: d0, its own share read, starts the held guesses; d1 takes none."""
+    import threading
+    import time
+
+    from engine.bench.layout import replicate_everywhere
+    from engine.moe.load import load_streaming
+
+    store = tiny_store(tmp_path_factory, "mixtral")
+    replicate_everywhere(store)  # every expert on both drives: a guess may go to whichever drive is free
+    _, _, stream = load_streaming(store, StreamSettings(prefetch_tail=True))
+    reader = stream.reader
+    gate = threading.Event()
+    read_part = reader._read_part
+
+    def d1_held_back(buffer, ticket, offset, problems):
+        if ticket.drive == "d1":
+            gate.wait(30)
+        return read_part(buffer, ticket, offset, problems)
+
+    reader._read_part = d1_held_back
+    try:
+        layer, following = (m.layer for m in stream.manifest.layers[:2])
+        pending = reader.demand(layer, [0, 1, 2, 3])
+        assert {reader._inflight[(layer, e)].tickets[0].drive for e in range(4)} == {"d0", "d1"}
+        reader.hold_tail(following, [5, 6, 7])
+        deadline = time.monotonic() + 30
+        while reader.counts.tail_prefetch < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader.counts.tail_prefetch == 3  # d0 kept reading guesses while d1 still held its share
+        assert all(reader._inflight[(following, e)].tickets[0].drive == "d0" for e in (5, 6, 7))
+        gate.set()
+        reader.wait(layer, [0, 1, 2, 3], pending)
+        assert sorted(reader.end_tail()) == [(following, 5), (following, 6), (following, 7)]
+        joined = reader.counts.joined_prefetch
+        reader.wait(following, [5, 0], reader.demand(following, [5, 0]))
+        assert reader.counts.joined_prefetch == joined + 1  # 5 was read in the tail; 0 is a demand read
+        # With no drive reading a share of a layer there is no tail: guesses stay held, then are dropped.
+        reader.hold_tail(layer, [4, 5])
+        assert reader.counts.tail_prefetch == 3 and reader.end_tail() == []
+        assert (layer, 4) not in reader._inflight and (layer, 5) not in reader._inflight
+    finally:
+        gate.set()
+        stream.close()
+
+
+def test_tail_read_ahead_keeps_greedy_tokens(store):
+    tokens, _ = figures(store, StreamSettings(prefetch=True))
+    assert figures(store, StreamSettings(prefetch=True, prefetch_tail=True))[0] == tokens

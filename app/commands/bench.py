@@ -24,6 +24,7 @@ MECHANISMS = {
     "prefetch-fill": ({"prefetch": True, "prefetch_fill": False}, {"prefetch": True, "prefetch_fill": True},
                       "joined_prefetch"),
     "overlap": ({"overlap": False}, {"overlap": True}, "overlapped_experts"),
+    "prefetch-tail": ({"prefetch_tail": False}, {"prefetch_tail": True}, "tail_prefetch"),
     "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --cache-mb (must be > 0)
     "cache-policy": ({"cache_policy": "lru"}, {"cache_policy": "frequency"}, "cache_hits"),
 }
@@ -48,6 +49,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode read-ahead not capped at what fits in the measured compute window")
     parser.add_argument("--no-prefill-prefetch", dest="prefill_prefetch", action="store_false",
                         help="no read-ahead of the next layer's predicted experts in passes of many rows")
+    parser.add_argument("--prefetch-tail", action=argparse.BooleanOptionalAction, default=False,
+                        help="drives done with a decode layer's reads start on the next layer's guesses (default: off)")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                         help="in decode, run each expert as it lands while the rest are read (default: on)")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
@@ -67,7 +70,7 @@ def settings_from(args: argparse.Namespace):
         demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
         dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
         prefetch_limit=args.prefetch_limit, prefill_prefetch=args.prefill_prefetch,
-        prefetch_fill=args.prefetch_fill, overlap=args.overlap,
+        prefetch_fill=args.prefetch_fill, prefetch_tail=args.prefetch_tail, overlap=args.overlap,
         cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
         use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
     )

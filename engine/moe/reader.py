@@ -11,6 +11,12 @@ back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
 A demand for an expert whose prefetch is still queued (not started) cancels it and reads it
 in the demand pool, so a layer never waits behind the prefetch queue.
+
+Tail read-ahead (`hold_tail`): guesses at the next layer's experts are held, not placed, and a
+drive starts one only once it has no demand work left while another drive still has some, so a
+drive that finished its share of a layer early reads ahead instead of idling and no read-ahead
+shares a drive with the layer's own reads. `end_tail` (the layer's reads have landed) drops the
+guesses no drive started.
 """
 
 from __future__ import annotations
@@ -61,6 +67,15 @@ class Placed:
     tickets: list[Ticket]
 
 
+@dataclass(frozen=True)
+class Held:
+    """A tail read-ahead waiting for a drive with no demand work (its future is pending until it starts)."""
+
+    layer: int
+    expert: int
+    placed: Placed
+
+
 @dataclass
 class LoadedExpert:
     tensors: Tensors
@@ -80,6 +95,7 @@ class ReadCounts:
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
     cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
+    tail_prefetch: int = 0  # read-aheads started by drives done with their share of a layer (hold_tail)
 
 
 def decode(buffer, layer: MoeLayer) -> Tensors:
@@ -125,6 +141,9 @@ class ExpertReader:
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
         self._inflight: dict[Key, Placed] = {}
+        self._demand_work = dict.fromkeys(drives, 0)  # demand reads placed on each drive, queued or running
+        self._tail_reading = dict.fromkeys(drives, 0)  # tail read-aheads running on each drive
+        self._held: list[Held] = []
         self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
         self._lock = threading.Lock()
 
@@ -178,6 +197,26 @@ class ExpertReader:
             self.counts.prefetch_reads += started
         return started
 
+    def hold_tail(self, layer: int, experts: list[int]) -> None:
+        """Hold read-aheads of `experts` of `layer` (most confident first) for drives that finish early."""
+        with self._lock:
+            for expert in experts:
+                if (layer, expert) not in self._inflight:
+                    placed = self._inflight[(layer, expert)] = Placed(Future(), [])
+                    self._held.append(Held(layer, expert, placed))
+            self._pump()
+
+    def end_tail(self) -> list[Key]:
+        """The layer's reads have landed: drop the held read-aheads no drive started; returns those started."""
+        with self._lock:
+            started = [(h.layer, h.expert) for h in self._held if h.placed.tickets]
+            for held in self._held:
+                if not held.placed.tickets and self._inflight.get((held.layer, held.expert)) is held.placed:
+                    del self._inflight[(held.layer, held.expert)]
+                    held.placed.future.cancel()
+            self._held = []
+            return started
+
     def replicas(self, layer: int, expert: int) -> list[tuple[str, Path]]:
         """(drive, path) of the replicas this reader may use (`use_drives`); an error if there are none."""
         replicas = self.manifest.replica_paths(layer, expert)
@@ -213,7 +252,45 @@ class ExpertReader:
             drive = self.dispatcher.choose([d for d, _ in replicas], spec.file_bytes)
             tickets = [Ticket(drive, dict(replicas)[drive], spec.file_bytes)]
         pools = self._demand if source == DEMAND else self._prefetch
+        if source == DEMAND:
+            for ticket in tickets:
+                self._demand_work[ticket.drive] += 1
         return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets), tickets)
+
+    def _pump(self) -> None:
+        """Start held read-aheads, most confident first, on drives with no demand work while another has some.
+
+        Caller holds the lock. Once no drive has demand work the layer's reads have landed: what is
+        still held waits for `end_tail`.
+        """
+        if not any(self._demand_work.values()):
+            return
+        for held in self._held:
+            if held.placed.tickets or held.placed.future.cancelled():
+                continue
+            replicas = dict(self.replicas(held.layer, held.expert))
+            free = [d for d in replicas if not self._demand_work[d]
+                    and self._tail_reading[d] < self.settings.prefetch_threads]
+            if not free or not held.placed.future.set_running_or_notify_cancel():
+                continue
+            spec = self.layers[held.layer]
+            drive = self.dispatcher.choose(free, spec.file_bytes)
+            held.placed.tickets.append(Ticket(drive, replicas[drive], spec.file_bytes))
+            self._tail_reading[drive] += 1
+            self.counts.tail_prefetch += 1
+            self.counts.prefetch_reads += 1
+            self._prefetch[drive].submit(self._run_held, held, spec)
+
+    def _run_held(self, held: Held, spec: MoeLayer) -> None:
+        ticket = held.placed.tickets[0]
+        try:
+            held.placed.future.set_result(self._load(spec, held.expert, PREFETCH, [ticket]))
+        except BaseException as exc:  # handed to whoever joins the read, as a pool's future would be
+            held.placed.future.set_exception(exc)
+        finally:
+            with self._lock:
+                self._tail_reading[ticket.drive] -= 1
+                self._pump()
 
     def _cancel(self, placed: Placed) -> bool:
         """Cancel a queued read, releasing its place on the drives; False if it already started."""
@@ -225,9 +302,16 @@ class ExpertReader:
         return True
 
     def _load(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> LoadedExpert:
-        with self.buffers.take() as buffer:
-            read = self._read(buffer, spec, expert, source, tickets)
-            return LoadedExpert(decode(buffer, spec), read, spec.file_bytes)
+        try:
+            with self.buffers.take() as buffer:
+                read = self._read(buffer, spec, expert, source, tickets)
+                return LoadedExpert(decode(buffer, spec), read, spec.file_bytes)
+        finally:
+            if source == DEMAND:
+                with self._lock:
+                    for ticket in tickets:
+                        self._demand_work[ticket.drive] -= 1
+                    self._pump()
 
     def _read(self, buffer, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> ExpertRead:
         """Fill `buffer` with the expert's file as placed (whole, or halves), then from other replicas on failure."""

@@ -22,6 +22,8 @@ class StreamSettings:
     prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
     prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
         measured compute window before the next layer asks (its bandwidth x window / expert bytes).
+    prefetch_tail: in a one-row pass, the next layer's guesses (most confident first) are also read by
+        drives that have finished their share of this layer while another drive still reads its own.
     overlap: in a one-row (decode) pass, run each expert as soon as it is here (cached, or its read landed)
         while the others are still being read; the layer still sums the experts in slot order, and one
         expert run alone gives the same bits as in the stack, so output is unchanged.
@@ -42,6 +44,7 @@ class StreamSettings:
     prefetch_limit: int = 0
     prefetch_fill: bool = True
     prefill_prefetch: bool = True
+    prefetch_tail: bool = False
     overlap: bool = True
     cache_bytes: int = 0
     # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).

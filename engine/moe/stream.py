@@ -47,6 +47,14 @@ class NextLayer:
     resolved: bool = False
 
 
+@dataclass(frozen=True)
+class Guess:
+    """The experts a layer is predicted to ask for, most confident first."""
+
+    layer: int
+    experts: list[int]
+
+
 @dataclass
 class CallCounts:
     """Streaming layer calls, the rows they carried and the unique experts they selected (summed over calls).
@@ -109,6 +117,10 @@ class ExpertStream:
         missing = [e for e in unique if e not in found]
         spec = self.reader.layers[layer]
         pending = self.reader.demand(layer, missing)
+        guess = self._guess_next(layer, x, host.shape[-1], record)
+        tail = guess is not None and record.rows == 1 and self.settings.prefetch_tail
+        if tail:
+            self.reader.hold_tail(guess.layer, self._uncached(guess))
         start = time.perf_counter()
         place = {e: i for i, e in enumerate(unique)}
 
@@ -126,12 +138,16 @@ class ExpertStream:
         if landed is not None:
             for expert in list(found):
                 run(expert, len(missing))
-        landed_all = self.reader.wait(layer, missing, pending, arrived if landed is not None else None)
+        try:
+            landed_all = self.reader.wait(layer, missing, pending, arrived if landed is not None else None)
+        finally:
+            read_in_tail = self.reader.end_tail() if tail else []
         if landed is None:
             record.wait_s = time.perf_counter() - start
         # Only now: the drives are idle until the next layer asks, so its predicted reads take no
         # bandwidth from this layer's own (before the wait or here measured the same on small2).
-        self._prefetch_next(layer, x, host.shape[-1], record)
+        if guess is not None:
+            self._prefetch_next(guess, {e for _, e in read_in_tail}, record)
         for expert, (loaded, _) in zip(missing, landed_all):
             if expert not in found:
                 found[expert] = as_stored(loaded.tensors, spec)
@@ -206,22 +222,30 @@ class ExpertStream:
         in_use = set(self.settings.use_drives or self.manifest.drives)
         return max(1, int(self._window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
 
-    def _prefetch_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> None:
-        """Predict the next MoE layer's experts from `x` and start reading those not cached."""
+    def _guess_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> Guess | None:
+        """The next MoE layer's experts as predicted from `x`, or None where this pass does not read ahead."""
         nxt = self._next.get(layer)
         wanted_here = self.settings.prefetch or (record.rows > 1 and self.settings.prefill_prefetch)
         if nxt is None or not wanted_here or nxt.layer in self.settings.prefetch_off:
-            return
+            return None
         if not nxt.resolved:
             nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
         if nxt.router is None:
-            return
+            return None
         start = time.perf_counter()
+        experts = predict(nxt.router, x, k)
+        record.predict_s = time.perf_counter() - start
+        return Guess(nxt.layer, experts)
+
+    def _uncached(self, guess: Guess) -> list[int]:
+        return [e for e in guess.experts if self.cache is None or (guess.layer, e) not in self.cache]
+
+    def _prefetch_next(self, guess: Guess, read_in_tail: set[int], record: PassTrace) -> None:
+        """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps."""
         caps = [self.settings.prefetch_limit or None]
         if record.rows == 1 and self.settings.prefetch_fill:
-            caps.append(self._window_fill(nxt.layer))
-        guess = predict(nxt.router, x, k)[: min((c for c in caps if c), default=None)]
-        record.predict_s = time.perf_counter() - start
-        self._predicted[nxt.layer] = set(guess)
-        wanted = [e for e in guess if self.cache is None or (nxt.layer, e) not in self.cache]
-        self.reader.prefetch(nxt.layer, wanted)
+            caps.append(self._window_fill(guess.layer))
+        rest = [e for e in guess.experts if e not in read_in_tail]
+        ahead = rest[: min((c for c in caps if c), default=None)]
+        self._predicted[guess.layer] = set(ahead) | read_in_tail
+        self.reader.prefetch(guess.layer, self._uncached(Guess(guess.layer, ahead)))
