@@ -39,6 +39,12 @@ def test_the_narrative_keeps_its_text_and_picks_out_comments():
     assert narrative.comments == {1: "Check INV-5010 & its duplicate.", 4: "Find the 100.00 difference."}
 
 
+def test_control_characters_a_model_emits_are_dropped_line_breaks_and_tabs_kept():
+    narrative = split_narrative("Totals\x11 agree.\r\nF2:\x13 check\tthe\x7f fee.\x00", GenerationStats())
+    assert narrative.text == "Totals agree.\r\nF2: check\tthe fee."
+    assert narrative.comments == {2: "check\tthe fee."}
+
+
 def test_the_fetcher_refuses_the_network_and_files_outside_the_templates(tmp_path):
     from weasyprint.urls import URLFetchingError
 

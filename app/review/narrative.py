@@ -23,6 +23,9 @@ from engine import GenerationStats, Model
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
 # "F3: ..." at the start of a line: the model's comment on finding 3.
 COMMENT = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]\s*(.+)$", re.MULTILINE)
+# Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the
+# PDF would show each as an empty box (WeasyPrint's .notdef glyph).
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 Progress = Callable[[GenerationStats, str], None]  # live statistics and the text written so far
 
@@ -94,6 +97,7 @@ def write_narrative(
 
 
 def split_narrative(text: str, stats: GenerationStats) -> Narrative:
-    """The narrative with its per-finding comments ("F3: ..." lines) picked out."""
+    """The narrative, control characters dropped, with its per-finding comments ("F3: ..." lines) picked out."""
+    text = CONTROL.sub("", text)
     comments = {int(number): comment.strip() for number, comment in COMMENT.findall(text)}
     return Narrative(text, comments, stats)
