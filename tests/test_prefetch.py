@@ -84,38 +84,62 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
         stream.close()
 
 
-def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another_still_reads(tmp_path_factory):
-    """Drive d1's demand reads are held back: d0, its own share read, starts the held guesses; d1 takes none."""
-    import threading
-    import time
+class HeldBack:
+    """A mixtral store on two drives, every expert on both, whose drive d1 reads nothing until `release()`."""
 
-    from engine.bench.layout import replicate_everywhere
-    from engine.moe.load import load_streaming
+    def __init__(self, tmp_path_factory, expected_reads_per_s: float):
+        import threading
 
-    store = tiny_store(tmp_path_factory, "mixtral")
-    replicate_everywhere(store)  # every expert on both drives: a guess may go to whichever drive is free
-    _, _, stream = load_streaming(store, StreamSettings(prefetch_tail=True))
-    reader = stream.reader
-    gate = threading.Event()
-    read_part = reader._read_part
+        from engine.bench.layout import replicate_everywhere
+        from engine.moe.load import load_streaming
 
-    def d1_held_back(buffer, ticket, offset, problems):
-        if ticket.drive == "d1":
-            gate.wait(30)
-        return read_part(buffer, ticket, offset, problems)
+        store = tiny_store(tmp_path_factory, "mixtral")
+        replicate_everywhere(store)  # a guess may go to whichever drive is free
+        _, _, self.stream = load_streaming(store, StreamSettings(prefetch_tail=True))
+        self.reader = self.stream.reader
+        self.gate = threading.Event()
+        read_part = self.reader._read_part
 
-    reader._read_part = d1_held_back
-    try:
-        layer, following = (m.layer for m in stream.manifest.layers[:2])
-        pending = reader.demand(layer, [0, 1, 2, 3])
-        assert {reader._inflight[(layer, e)].tickets[0].drive for e in range(4)} == {"d0", "d1"}
-        reader.hold_tail(following, [5, 6, 7])
-        deadline = time.monotonic() + 30
-        while reader.counts.tail_prefetch < 3 and time.monotonic() < deadline:
+        def d1_held_back(buffer, ticket, offset, problems):
+            if ticket.drive == "d1":
+                self.gate.wait(30)
+            return read_part(buffer, ticket, offset, problems)
+
+        self.reader._read_part = d1_held_back
+        self.layer, self.following = (m.layer for m in self.stream.manifest.layers[:2])
+        self.file_bytes = self.reader.layers[self.layer].file_bytes
+        for est in self.stream.dispatcher._drives.values():  # what it expects before any read completes
+            est.bandwidth = expected_reads_per_s * self.file_bytes
+
+    def demand(self, experts: list[int]):
+        pending = self.reader.demand(self.layer, experts)
+        assert {self.reader._inflight[(self.layer, e)].tickets[0].drive for e in experts} == {"d0", "d1"}
+        return pending
+
+    def tail_reads_after(self, seconds: float) -> int:
+        import time
+
+        deadline = time.monotonic() + seconds
+        while self.reader.counts.tail_prefetch < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert reader.counts.tail_prefetch == 3  # d0 kept reading guesses while d1 still held its share
+        return self.reader.counts.tail_prefetch
+
+    def close(self) -> None:
+        self.gate.set()
+        self.stream.close()
+
+
+def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another_still_reads(tmp_path_factory):
+    """d0 reads its share, then the held guesses, while d1 still holds its share back; d1 takes none."""
+    # Expected at one file per second, d1's two reads end in ~2 s: a guess on d0 (~1 s) fits in that tail.
+    probe = HeldBack(tmp_path_factory, expected_reads_per_s=1.0)
+    try:
+        reader, layer, following = probe.reader, probe.layer, probe.following
+        pending = probe.demand([0, 1, 2, 3])
+        reader.hold_tail(following, [5, 6, 7])
+        assert probe.tail_reads_after(30) == 3  # d0 kept reading guesses while d1 still held its share
         assert all(reader._inflight[(following, e)].tickets[0].drive == "d0" for e in (5, 6, 7))
-        gate.set()
+        probe.gate.set()
         reader.wait(layer, [0, 1, 2, 3], pending)
         assert sorted(reader.end_tail()) == [(following, 5), (following, 6), (following, 7)]
         joined = reader.counts.joined_prefetch
@@ -126,8 +150,21 @@ def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another
         assert reader.counts.tail_prefetch == 3 and reader.end_tail() == []
         assert (layer, 4) not in reader._inflight and (layer, 5) not in reader._inflight
     finally:
-        gate.set()
-        stream.close()
+        probe.close()
+
+
+def test_no_guess_starts_when_the_layers_last_read_is_expected_to_land_before_it_would(tmp_path_factory):
+    """Expected fast, d1's share should land long before a guess on d0 could: d0 stays idle however long d1 takes."""
+    probe = HeldBack(tmp_path_factory, expected_reads_per_s=1e6)
+    try:
+        pending = probe.demand([0, 1, 2, 3])
+        probe.reader.hold_tail(probe.following, [5, 6, 7])
+        assert probe.tail_reads_after(0.5) == 0
+        probe.gate.set()
+        probe.reader.wait(probe.layer, [0, 1, 2, 3], pending)
+        assert probe.reader.end_tail() == []
+    finally:
+        probe.close()
 
 
 def test_tail_read_ahead_keeps_greedy_tokens(store):

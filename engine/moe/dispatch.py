@@ -64,6 +64,11 @@ class Dispatcher:
         est = self._drives[drive]
         return est.latency + (est.in_flight + nbytes) / est.bandwidth
 
+    def drained(self, drives: list[str]) -> float:
+        """Seconds until the busiest of `drives` is expected to have read everything placed on it."""
+        with self._lock:
+            return max((self.expected_completion(d, 0) for d in drives if self._drives[d].in_flight), default=0.0)
+
     def choose(self, candidates: list[str], nbytes: int) -> str:
         """The drive to read `nbytes` from, now counted in flight there until `finished`."""
         with self._lock:

@@ -13,10 +13,11 @@ A demand for an expert whose prefetch is still queued (not started) cancels it a
 in the demand pool, so a layer never waits behind the prefetch queue.
 
 Tail read-ahead (`hold_tail`): guesses at the next layer's experts are held, not placed, and a
-drive starts one only once it has no demand work left while another drive still has some, so a
-drive that finished its share of a layer early reads ahead instead of idling and no read-ahead
-shares a drive with the layer's own reads. `end_tail` (the layer's reads have landed) drops the
-guesses no drive started.
+drive starts one only once it has no demand work left while another drive still has some, and
+only if the read is expected to end within half a read of the layer's last one (estimated when
+the layer's reads were placed). So a drive that finished its share of a layer early reads ahead
+instead of idling, no read-ahead shares a drive with the layer's own reads, and few run on into
+the next layer's. `end_tail` (the layer's reads have landed) drops the guesses no drive started.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class ExpertReader:
         self._demand_work = dict.fromkeys(drives, 0)  # demand reads placed on each drive, queued or running
         self._tail_reading = dict.fromkeys(drives, 0)  # tail read-aheads running on each drive
         self._held: list[Held] = []
+        self._tail_ends = 0.0  # clock time the held read-aheads must end by (about when the layer's last read lands)
         self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
         self._lock = threading.Lock()
 
@@ -198,8 +200,12 @@ class ExpertReader:
         return started
 
     def hold_tail(self, layer: int, experts: list[int]) -> None:
-        """Hold read-aheads of `experts` of `layer` (most confident first) for drives that finish early."""
+        """Hold read-aheads of `experts` of `layer` (most confident first) for drives that finish early.
+
+        Called right after the current layer's reads were placed, so the drives' queues say when it ends.
+        """
         with self._lock:
+            self._tail_ends = self.clock() + self.dispatcher.drained(list(self._demand_work))
             for expert in experts:
                 if (layer, expert) not in self._inflight:
                     placed = self._inflight[(layer, expert)] = Placed(Future(), [])
@@ -271,15 +277,21 @@ class ExpertReader:
             replicas = dict(self.replicas(held.layer, held.expert))
             free = [d for d in replicas if not self._demand_work[d]
                     and self._tail_reading[d] < self.settings.prefetch_threads]
+            spec = self.layers[held.layer]
+            free = [d for d in free if self._fits_tail(d, spec.file_bytes)]
             if not free or not held.placed.future.set_running_or_notify_cancel():
                 continue
-            spec = self.layers[held.layer]
             drive = self.dispatcher.choose(free, spec.file_bytes)
             held.placed.tickets.append(Ticket(drive, replicas[drive], spec.file_bytes))
             self._tail_reading[drive] += 1
             self.counts.tail_prefetch += 1
             self.counts.prefetch_reads += 1
             self._prefetch[drive].submit(self._run_held, held, spec)
+
+    def _fits_tail(self, drive: str, nbytes: int) -> bool:
+        """A read of `nbytes` on `drive` started now ends within half a read of the layer's last one."""
+        read_s = self.dispatcher.expected_completion(drive, nbytes)
+        return self.clock() + read_s / 2 <= self._tail_ends
 
     def _run_held(self, held: Held, spec: MoeLayer) -> None:
         ticket = held.placed.tickets[0]
