@@ -49,8 +49,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode read-ahead not capped at what fits in the measured compute window")
     parser.add_argument("--no-prefill-prefetch", dest="prefill_prefetch", action="store_false",
                         help="no read-ahead of the next layer's predicted experts in passes of many rows")
-    parser.add_argument("--prefetch-tail", action=argparse.BooleanOptionalAction, default=False,
-                        help="drives done with a decode layer's reads start on the next layer's guesses (default: off)")
+    parser.add_argument("--prefetch-tail", action=argparse.BooleanOptionalAction, default=True,
+                        help="drives done with a decode layer's reads start on the next layer's guesses (default: on)")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                         help="in decode, run each expert as it lands while the rest are read (default: on)")
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")

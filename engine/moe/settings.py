@@ -36,15 +36,17 @@ class StreamSettings:
     shared_pool: bool = False
     dispatch: str = "least_completion"
     split_reads: bool = False
-    # On by default since prefetch fill: on the bench model (disk floor 3.6x compute) decode went from 0.75 of
-    # the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is short, it measured
-    # -2.5 % to +3.5 %, within the noise (docs/results.md, third round).
+    # On by default since prefetch fill: on the bench model (disk floor 3.6x compute), before overlap, decode
+    # went from 0.75 of the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is
+    # short, it measured -2.5 % to +3.5 %, within the noise (docs/results.md, third round).
     prefetch: bool = True
     prefetch_off: frozenset[int] = field(default_factory=frozenset)
     prefetch_limit: int = 0
     prefetch_fill: bool = True
     prefill_prefetch: bool = True
-    prefetch_tail: bool = False
+    # On: +10.8 % on the bench model at 3 drives (0.888 -> 0.986 of the disk floor), -0.2 % at 4, where a
+    # layer's 16 experts divide evenly and the tail is short (docs/results.md, fourth round, runs 36-39).
+    prefetch_tail: bool = True
     overlap: bool = True
     cache_bytes: int = 0
     # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).
