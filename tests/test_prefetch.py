@@ -111,9 +111,10 @@ class HeldBack:
         for est in self.stream.dispatcher._drives.values():  # what it expects before any read completes
             est.bandwidth = expected_reads_per_s * self.file_bytes
 
-    def demand(self, experts: list[int]):
+    def demand(self, experts: list[int], on: set[str]):
+        """Demand reads of `experts` in the first layer; the dispatcher is expected to place them `on` those drives."""
         pending = self.reader.demand(self.layer, experts)
-        assert {self.reader._inflight[(self.layer, e)].tickets[0].drive for e in experts} == {"d0", "d1"}
+        assert {self.reader._inflight[(self.layer, e)].tickets[0].drive for e in experts} == on
         return pending
 
     def tail_reads_after(self, seconds: float) -> int:
@@ -135,7 +136,7 @@ def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another
     probe = HeldBack(tmp_path_factory, expected_reads_per_s=1.0)
     try:
         reader, layer, following = probe.reader, probe.layer, probe.following
-        pending = probe.demand([0, 1, 2, 3])
+        pending = probe.demand([0, 1, 2, 3], on={"d0", "d1"})
         reader.hold_tail(following, [5, 6, 7])
         assert probe.tail_reads_after(30) == 3  # d0 kept reading guesses while d1 still held its share
         assert all(reader._inflight[(following, e)].tickets[0].drive == "d0" for e in (5, 6, 7))
@@ -153,11 +154,15 @@ def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another
         probe.close()
 
 
-def test_no_guess_starts_when_the_layers_last_read_is_expected_to_land_before_it_would(tmp_path_factory):
-    """Expected fast, d1's share should land long before a guess on d0 could: d0 stays idle however long d1 takes."""
+def test_no_guess_starts_when_it_would_end_long_after_the_layers_last_read(tmp_path_factory):
+    """d1 is expected fast and takes the whole layer; a guess on idle d0, expected at 1 s, would end long after.
+
+    However long d1 then really takes (held back), d0 stays idle: the tail is judged when the layer's reads are placed.
+    """
     probe = HeldBack(tmp_path_factory, expected_reads_per_s=1e6)
     try:
-        pending = probe.demand([0, 1, 2, 3])
+        probe.stream.dispatcher._drives["d0"].bandwidth = probe.file_bytes  # one file per second
+        pending = probe.demand([0, 1, 2, 3], on={"d1"})
         probe.reader.hold_tail(probe.following, [5, 6, 7])
         assert probe.tail_reads_after(0.5) == 0
         probe.gate.set()

@@ -120,7 +120,7 @@ class ExpertStream:
         guess = self._guess_next(layer, x, host.shape[-1], record)
         tail = guess is not None and record.rows == 1 and self.settings.prefetch_tail
         if tail:
-            self.reader.hold_tail(guess.layer, self._uncached(guess))
+            self.reader.hold_tail(guess.layer, self._uncached(guess)[: self.settings.prefetch_limit or None])
         start = time.perf_counter()
         place = {e: i for i, e in enumerate(unique)}
 
@@ -242,10 +242,10 @@ class ExpertStream:
 
     def _prefetch_next(self, guess: Guess, read_in_tail: set[int], record: PassTrace) -> None:
         """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps."""
-        caps = [self.settings.prefetch_limit or None]
-        if record.rows == 1 and self.settings.prefetch_fill:
-            caps.append(self._window_fill(guess.layer))
+        limit = max(0, self.settings.prefetch_limit - len(read_in_tail)) if self.settings.prefetch_limit else None
+        fill = self._window_fill(guess.layer) if record.rows == 1 and self.settings.prefetch_fill else None
+        caps = [c for c in (limit, fill) if c is not None]
         rest = [e for e in guess.experts if e not in read_in_tail]
-        ahead = rest[: min((c for c in caps if c), default=None)]
+        ahead = rest[: min(caps)] if caps else rest
         self._predicted[guess.layer] = set(ahead) | read_in_tail
         self.reader.prefetch(guess.layer, self._uncached(Guess(guess.layer, ahead)))
