@@ -275,10 +275,9 @@ class ExpertReader:
             if held.placed.tickets or held.placed.future.cancelled():
                 continue
             replicas = dict(self.replicas(held.layer, held.expert))
-            free = [d for d in replicas if not self._demand_work[d]
-                    and self._tail_reading[d] < self.settings.prefetch_threads]
             spec = self.layers[held.layer]
-            free = [d for d in free if self._fits_tail(d, spec.file_bytes)]
+            free = [d for d in replicas if not self._demand_work[d]
+                    and self._tail_reading[d] < self.settings.prefetch_threads and self._fits_tail(d, spec.file_bytes)]
             if not free or not held.placed.future.set_running_or_notify_cancel():
                 continue
             drive = self.dispatcher.choose(free, spec.file_bytes)

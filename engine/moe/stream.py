@@ -137,7 +137,7 @@ class ExpertStream:
 
         if landed is not None:
             for expert in list(found):
-                run(expert, len(missing))
+                run(expert, sum(not future.done() for future, _ in pending))
         try:
             landed_all = self.reader.wait(layer, missing, pending, arrived if landed is not None else None)
         finally:
