@@ -269,20 +269,25 @@ class ExpertReader:
         Caller holds the lock. Once no drive has demand work the layer's reads have landed: what is
         still held waits for `end_tail`.
         """
-        if not any(self._demand_work.values()):
+        idle = {d for d, work in self._demand_work.items()
+                if not work and self._tail_reading[d] < self.settings.prefetch_threads}
+        if not idle or not any(self._demand_work.values()):  # every drive busy (the usual case), or no tail
             return
         for held in self._held:
+            if not idle:
+                return
             if held.placed.tickets or held.placed.future.cancelled():
                 continue
             replicas = dict(self.replicas(held.layer, held.expert))
             spec = self.layers[held.layer]
-            free = [d for d in replicas if not self._demand_work[d]
-                    and self._tail_reading[d] < self.settings.prefetch_threads and self._fits_tail(d, spec.file_bytes)]
+            free = [d for d in replicas if d in idle and self._fits_tail(d, spec.file_bytes)]
             if not free or not held.placed.future.set_running_or_notify_cancel():
                 continue
             drive = self.dispatcher.choose(free, spec.file_bytes)
             held.placed.tickets.append(Ticket(drive, replicas[drive], spec.file_bytes))
             self._tail_reading[drive] += 1
+            if self._tail_reading[drive] >= self.settings.prefetch_threads:
+                idle.discard(drive)
             self.counts.tail_prefetch += 1
             self.counts.prefetch_reads += 1
             self._prefetch[drive].submit(self._run_held, held, spec)

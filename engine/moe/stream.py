@@ -120,7 +120,8 @@ class ExpertStream:
         guess = self._guess_next(layer, x, host.shape[-1], record)
         tail = guess is not None and record.rows == 1 and self.settings.prefetch_tail
         if tail:
-            self.reader.hold_tail(guess.layer, self._uncached(guess)[: self.settings.prefetch_limit or None])
+            held = self._uncached(guess.layer, guess.experts)[: self.settings.prefetch_limit or None]
+            self.reader.hold_tail(guess.layer, held)
         start = time.perf_counter()
         place = {e: i for i, e in enumerate(unique)}
 
@@ -237,8 +238,8 @@ class ExpertStream:
         record.predict_s = time.perf_counter() - start
         return Guess(nxt.layer, experts)
 
-    def _uncached(self, guess: Guess) -> list[int]:
-        return [e for e in guess.experts if self.cache is None or (guess.layer, e) not in self.cache]
+    def _uncached(self, layer: int, experts: list[int]) -> list[int]:
+        return [e for e in experts if self.cache is None or (layer, e) not in self.cache]
 
     def _prefetch_next(self, guess: Guess, read_in_tail: set[int], record: PassTrace) -> None:
         """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps."""
@@ -248,4 +249,4 @@ class ExpertStream:
         rest = [e for e in guess.experts if e not in read_in_tail]
         ahead = rest[: min(caps)] if caps else rest
         self._predicted[guess.layer] = set(ahead) | read_in_tail
-        self.reader.prefetch(guess.layer, self._uncached(Guess(guess.layer, ahead)))
+        self.reader.prefetch(guess.layer, self._uncached(guess.layer, ahead))
