@@ -9,9 +9,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import bench, dashboard, drives, generate, jobs, model, reports, review, rig, runs, say, serve, verify
-from app.paths import data_dir
-from engine import NightshiftError
+from nightshift.app.commands import (
+    bench,
+    dashboard,
+    drives,
+    generate,
+    jobs,
+    model,
+    reports,
+    review,
+    rig,
+    runs,
+    say,
+    serve,
+    verify,
+)
+from nightshift.app.paths import data_dir
+from nightshift.engine import NightshiftError
 
 # Command groups, in the order `--help` lists them.
 GROUPS = [model, generate, drives, rig, review, serve, jobs, reports, dashboard, bench, runs, verify]

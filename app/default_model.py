@@ -18,12 +18,12 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from app.paths import cache_dir, models_dir
-from engine import (
+from nightshift.app.paths import cache_dir, models_dir
+from nightshift.engine import (
     DEFAULT_EXPERTS,
     DEFAULT_K,
     Drive,

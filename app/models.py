@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.default_model import require_default_model
-from app.paths import models_dir
-from engine import Model, NightshiftError, StreamSettings, is_store, open_model
+from nightshift.app.default_model import require_default_model
+from nightshift.app.paths import models_dir
+from nightshift.engine import Model, NightshiftError, StreamSettings, is_store, open_model
 
 
 def resolve_model(name: str | None) -> Path:
@@ -22,7 +22,9 @@ def resolve_model(name: str | None) -> Path:
         return candidate
     if (models_dir() / name).is_dir():
         return models_dir() / name
-    raise NightshiftError(f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`")
+    raise NightshiftError(
+        f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`"
+    )
 
 
 def open_for_generation(path: Path, in_ram: bool = False, drafter: Path | None = None) -> Model:

@@ -1,11 +1,13 @@
-"""Where nightshift keeps the user's data: one directory, nothing hidden elsewhere.
+"""Every path nightshift uses, in one place: the user's data dir and what ships inside the package.
 
-`NIGHTSHIFT_HOME` overrides; otherwise the platform's convention (XDG on Linux,
-Application Support on macOS).
+`NIGHTSHIFT_HOME` overrides the data dir; otherwise the platform's convention (XDG on
+Linux, Application Support on macOS). Bundled folders (templates, schedules) are found
+through the import system, so a wheel in site-packages works like the checkout.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -21,6 +23,17 @@ def data_dir() -> Path:
     return Path(xdg) / "nightshift"
 
 
+def bundled(folder: str) -> Path:
+    """A folder shipped inside the package (`templates`, `schedules`), wherever nightshift is installed.
+
+    They are namespace packages (data, no `__init__.py`), so their spec names the folder itself.
+    """
+    spec = importlib.util.find_spec(f"nightshift.{folder}")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"nightshift.{folder} is not installed with this copy of nightshift; reinstall it")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def models_dir() -> Path:
     return data_dir() / "models"
 
@@ -28,3 +41,55 @@ def models_dir() -> Path:
 def cache_dir() -> Path:
     """Downloads kept so a model can be rebuilt offline."""
     return data_dir() / "cache"
+
+
+def drives_file() -> Path:
+    """The drives expert files are placed on (`nightshift rig up` writes one)."""
+    return data_dir() / "drives.toml"
+
+
+def rig_dir() -> Path:
+    """Where `nightshift rig` keeps its images, mounts and state ("nightshift" in the path on purpose)."""
+    return data_dir() / "nightshift-rig"
+
+
+def user_schedules_dir() -> Path:
+    """The user's own schedule files; one with a bundled schedule's name replaces it."""
+    return data_dir() / "schedules"
+
+
+def reports_index() -> Path:
+    return data_dir() / "reports" / "index.json"
+
+
+def run_queue() -> Path:
+    """The review run queue (SQLite); not the benchmark catalogue."""
+    return data_dir() / "runs.sqlite"
+
+
+def catalogue_file() -> Path:
+    """The benchmark run catalogue (SQLite)."""
+    return data_dir() / "bench_runs.sqlite"
+
+
+def control_socket() -> Path:
+    return data_dir() / "nightshift.sock"
+
+
+def service_log() -> Path:
+    return data_dir() / "nightshift.log"
+
+
+def service_lock() -> Path:
+    """Held while `nightshift serve` runs."""
+    return data_dir() / "serve.lock"
+
+
+def engine_lock_file() -> Path:
+    """Held while a review generates, across processes."""
+    return data_dir() / "engine.lock"
+
+
+def verify_record(store_name: str) -> Path:
+    """The greedy tokens of record `nightshift verify` compares a store against."""
+    return data_dir() / "verify" / f"{store_name}.json"

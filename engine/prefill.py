@@ -9,22 +9,28 @@ layer), and that the chunk size is a setting whose effect is measured (read ampl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 if TYPE_CHECKING:
-    from engine.moe.stream import ExpertStream, PrefillReads
+    from nightshift.engine.moe.stream import ExpertStream, PrefillReads
 
 # Rows per forward pass while prefilling; a chunk reads each selected expert once.
 DEFAULT_CHUNK = 512
 
 
-def prefill(model: nn.Module, prompt: list[int], cache: list, chunk: int = DEFAULT_CHUNK,
-            progress: Callable[[int, int], None] | None = None) -> mx.array:
+def prefill(
+    model: nn.Module,
+    prompt: list[int],
+    cache: list,
+    chunk: int = DEFAULT_CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> mx.array:
     """Run `prompt` through `model` (filling `cache`) `chunk` rows at a time; the last row's log-probabilities."""
     if chunk < 1:
         raise NightshiftError(f"prefill chunk size {chunk}: it must be at least 1 row")
@@ -42,8 +48,9 @@ def prefill(model: nn.Module, prompt: list[int], cache: list, chunk: int = DEFAU
     return logprobs
 
 
-def counted_prefill(model: nn.Module, prompt: list[int], cache: list, chunk: int, stream: ExpertStream | None
-                    ) -> tuple[mx.array, PrefillReads | None]:
+def counted_prefill(
+    model: nn.Module, prompt: list[int], cache: list, chunk: int, stream: ExpertStream | None
+) -> tuple[mx.array, PrefillReads | None]:
     """`prefill`, with the streamed model's prefill reads (bytes read, unique expert bytes) when it streams."""
     if stream is None:
         return prefill(model, prompt, cache, chunk), None

@@ -11,8 +11,9 @@ same as plain decoding's, whatever the model's dtype.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -35,8 +36,13 @@ class RowByRow(nn.Module):
 
 
 def _attention_sites(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    return [(layer, name) for layer in model.layers if layer is not None for name in ATTENTION_NAMES
-            if isinstance(layer.get(name), nn.Module)]
+    return [
+        (layer, name)
+        for layer in model.layers
+        if layer is not None
+        for name in ATTENTION_NAMES
+        if isinstance(layer.get(name), nn.Module)
+    ]
 
 
 @contextmanager

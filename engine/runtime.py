@@ -10,32 +10,33 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 # Nothing leaves the machine: transformers and huggingface_hub must never reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import mlx.core as mx  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-from mlx_lm.sample_utils import make_sampler  # noqa: E402
-from mlx_lm.utils import load_model  # noqa: E402
-from mlx_lm.tokenizer_utils import load as load_tokenizer  # noqa: E402
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from mlx_lm.utils import load_model
 
-from engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError  # noqa: E402
-from engine.cpu_prefill import use_gemm_prefill  # noqa: E402
-from engine.io.ceilings import Ceilings  # noqa: E402
-from engine.io.drives import Drive  # noqa: E402
-from engine.models import get_classes  # noqa: E402
-from engine.moe.load import load_streaming  # noqa: E402
-from engine.moe.settings import StreamSettings  # noqa: E402
-from engine.moe.stream import ExpertStream  # noqa: E402
-from engine.prefill import DEFAULT_CHUNK, counted_prefill, prefill  # noqa: E402
-from engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens  # noqa: E402
-from engine.store.loader import is_store, load_store  # noqa: E402
+from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError
+from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.models import get_classes
+from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.prefill import DEFAULT_CHUNK, counted_prefill, prefill
+from nightshift.engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import is_store
 
 Message = dict[str, str]
 
@@ -93,16 +94,24 @@ class Model:
     them as the router asks (`self.stream`); otherwise every weight is loaded into RAM.
     """
 
-    def __init__(self, path: Path, stream: StreamSettings | None = None, drives: list[Drive] | None = None,
-                 ceilings: Ceilings | None = None, drafter: Path | None = None):
+    def __init__(
+        self,
+        path: Path,
+        stream: StreamSettings | None = None,
+        drives: list[Drive] | None = None,
+        ceilings: Ceilings | None = None,
+        drafter: Path | None = None,
+    ):
         self.path = Path(path)
         self.stream: ExpertStream | None = None
         self.drafter: Model | None = None
         if not is_store(self.path) and not (self.path / "config.json").is_file():
             raise ModelNotFoundError(f"no model at {self.path} (config.json missing)")
         if stream is not None and not is_store(self.path):
-            raise ModelFormatError(f"{self.path} is not a store, so its experts cannot be streamed; "
-                                   "import it with `nightshift model import` first")
+            raise ModelFormatError(
+                f"{self.path} is not a store, so its experts cannot be streamed; "
+                "import it with `nightshift model import` first"
+            )
         try:
             if stream is not None:
                 self.model, config, self.stream = load_streaming(self.path, stream, drives, ceilings)
@@ -117,8 +126,13 @@ class Model:
         self.vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
         if drafter is not None:
             self.drafter = Model(drafter)
-            check_pair(self.tokenizer.get_vocab(), self.vocab_size, self.drafter.tokenizer.get_vocab(),
-                       self.drafter.vocab_size, str(drafter))
+            check_pair(
+                self.tokenizer.get_vocab(),
+                self.vocab_size,
+                self.drafter.tokenizer.get_vocab(),
+                self.drafter.vocab_size,
+                str(drafter),
+            )
 
     def chat_tokens(self, messages: list[Message]) -> list[int]:
         """Token ids of `messages` formatted with the model's chat template, ready to answer."""
@@ -135,8 +149,9 @@ class Model:
         draft_depth: int | None = None,
     ) -> Iterator[Chunk]:
         """Stream the answer to `messages`; greedy when `temp` is 0. Stops early if `cancel` is set."""
-        yield from self.generate_tokens(self.chat_tokens(messages), max_tokens, temp, seed, cancel, prefill_chunk,
-                                        draft_depth)
+        yield from self.generate_tokens(
+            self.chat_tokens(messages), max_tokens, temp, seed, cancel, prefill_chunk, draft_depth
+        )
 
     def generate_tokens(
         self,
@@ -169,8 +184,9 @@ class Model:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
         detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
-        for token in self._token_ids(prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats,
-                                     draft_switch_off):
+        for token in self._token_ids(
+            prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats, draft_switch_off
+        ):
             now = time.perf_counter() - start
             if stats.generated_tokens == 0:
                 stats.time_to_first_token = now
@@ -191,8 +207,15 @@ class Model:
                 stats.finish_reason = "cancelled"
                 return
 
-    def _token_ids(self, prompt: list[int], max_tokens: int, sampler, prefill_chunk: int,
-                   stats: GenerationStats, draft_switch_off: bool = True) -> Iterator[int]:
+    def _token_ids(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        sampler,
+        prefill_chunk: int,
+        stats: GenerationStats,
+        draft_switch_off: bool = True,
+    ) -> Iterator[int]:
         """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
         cache = make_prompt_cache(self.model)
         logprobs, reads = counted_prefill(self.model, prompt, cache, prefill_chunk, self.stream)
@@ -201,15 +224,26 @@ class Model:
         first = sampler(logprobs[None]).item()
         yield first
         if max_tokens > 1 and stats.draft is not None and stats.draft.depth > 0:
-            yield from self._drafted(prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft,
-                                     draft_switch_off)
+            yield from self._drafted(
+                prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft, draft_switch_off
+            )
         elif max_tokens > 1:
-            steps = generate_step(mx.array([first]), self.model, prompt_cache=cache, sampler=sampler,
-                                  max_tokens=max_tokens - 1)
+            steps = generate_step(
+                mx.array([first]), self.model, prompt_cache=cache, sampler=sampler, max_tokens=max_tokens - 1
+            )
             yield from (int(token) for token, _ in steps)
 
-    def _drafted(self, prompt: list[int], first: int, limit: int, cache: list, sampler, prefill_chunk: int,
-                 stats: DraftStats, switch_off: bool) -> Iterator[int]:
+    def _drafted(
+        self,
+        prompt: list[int],
+        first: int,
+        limit: int,
+        cache: list,
+        sampler,
+        prefill_chunk: int,
+        stats: DraftStats,
+        switch_off: bool,
+    ) -> Iterator[int]:
         """Tokens after `first` drafted by the drafter and verified by this model (engine/speculative.py)."""
         draft_cache = make_prompt_cache(self.drafter.model)
         prefill(self.drafter.model, prompt, draft_cache, prefill_chunk)
@@ -232,8 +266,13 @@ class Model:
             self.stream.close()
 
 
-def open_model(path: Path, stream: StreamSettings | None = None, drives: list[Drive] | None = None,
-               ceilings: Ceilings | None = None, drafter: Path | None = None) -> Model:
+def open_model(
+    path: Path,
+    stream: StreamSettings | None = None,
+    drives: list[Drive] | None = None,
+    ceilings: Ceilings | None = None,
+    drafter: Path | None = None,
+) -> Model:
     """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
     (default: the drives its manifest names), starting its read estimates from `ceilings` if given.
     `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding."""

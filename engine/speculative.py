@@ -20,18 +20,19 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
-from engine.errors import NightshiftError
-from engine.moe.stream import ExpertStream
-from engine.row_attention import attention_row_by_row
-from engine.store.manifest import write_json_atomic
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.row_attention import attention_row_by_row
+from nightshift.engine.store.manifest import write_json_atomic
 
 Sampler = Callable[[mx.array], mx.array]
 CALIBRATION_STEPS = 3  # plain steps timed before drafting starts (the first one is not used: warm-up)
@@ -82,9 +83,11 @@ class DraftStats:
 
     def describe(self) -> str:
         """One line for people: what drafting did and whether it switched itself off."""
-        line = (f"draft depth {self.depth}: {self.accepted}/{self.drafted} drafts accepted ({self.acceptance_rate:.0%}) "
-                f"in {self.rounds} verify passes, {self.union_per_verify:.1f} experts per layer per verify "
-                f"({self.experts_per_plain_step:.1f} per plain step)")
+        line = (
+            f"draft depth {self.depth}: {self.accepted}/{self.drafted} drafts accepted ({self.acceptance_rate:.0%}) "
+            f"in {self.rounds} verify passes, {self.union_per_verify:.1f} experts per layer per verify "
+            f"({self.experts_per_plain_step:.1f} per plain step)"
+        )
         if self.break_even_acceptance is not None:
             line += f"; break-even acceptance {self.break_even_acceptance:.0%}"
         if self.switched_off:
@@ -92,8 +95,12 @@ class DraftStats:
         return line
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "union_per_verify": self.union_per_verify,
-                "experts_per_plain_step": self.experts_per_plain_step}
+        return {
+            **asdict(self),
+            "acceptance_rate": self.acceptance_rate,
+            "union_per_verify": self.union_per_verify,
+            "experts_per_plain_step": self.experts_per_plain_step,
+        }
 
 
 def check_depth(depth: int) -> int:
@@ -102,8 +109,13 @@ def check_depth(depth: int) -> int:
     return depth
 
 
-def check_pair(target_vocab: dict[str, int], target_width: int, drafter_vocab: dict[str, int], drafter_width: int,
-               drafter_name: str) -> None:
+def check_pair(
+    target_vocab: dict[str, int],
+    target_width: int,
+    drafter_vocab: dict[str, int],
+    drafter_width: int,
+    drafter_name: str,
+) -> None:
     """Raise DraftError unless the drafter's tokens mean what the target's do and its logits are as wide."""
     if drafter_vocab != target_vocab:
         differing = sorted(set(drafter_vocab.items()) ^ set(target_vocab.items()))[:3]
@@ -250,8 +262,9 @@ class Pair:
     stream: ExpertStream | None = None
 
 
-def speculative_tokens(pair: Pair, first: int, depth: int, stats: DraftStats, limit: int | None = None,
-                       switch_off: bool = True) -> Iterator[int]:
+def speculative_tokens(
+    pair: Pair, first: int, depth: int, stats: DraftStats, limit: int | None = None, switch_off: bool = True
+) -> Iterator[int]:
     """Tokens after `first`, which both caches hold the context before but not `first` itself.
 
     Yields at most `limit` tokens (None: until the caller stops). `depth` 0 decodes plainly.
@@ -300,8 +313,9 @@ def _add(stats: DraftStats, kind: str, before: tuple[int, int], after: tuple[int
     setattr(stats, f"{kind}_unique_experts", getattr(stats, f"{kind}_unique_experts") + unique)
 
 
-def _round(pair: Pair, y: int, unseen: list[int], depth: int, stats: DraftStats,
-           count: ExpertCount) -> tuple[list[int], list[int]]:
+def _round(
+    pair: Pair, y: int, unseen: list[int], depth: int, stats: DraftStats, count: ExpertCount
+) -> tuple[list[int], list[int]]:
     """One draft+verify round: (tokens it yields, tokens the drafter has not seen after it)."""
     marks, drafts, feed = [], [], unseen
     for _ in range(depth):

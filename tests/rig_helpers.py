@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from engine.bench.cgroups import CgroupError, throttle_root
-from engine.bench.rig import STATE_FILE, RigState, cgroup_name, rig_down
+from nightshift.engine.bench.cgroups import CgroupError, throttle_root
+from nightshift.engine.bench.rig import cgroup_name
 
 
 def rig_skip_reason() -> str | None:
@@ -54,24 +52,3 @@ class RigPlace:
         self.rig_dir = tmp_path / "nightshift-rig"
         self.drives_file = tmp_path / "drives.toml"
         self.markers = (str(tmp_path), cgroup_name(self.rig_dir))
-
-
-@pytest.fixture
-def rig_place(tmp_path):
-    """Where a test builds its rig; afterwards the rig is taken down even if the test failed,
-    and the test fails if any loop device, mount or cgroup of it is left."""
-    place = RigPlace(tmp_path)
-    assert leftovers(*place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
-    try:
-        yield place
-    finally:
-        if (place.rig_dir / STATE_FILE).exists():
-            state = RigState.load(place.rig_dir)
-            if state.cgroup and Path(state.cgroup).exists():
-                for pid in state.throttle().pids():
-                    os.kill(pid, signal.SIGKILL)  # only this test's processes are in its cgroup
-                deadline = time.monotonic() + 5
-                while state.throttle().pids() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-            rig_down(place.rig_dir)
-        assert leftovers(*place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}

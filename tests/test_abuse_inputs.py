@@ -14,16 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.daemon.service import Service
-from app.review import report
-from app.review.errors import ReviewError, ScheduleError
-from app.review.money import UNITS_LIMIT, exact_group_sums, exact_sum, format_amount
-from app.review.narrative import build_prompt, write_narrative
-from app.review.runner import run_checks_for
-from app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
-from app.review.sources import SqliteSource
-from engine import open_model
-from tests.test_review_run import tiny_model  # noqa: F401 - a fixture
+from nightshift.app.daemon.service import Service
+from nightshift.app.review import report
+from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.money import UNITS_LIMIT, exact_group_sums, exact_sum, format_amount
+from nightshift.app.review.narrative import build_prompt, write_narrative
+from nightshift.app.review.runner import run_checks_for
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
+from nightshift.app.review.sources import SqliteSource
+from nightshift.engine import open_model
 
 BANK = (BUNDLED_DIR / "sample-data" / "bank-statement.csv").read_text(encoding="utf-8-sig")
 OCTOBER = date(2026, 10, 30)
@@ -49,7 +48,10 @@ REFUSED = {
     "latin-1": ((BANK + row("1,00", text="Caf\xe9")).encode("latin-1"), "is not UTF-8 text .* save it as UTF-8 CSV"),
     "utf-16": (BANK.encode("utf-16"), "is not UTF-8 text"),
     "binary": (b"\x00\xff\xfe\x01" * 64, "is not UTF-8 text"),
-    "missing column": (BANK.replace("Booking date", "Datum").encode(), r"no column\(s\) \['Booking date'\]; its header is"),
+    "missing column": (
+        BANK.replace("Booking date", "Datum").encode(),
+        r"no column\(s\) \['Booking date'\]; its header is",
+    ),
     "semicolons read as commas": (BANK.replace(";", "\t").encode(), "Fix `columns` in the schedule .*`delimiter`"),
     "empty": (b"", "is empty"),
     "short row": ((BANK + "29.10.2026\n").encode(), r"line \d+: 1 fields, fewer than the header's"),
@@ -163,7 +165,10 @@ def test_malformed_schedules_are_named_and_the_others_still_load(home):
 
 @pytest.mark.parametrize(
     "template, message",
-    [("<p>{% for x in %}</p>", r"bad\.html\.j2:1: Expected an expression"), ("<p>{{ nope.x }}</p>", "'nope' is undefined")],
+    [
+        ("<p>{% for x in %}</p>", r"bad\.html\.j2:1: Expected an expression"),
+        ("<p>{{ nope.x }}</p>", "'nope' is undefined"),
+    ],
 )
 def test_a_report_template_with_errors_is_named(tmp_path, monkeypatch, template, message):
     (tmp_path / "bad.html.j2").write_text(template)

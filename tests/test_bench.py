@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from nightshift.app.cli import main
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 
@@ -31,11 +31,43 @@ def test_decode_records_floors_roofline_and_counters(store, home, capsys):
 
 def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
     # The store has one replica per expert: split reads cannot happen, so nothing is recorded.
-    assert main(["bench", "ab", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.2", "--mechanism", "split"]) == 1
+    assert (
+        main(
+            [
+                "bench",
+                "ab",
+                "--model",
+                str(store),
+                "--tokens",
+                "3",
+                "--bandwidth-seconds",
+                "0.2",
+                "--mechanism",
+                "split",
+            ]
+        )
+        == 1
+    )
     assert "not recorded" in capsys.readouterr().err
     assert main(["runs", "list"]) == 0
     assert "no runs recorded yet" in capsys.readouterr().err
-    assert main(["bench", "ab", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.2", "--mechanism", "prefetch"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "ab",
+                "--model",
+                str(store),
+                "--tokens",
+                "3",
+                "--bandwidth-seconds",
+                "0.2",
+                "--mechanism",
+                "prefetch",
+            ]
+        )
+        == 0
+    )
     assert main(["runs", "list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 2 and "baseline" in listed[1] and ("win" in listed[0] or "loss" in listed[0])
@@ -69,8 +101,25 @@ def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys,
 
 
 def test_prefill_records_read_amplification_floors_and_the_row_by_row_figure(store, home, capsys):
-    assert main(["bench", "prefill", "--model", str(store), "--prompt-tokens", "40", "--chunk", "16",
-                 "--row-tokens", "6", "--bandwidth-seconds", "0.2"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "prefill",
+                "--model",
+                str(store),
+                "--prompt-tokens",
+                "40",
+                "--chunk",
+                "16",
+                "--row-tokens",
+                "6",
+                "--bandwidth-seconds",
+                "0.2",
+            ]
+        )
+        == 0
+    )
     assert "recorded as run 1" in capsys.readouterr().err
     assert main(["runs", "show", "1"]) == 0
     run = json.loads(capsys.readouterr().out)

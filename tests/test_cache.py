@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.moe.cache import ExpertCache
+from nightshift.engine.moe.cache import ExpertCache
 
 
 def test_lru_evicts_the_least_recently_used_within_budget():

@@ -8,13 +8,19 @@ import json
 
 import pytest
 
-from engine.instruments.assertions import AssertionFailed, Proof
-from engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare, fingerprint
+from nightshift.engine.instruments.assertions import AssertionFailed, Proof
+from nightshift.engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare, fingerprint
 
 
 def run(verdict: str, tok_s: float, **config) -> Run:
-    return Run(kind="ab", model="m", config={"split_reads": False, **config}, figures={"tokens_per_s": tok_s},
-               verdict=verdict, counters={"split_reads": 3 if config.get("split_reads") else 0})
+    return Run(
+        kind="ab",
+        model="m",
+        config={"split_reads": False, **config},
+        figures={"tokens_per_s": tok_s},
+        verdict=verdict,
+        counters={"split_reads": 3 if config.get("split_reads") else 0},
+    )
 
 
 def test_runs_are_kept_newest_first_with_fingerprints(tmp_path):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app.review.checks import CheckContext, run_checks
-from app.review.matching import match
-from app.review.sources import Table, build_table
-from app.review.window import window_containing
+from nightshift.app.review.checks import CheckContext, run_checks
+from nightshift.app.review.matching import match
+from nightshift.app.review.sources import Table, build_table
+from nightshift.app.review.window import window_containing
 
 
 def table(name: str, rows: list[tuple]) -> Table:
@@ -30,7 +30,9 @@ def context(tables: dict[str, Table], as_of: str = "2026-10-15", period: str = "
 
 def test_match_pairs_by_reference_then_amount_and_date():
     bank = table("bank", [("2026-10-01", "100.00", "A"), ("2026-10-05", "50.00", ""), ("2026-10-09", "50.00", "")])
-    ledger = table("ledger", [("2026-10-03", "100.00", "A"), ("2026-10-08", "50.00", "X"), ("2026-10-04", "50.00", "Y")])
+    ledger = table(
+        "ledger", [("2026-10-03", "100.00", "A"), ("2026-10-08", "50.00", "X"), ("2026-10-04", "50.00", "Y")]
+    )
     result = match(bank, ledger, date_tolerance_days=3)
     pairs = sorted(zip(result.left.tolist(), result.right.tolist()))
     assert pairs == [(0, 0), (1, 2), (2, 1)]  # in date order: 10-05 takes 10-04, 10-09 takes 10-08
@@ -48,8 +50,12 @@ def test_match_is_one_to_one_and_respects_the_tolerance():
 
 def test_match_check_reports_unmatched_and_amount_differences():
     bank = table("bank", [("2026-10-01", "100.00", "A"), ("2026-10-02", "1205.00", "B"), ("2026-10-03", "-45.00", "")])
-    ledger = table("ledger", [("2026-10-01", "100.00", "A"), ("2026-10-02", "1250.00", "B"), ("2026-10-06", "-830.00", "C")])
-    result = run_checks([{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger}))
+    ledger = table(
+        "ledger", [("2026-10-01", "100.00", "A"), ("2026-10-02", "1250.00", "B"), ("2026-10-06", "-830.00", "C")]
+    )
+    result = run_checks(
+        [{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger})
+    )
     titles = {f.title: f for f in result.findings}
     assert set(titles) == {"Amount differs for reference B", "In bank, not in ledger: row 3",
                            "In ledger, not in bank: C"}  # fmt: skip
@@ -62,7 +68,9 @@ def test_match_check_reports_unmatched_and_amount_differences():
 def test_items_in_transit_across_the_period_end_are_not_unmatched():
     bank = table("bank", [("2026-10-01", "70.00", "T")])  # cleared on the 1st
     ledger = table("ledger", [("2026-09-30", "70.00", "T")])  # booked on the 30th
-    result = run_checks([{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger}))
+    result = run_checks(
+        [{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger})
+    )
     assert result.findings == []
 
 
@@ -110,7 +118,9 @@ def test_variance_against_the_previous_period():
 def test_findings_come_most_severe_first():
     bank = table("bank", [("2026-10-01", "5.00", ""), ("2026-10-01", "5000.00", "")])
     ledger = table("ledger", [])
-    result = run_checks([{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger}))
+    result = run_checks(
+        [{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger})
+    )
     assert [f.severity for f in result.findings] == ["high", "medium"]
 
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from app.cli import build_parser, main
-from app.default_model import DEFAULT_MODEL
+from nightshift.app.cli import build_parser, main
+from nightshift.app.default_model import DEFAULT_MODEL
 from tests.gguf_files import write_tiny_llama
 
 
@@ -130,7 +130,7 @@ def test_no_disk_space_is_a_clear_error(tiny_filesystem, monkeypatch, capsys):
 
 def test_console_script_runs_without_traceback(home):
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", "hi"], capture_output=True, text=True, env=os.environ
+        [sys.executable, "-m", "nightshift.app.cli", "generate", "hi"], capture_output=True, text=True, env=os.environ
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "nightshift model default" in result.stderr

@@ -11,9 +11,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from engine import convert_gguf, open_model
-from engine.cpu_blas import BUNDLED, _candidates
-from engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
+from nightshift.engine import convert_gguf, open_model
+from nightshift.engine.cpu_blas import BUNDLED, _candidates
+from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
 from tests.gguf_files import write_tiny_llama
 
 

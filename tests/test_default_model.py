@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import open_model
+from nightshift.engine import open_model
 from tests.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -72,7 +72,7 @@ def test_stored_weights_stay_quantized(default_model_dir):
 def test_generate_command_streams_text_and_reports_rates(default_model_dir):
     env = {**os.environ, "NIGHTSHIFT_HOME": str(default_model_dir.parent.parent)}
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", "What is the capital of France?", "--max-tokens", "12"],
+        [sys.executable, "-m", "nightshift.app.cli", "generate", "What is the capital of France?", "--max-tokens", "12"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

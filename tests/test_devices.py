@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.io.devices import (
+from nightshift.engine.io.devices import (
     DeviceNotFoundError,
     Mount,
     mount_of,
@@ -62,8 +62,11 @@ def test_a_missing_root_is_named(tmp_path):
 
 
 def test_diskutil_records_map_to_the_physical_whole_disk():
-    apfs = {"DeviceIdentifier": "disk3s1", "ParentWholeDisk": "disk3",
-            "APFSPhysicalStores": [{"APFSPhysicalStore": "disk0s2"}]}
+    apfs = {
+        "DeviceIdentifier": "disk3s1",
+        "ParentWholeDisk": "disk3",
+        "APFSPhysicalStores": [{"APFSPhysicalStore": "disk0s2"}],
+    }
     assert whole_disk_from_diskutil(apfs) == "disk0"
     assert whole_disk_from_diskutil({"DeviceIdentifier": "disk4s1", "ParentWholeDisk": "disk4"}) == "disk4"
     with pytest.raises(DeviceNotFoundError, match="no whole disk"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
-from engine.moe.dispatch import DEFAULT_BANDWIDTH, WINDOW, Dispatcher, DriveEstimate, estimates_from
+from nightshift.engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
+from nightshift.engine.moe.dispatch import DEFAULT_BANDWIDTH, WINDOW, Dispatcher, DriveEstimate, estimates_from
 
 MB = 1_000_000
 

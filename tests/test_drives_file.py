@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.io.drives import Drive, DrivesFileError, format_drives, load_drives, parse_drives
+from nightshift.engine.io.drives import Drive, DrivesFileError, format_drives, load_drives, parse_drives
 
 
 def test_round_trip_with_awkward_paths(tmp_path):

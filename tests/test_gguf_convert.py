@@ -11,9 +11,9 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.utils import load_model
 
-from engine import ModelFormatError, UnsupportedModelError, convert_gguf
-from engine.store.gguf_import import GGUFFile
-from engine.store.gguf_quant import convert_quantized
+from nightshift.engine import ModelFormatError, UnsupportedModelError, convert_gguf
+from nightshift.engine.store.gguf_import import GGUFFile
+from nightshift.engine.store.gguf_quant import convert_quantized
 from tests.gguf_files import TINY, dequantize_blocks, write_tiny_llama
 
 
@@ -112,7 +112,7 @@ def test_missing_gguf_is_a_clear_error(tmp_path):
 def test_truncated_gguf_is_a_clear_error_and_writes_nothing(tiny_gguf, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
-    with pytest.raises(ModelFormatError, match="cut.gguf"):
+    with pytest.raises(ModelFormatError, match=r"cut\.gguf"):
         convert_gguf(cut, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from engine import UnsupportedModelError, convert_gguf
-from engine.store.gguf_import import GGUFFile
-from engine.store.gguf_tokenizer import build_tokenizer
+from nightshift.engine import UnsupportedModelError, convert_gguf
+from nightshift.engine.store.gguf_import import GGUFFile
+from nightshift.engine.store.gguf_tokenizer import build_tokenizer
 from tests.gguf_files import write_tiny_llama
 
 TEXTS = [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import main
-from engine import convert_gguf, read_manifest
-from engine.store.families import build_model, switch_sites
-from engine.store.synth import FAMILIES, PRESETS
+from nightshift.app.cli import main
+from nightshift.engine import convert_gguf, read_manifest
+from nightshift.engine.store.families import build_model, switch_sites
+from nightshift.engine.store.synth import FAMILIES, PRESETS
 from tests.gguf_files import write_tiny_llama
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import (
+from nightshift.engine import (
     Drive,
     ImportOptions,
     ModelFormatError,
@@ -20,8 +20,8 @@ from engine import (
     read_manifest,
     verify_store,
 )
-from engine.store.loader import load_store
-from engine.store.safetensors_io import copied_tensor, read_header, write_safetensors
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.safetensors_io import copied_tensor, read_header, write_safetensors
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 
@@ -89,7 +89,7 @@ def test_wrong_shape_is_named_with_its_file(src, tmp_path):
 def test_missing_expert_file_is_named_on_load_and_by_verify(pristine, tmp_path):
     store = import_tiny(tmp_path, pristine, "m", drives=1)
     manifest = read_manifest(store)
-    (_, path), = manifest.replica_paths(1, 5)
+    ((_, path),) = manifest.replica_paths(1, 5)
     path.unlink()
     with pytest.raises(ModelFormatError, match=re.escape(str(path))):
         load_store(store)
@@ -101,7 +101,7 @@ def test_missing_expert_file_is_named_on_load_and_by_verify(pristine, tmp_path):
 def test_checksum_mismatch_is_named_and_a_good_replica_still_serves(pristine, tmp_path):
     store = import_tiny(tmp_path, pristine, "m", drives=1)
     manifest = read_manifest(store)
-    (_, path), = manifest.replica_paths(2, 0)
+    ((_, path),) = manifest.replica_paths(2, 0)
     original = path.read_bytes()
     damaged = bytearray(original)
     damaged[100] ^= 0xFF
@@ -134,7 +134,7 @@ def test_interrupted_import_is_not_complete_and_resumes_to_the_same_store(pristi
     with pytest.raises(KeyboardInterrupt):
         import_checkpoint(pristine, store, drives, ImportOptions(), stop_after_two)
     assert not (store / "manifest.json").exists()
-    with pytest.raises(ModelFormatError, match="did not finish.*resume"):
+    with pytest.raises(ModelFormatError, match=r"did not finish.*resume"):
         read_manifest(store)
     with pytest.raises(ModelFormatError, match="did not finish"):
         open_model(store)
@@ -157,5 +157,5 @@ def test_a_drive_without_room_is_refused_before_anything_is_written(pristine, tm
 
 
 def test_not_a_checkpoint(tmp_path):
-    with pytest.raises(ModelFormatError, match="config.json missing"):
+    with pytest.raises(ModelFormatError, match=r"config\.json missing"):
         import_checkpoint(tmp_path, tmp_path / "m", [Drive("d", tmp_path / "d")])

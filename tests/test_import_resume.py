@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from app.cli import main
-from engine import ModelFormatError, open_model, read_manifest, synthesize, verify_store
+from nightshift.app.cli import main
+from nightshift.engine import ModelFormatError, open_model, read_manifest, synthesize, verify_store
 
 
 @pytest.mark.slow
 def test_killed_import_resumes_from_the_layers_already_done(home, tmp_path, capsys):
     src = synthesize("kimi_k3", "small", tmp_path / "src", layers=6)
     store = home / "models" / "killed"
-    command = [sys.executable, "-m", "app.cli", "model", "import", str(src), "--name", "killed"]
+    command = [sys.executable, "-m", "nightshift.app.cli", "model", "import", str(src), "--name", "killed"]
     env = {**os.environ, "NIGHTSHIFT_HOME": str(home)}
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from mlx_lm import stream_generate
 
-from engine import open_model
+from nightshift.engine import open_model
 from tests.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -63,7 +63,10 @@ def comparison(default_model_dir, default_gguf):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     answers = json.loads(result.stdout)["answers"]
-    return [(prompt, request["ids"], tokens, answer) for prompt, request, tokens, answer in zip(PROMPTS, requests, ours, answers)]
+    return [
+        (prompt, request["ids"], tokens, answer)
+        for prompt, request, tokens, answer in zip(PROMPTS, requests, ours, answers)
+    ]
 
 
 def test_tokenization_matches_llama_cpp(comparison):

@@ -8,9 +8,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from app.cli import main
-from engine import NightshiftError, UnsupportedModelError, convert_gguf, open_model
-from engine.store.moefy import CALIBRATION_TEXT, EVALUATION_TEXT, fit_linear_router, group_neurons, moefy
+from nightshift.app.cli import main
+from nightshift.engine import NightshiftError, UnsupportedModelError, convert_gguf, open_model
+from nightshift.engine.store.moefy import CALIBRATION_TEXT, EVALUATION_TEXT, fit_linear_router, group_neurons, moefy
 from tests.gguf_files import TINY, write_tiny_llama
 
 EXPERTS = 8

@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from app.default_model import prepare_sparse_default_model, require_default_model
-from engine import DEFAULT_EXPERTS, DEFAULT_K, open_model
+from nightshift.app.default_model import prepare_sparse_default_model, require_default_model
+from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, open_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from engine.instruments.monitor import ENGINE_BYTES, ENGINE_IN_FLIGHT, ENGINE_READS, OS_BYTES, DriveMonitor
-from engine.io.counters import DriveReadCounters
-from engine.io.devices import resolve_device
-from engine.io.direct import aligned_buffer, open_direct
+from nightshift.engine.instruments.monitor import ENGINE_BYTES, ENGINE_IN_FLIGHT, ENGINE_READS, OS_BYTES, DriveMonitor
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.io.direct import aligned_buffer, open_direct
 
 MiB = 1 << 20
 
@@ -66,8 +66,8 @@ def test_a_known_read_load_shows_in_both_counters(tmp_path):
 
 
 def test_cli_watch_prints_each_drive_every_interval(home, tmp_path, capsys):
-    from app.cli import main
-    from engine.io.drives import Drive, format_drives
+    from nightshift.app.cli import main
+    from nightshift.engine.io.drives import Drive, format_drives
 
     home.mkdir()
     (home / "drives.toml").write_text(format_drives([Drive("d0", tmp_path), Drive("d1", tmp_path)]))

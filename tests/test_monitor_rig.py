@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from engine.bench.probe import measure, probe_file
-from engine.bench.rig import RigSpec, inside_rig, rig_up
-from engine.instruments.monitor import ENGINE_BYTES, ENGINE_IN_FLIGHT, OS_BYTES, DriveMonitor
-from engine.io.counters import DriveReadCounters
-from engine.io.devices import resolve_device
-from engine.io.direct import open_direct
-from tests.rig_helpers import requires_rig, rig_place  # noqa: F401 (fixture)
+from nightshift.engine.bench.probe import measure, probe_file
+from nightshift.engine.bench.rig import RigSpec, inside_rig, rig_up
+from nightshift.engine.instruments.monitor import ENGINE_BYTES, ENGINE_IN_FLIGHT, OS_BYTES, DriveMonitor
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.io.direct import open_direct
+from tests.rig_helpers import requires_rig
 
 pytestmark = [pytest.mark.rig, requires_rig]
 MiB = 1 << 20
@@ -23,12 +23,16 @@ def test_monitor_rates_follow_a_known_throttled_load(rig_place):
     drives = state.as_drives()
     names = [d.name for d in drives]
     counters = DriveReadCounters(names)
-    with probe_file(drives[0], 16 * MiB) as path, open_direct(path) as f:
-        with DriveMonitor(names, [resolve_device(d.root).counters_name for d in drives], counters) as monitor:
-            with inside_rig(state):
-                start = time.monotonic()
-                load = measure(f, MiB, 4, 1.5, "rig0", counters)
-                end = time.monotonic()
+    devices = [resolve_device(d.root).counters_name for d in drives]
+    with (
+        probe_file(drives[0], 16 * MiB) as path,
+        open_direct(path) as f,
+        DriveMonitor(names, devices, counters) as monitor,
+        inside_rig(state),
+    ):
+        start = time.monotonic()
+        load = measure(f, MiB, 4, 1.5, "rig0", counters)
+        end = time.monotonic()
     times, values = monitor.window()
     during = (times >= start) & (times <= end)
     span = times[during][-1] - times[during][0]

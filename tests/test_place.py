@@ -5,11 +5,19 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from app.cli import main
-from engine import Drive, NoSpaceError, calibration_prompts, measure_routing, open_model, place_store, read_manifest
-from engine import verify_store
-from engine.store.loader import load_store
-from engine.store.placement import DriveRoom, plan_placement
+from nightshift.app.cli import main
+from nightshift.engine import (
+    Drive,
+    NoSpaceError,
+    calibration_prompts,
+    measure_routing,
+    open_model,
+    place_store,
+    read_manifest,
+    verify_store,
+)
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.placement import DriveRoom, plan_placement
 from tests.test_store_equivalence import PROMPT, import_tiny, tiny_checkpoint
 
 MB = 1_000_000
@@ -71,7 +79,12 @@ def test_place_moves_files_to_new_drives_and_keeps_the_model_identical(source, t
     assert not any(path.exists() for path in old_files)
     holders = [tuple(e["replicas"]) for layer in manifest.experts.values() for e in layer]
     assert all(h[0] in ("x", "y") for h in holders)
-    y_bytes = sum(manifest.layer(l).file_bytes for l, layer in manifest.experts.items() for e in layer if "y" in e["replicas"])
+    y_bytes = sum(
+        manifest.layer(index).file_bytes
+        for index, layer in manifest.experts.items()
+        for e in layer
+        if "y" in e["replicas"]
+    )
     assert 0 < y_bytes <= 200_000
     assert not verify_store(store)
     assert mx.array_equal(load_store(store)[0](mx.array([PROMPT])), before).item()

@@ -5,12 +5,20 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from engine import NoSpaceError, import_checkpoint, load_drives, place_store, read_manifest, synthesize, verify_store
-from engine.bench.rig import RigSpec, rig_up
-from engine.store.loader import load_store
-from engine.store.measure import PROMPT
-from engine.store.placement import drive_device
-from tests.rig_helpers import requires_rig, rig_place  # noqa: F401 (fixture)
+from nightshift.engine import (
+    NoSpaceError,
+    import_checkpoint,
+    load_drives,
+    place_store,
+    read_manifest,
+    synthesize,
+    verify_store,
+)
+from nightshift.engine.bench.rig import RigSpec, rig_up
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.measure import PROMPT
+from nightshift.engine.store.placement import drive_device
+from tests.rig_helpers import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]

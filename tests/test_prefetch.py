@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.moe.prefetch import predict
-from engine.moe.settings import StreamSettings
+from nightshift.engine.moe.prefetch import predict
+from nightshift.engine.moe.settings import StreamSettings
 from tests.test_stream import streamed_tokens, tiny_store
 
 
@@ -67,7 +67,7 @@ def test_predict_orders_the_union_of_rows_by_confidence():
 
 
 def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(store):
-    from engine.moe.load import load_streaming
+    from nightshift.engine.moe.load import load_streaming
 
     _, _, stream = load_streaming(store, StreamSettings(prefetch=True))
     try:
@@ -90,8 +90,8 @@ class HeldBack:
     def __init__(self, tmp_path_factory, expected_reads_per_s: float):
         import threading
 
-        from engine.bench.layout import replicate_everywhere
-        from engine.moe.load import load_streaming
+        from nightshift.engine.bench.layout import replicate_everywhere
+        from nightshift.engine.moe.load import load_streaming
 
         store = tiny_store(tmp_path_factory, "mixtral")
         replicate_everywhere(store)  # a guess may go to whichever drive is free

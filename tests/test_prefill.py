@@ -12,11 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.errors import NightshiftError
-from engine.moe.settings import StreamSettings
-from engine.runtime import open_model
-from tests.test_stream import QUICK, stores  # noqa: F401  (module fixtures: tiny two-drive stores)
-from tests.test_stream import sources  # noqa: F401
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
+from tests.test_stream import (  # noqa: F401  (module fixtures: tiny two-drive stores)
+    QUICK,
+    sources,
+    stores,
+)
 
 PROMPT = np.random.default_rng(7).integers(3, 500, size=71).tolist()
 TOKENS = 12

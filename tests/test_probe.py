@@ -10,14 +10,14 @@ import tempfile
 
 import pytest
 
-from app.cli import main
-from engine.bench.fio import compare_with_fio
-from engine.bench.probe import PROBE_FILE, probe_drive
-from engine.errors import NoSpaceError
-from engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
-from engine.io.counters import DriveReadCounters
-from engine.io.direct import O_DIRECT_MODE, DirectReadError, aligned_buffer, open_direct
-from engine.io.drives import Drive, format_drives
+from nightshift.app.cli import main
+from nightshift.engine.bench.fio import compare_with_fio
+from nightshift.engine.bench.probe import PROBE_FILE, probe_drive
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.direct import O_DIRECT_MODE, DirectReadError, aligned_buffer, open_direct
+from nightshift.engine.io.drives import Drive, format_drives
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -79,18 +79,26 @@ def test_cli_probe_prints_a_table_and_stores_it_next_to_the_drives_file(home, tm
     assert main(["drives", "probe", "--sizes", "4K,1M", "--depths", "1,2", "--seconds", "0.05", "--file-mib", "2"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split("\t") == ["drive", "read", "qd1 MB/s", "qd2 MB/s", "mode"]
-    assert [row.split("\t")[:2] for row in table[1:]] == [["d0", "4 KiB"], ["d0", "1 MiB"], ["d1", "4 KiB"], ["d1", "1 MiB"]]
+    assert [row.split("\t")[:2] for row in table[1:]] == [
+        ["d0", "4 KiB"],
+        ["d0", "1 MiB"],
+        ["d1", "4 KiB"],
+        ["d1", "1 MiB"],
+    ]
     stored = json.loads((home / CEILINGS_FILE).read_text())
     assert [d["name"] for d in stored["drives"]] == ["d0", "d1"] and len(stored["drives"][0]["cells"]) == 4
     assert main(["drives", "show"]) == 0
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == ["drive", "d0", "d1"]
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--sizes", "4K,1000", "must be a positive multiple of 4K"),
-    ("--sizes", "big", "is not a size like 256K"),
-    ("--depths", "0", "must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--sizes", "4K,1000", "must be a positive multiple of 4K"),
+        ("--sizes", "big", "is not a size like 256K"),
+        ("--depths", "0", "must be at least 1"),
+    ],
+)
 def test_cli_probe_names_bad_options(home, capsys, option, value, message):
     assert main(["drives", "probe", option, value]) == 1
     assert message in capsys.readouterr().err

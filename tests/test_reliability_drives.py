@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.daemon.runs import RunQueue
-from app.review.index import read_index
-from engine.bench.layout import replicate_everywhere
-from engine.store.manifest import read_manifest
+from nightshift.app.cli import main
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.review.index import read_index
+from nightshift.engine.bench.layout import replicate_everywhere
+from nightshift.engine.store.manifest import read_manifest
 from tests.test_review_run import user_schedule
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 

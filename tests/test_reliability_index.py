@@ -6,11 +6,12 @@ import asyncio
 import json
 from datetime import date
 
-from app.cli import main
-from app.daemon.runs import RunQueue
-from app.daemon.work import execute
-from app.review.index import add_failure, add_to_index, index_path, read_index
-from app.review.window import window_containing
+from nightshift.app.cli import main
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.work import execute
+from nightshift.app.paths import reports_index
+from nightshift.app.review.index import add_failure, add_to_index, read_index
+from nightshift.app.review.window import window_containing
 from tests.test_abuse_inputs import BANK, month_end_on
 
 EARLIER = {"state": "done", "run": 1, "as_of": "2026-09-30", "review": "month-end", "title": "Month-end review",
@@ -30,7 +31,7 @@ def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home,
     earlier_pdf.parent.mkdir(parents=True)
     earlier_pdf.write_bytes(b"%PDF-1.7 an earlier report\n%%EOF\n")
     add_to_index({**EARLIER, "path": str(earlier_pdf)})
-    before = index_path().read_text()
+    before = reports_index().read_text()
     hostile_review(home, ("\ufeff" + BANK).encode("utf-8")[:-40] + "Caf\xe9\n".encode("latin-1"))
     assert main(["review", "run", "hostile", "--as-of", "2026-10-30"]) == 1
     reason = capsys.readouterr().err
@@ -72,7 +73,7 @@ def test_interrupted_runs_get_no_entry(home):
 
 
 def test_the_dashboard_shows_a_failed_run_apart_from_the_reports(home):
-    from app.tui.app import Dashboard
+    from nightshift.app.tui.app import Dashboard
     from tests.test_tui import cells, text, until
 
     add_to_index({**EARLIER, "path": str(home / "gone.pdf")})

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.daemon.runs import RunQueue
-from app.review.index import read_index
-from tests.test_review_run import serve, states, tiny_model, user_schedule, wait_for  # noqa: F401 - tiny_model is a fixture
+from nightshift.app.cli import main
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.review.index import read_index
+from tests.test_review_run import serve, states, user_schedule, wait_for
 
 ROOT = os.geteuid() == 0
 
@@ -89,7 +89,9 @@ def full_disk(tmp_path):
         pytest.skip("needs root to mount a small tmpfs as the report folder")
     folder = tmp_path / "small"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

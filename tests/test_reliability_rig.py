@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from engine import ExpertReadError, import_checkpoint, load_drives
-from engine.bench.layout import replicate_everywhere
-from engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
-from engine.moe.load import load_streaming
-from engine.moe.settings import StreamSettings
-from engine.store.loader import load_store
-from engine.store.measure import greedy_tokens
-from tests.rig_helpers import requires_rig, rig_place  # noqa: F401 (fixture)
+from nightshift.engine import ExpertReadError, import_checkpoint, load_drives
+from nightshift.engine.bench.layout import replicate_everywhere
+from nightshift.engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
+from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.measure import greedy_tokens
+from tests.rig_helpers import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]
@@ -28,7 +28,9 @@ STALLED_BPS = 65536  # 64 kB/s, 1/3000 of its healthy rate: a drive that has all
 
 def replicated_on_rig(rig_place, tmp_path: Path, tokens: int) -> tuple[RigState, Path, list[int]]:
     """A two-disk rig, a tiny qwen3_moe store with every expert on both, and its greedy tokens held in RAM."""
-    state = rig_up(rig_place.rig_dir, RigSpec(count=2, size_bytes=64 << 20, read_bps=200_000_000), rig_place.drives_file)
+    state = rig_up(
+        rig_place.rig_dir, RigSpec(count=2, size_bytes=64 << 20, read_bps=200_000_000), rig_place.drives_file
+    )
     store = tmp_path / "store"
     import_checkpoint(tiny_checkpoint(tmp_path, "qwen3_moe"), store, load_drives(rig_place.drives_file))
     replicate_everywhere(store)

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 
-from app.review.charts import bar_chart
-from app.review.narrative import split_narrative
-from app.review.report import REPORTS_DIR, local_only_fetcher, render_html, write_pdf
-from app.review.runner import build_report_context, run_checks_for
-from app.review.schedule import load_schedules
-from app.review.verify import known_values, mark_numbers
-from engine import GenerationStats
+from nightshift.app.review.charts import bar_chart
+from nightshift.app.review.narrative import split_narrative
+from nightshift.app.review.report import REPORTS_DIR, local_only_fetcher, render_html, write_pdf
+from nightshift.app.review.runner import build_report_context, run_checks_for
+from nightshift.app.review.schedule import load_schedules
+from nightshift.app.review.verify import known_values, mark_numbers
+from nightshift.engine import GenerationStats
 
 NARRATIVE = """The bank shows 1,480.00 not in the ledger and the balance is off by 100.00; roughly 7,777 is at risk. <script>alert(1)</script>
 F1: Check INV-5010 & its duplicate.
@@ -65,10 +66,8 @@ def test_rendering_fetches_nothing_from_the_network(tmp_path):
     connections = []
 
     def accept() -> None:
-        try:
+        with contextlib.suppress(OSError):
             connections.append(server.accept())
-        except OSError:
-            pass
 
     listener = threading.Thread(target=accept)
     listener.start()
@@ -96,7 +95,7 @@ def month_end_html():
                   "decode_tokens_per_s": 6.0, "peak_memory_bytes": 10**8, "finish_reason": "length",
                   "drive_bytes": {"ssd0": 123456789}, "cache_hits": 1234, "prefetch_recall": 0.87, "files": [], "templates": [], "schedule": str(schedule.file),
                   "schedule_sha256": "abc", "host": "test"}  # fmt: skip
-    created = datetime(2026, 10, 30, 22, 5, tzinfo=timezone.utc)
+    created = datetime(2026, 10, 30, 22, 5, tzinfo=UTC)
     context = build_report_context(schedule, checked, "", narrative, provenance, created)
     return render_html(schedule.report_template, context), context
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.review.runner import run_checks_for
-from app.review.schedule import load_schedules
+from nightshift.app.review.runner import run_checks_for
+from nightshift.app.review.schedule import load_schedules
 
 # (check, title, amount) of every planted discrepancy, per review.
 DAILY = [
@@ -21,11 +21,13 @@ DAILY = [
     ("match", "In ledger, not in bank: INV-5010", Decimal("1918.40")),  # the second posting has no bank line
     ("match", "In bank, not in ledger: BANK CHARGES OCT", Decimal("-45.00")),
 ]
-WEEKLY = DAILY + [
+WEEKLY = [
+    *DAILY,
     ("match", "In ledger, not in bank: CHQ-1042", Decimal("-830.00")),
     ("match", "Amount differs for reference INV-5004", Decimal("-45.00")),
 ]
-MONTH_END = WEEKLY + [
+MONTH_END = [
+    *WEEKLY,
     ("match", "In bank, not in ledger: DD-77120", Decimal("-1480.00")),
     ("balance", "Bank: opening + movements does not equal closing", Decimal("-100.00")),
     ("variance", "account Travel: up 261% against September 2026", Decimal("-1670.00")),
@@ -50,7 +52,7 @@ def test_readme_first_command_on_the_default_model(sparse_store, home):
     store, _ = sparse_store
     (home / "models").mkdir(parents=True)
     (home / "models" / store.name).symlink_to(store)
-    done = subprocess.run([sys.executable, "-m", "app.cli", "review", "run", "month-end", "--now"],
+    done = subprocess.run([sys.executable, "-m", "nightshift.app.cli", "review", "run", "month-end", "--now"],
                           capture_output=True, text=True, timeout=900,
                           env={**os.environ, "NIGHTSHIFT_HOME": str(home)})  # fmt: skip
     assert done.returncode == 0, done.stderr

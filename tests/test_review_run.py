@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -14,28 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.daemon.control import request
-from app.review.schedule import BUNDLED_DIR
-from engine import convert_gguf
-from tests.gguf_files import write_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A tiny random llama model (real, just small); its context widened so a review's prompt fits."""
-    folder = tmp_path_factory.mktemp("tiny")
-    model = convert_gguf(write_tiny_llama(folder / "tiny.gguf"), folder / "model")
-    config = json.loads((model / "config.json").read_text())
-    config["max_position_embeddings"] = 8192
-    (model / "config.json").write_text(json.dumps(config))
-    return model
+from nightshift.app.cli import main
+from nightshift.app.daemon.control import request
+from nightshift.app.review.schedule import BUNDLED_DIR
 
 
 def user_schedule(home: Path, model: Path, name: str = "tiny", max_tokens: int = 8) -> Path:
     """The bundled month-end review, as a user's schedule that writes with the tiny model."""
     text = (BUNDLED_DIR / "month-end.toml").read_text()
-    text = text.replace('name = "month-end"', f'name = "{name}"').replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
+    text = text.replace('name = "month-end"', f'name = "{name}"').replace(
+        '"sample-data/', f'"{BUNDLED_DIR}/sample-data/'
+    )
     text = text.replace("max_tokens = 160", f'name = "{model}"\nmax_tokens = {max_tokens}')
     text = text.replace('output = "reports/month-end"', f'output = "reports/{name}"')
     path = home / "schedules" / f"{name}.toml"
@@ -53,7 +41,7 @@ def test_review_run_in_the_foreground_then_jobs_and_reports(home, tiny_model, ca
     assert [p.name for p in report.parent.iterdir()] == [report.name]  # no temporary file left behind
     assert main(["jobs"]) == 0
     jobs = capsys.readouterr().out
-    assert "service: not running" in jobs and f"done        tiny" in jobs and str(report) in jobs
+    assert "service: not running" in jobs and "done        tiny" in jobs and str(report) in jobs
     assert main(["reports", "list"]) == 0
     assert str(report) in capsys.readouterr().out
     assert main(["reports", "open", "tiny", "--print-only"]) == 0
@@ -82,16 +70,18 @@ def test_serve_install_writes_a_user_unit(home, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     assert main(["serve", "--install"]) == 0
     unit = (tmp_path / "config" / "systemd" / "user" / "nightshift.service").read_text()
-    assert f"ExecStart={sys.executable} -m app.cli serve" in unit and f"NIGHTSHIFT_HOME={home}" in unit
-    assert "systemctl --user daemon-reload && systemctl --user enable --now nightshift.service" in capsys.readouterr().err
-    from app.daemon.install import launchd_plist
+    assert f"ExecStart={sys.executable} -m nightshift.app.cli serve" in unit and f"NIGHTSHIFT_HOME={home}" in unit
+    assert (
+        "systemctl --user daemon-reload && systemctl --user enable --now nightshift.service" in capsys.readouterr().err
+    )
+    from nightshift.app.daemon.install import launchd_plist
 
     assert "<string>serve</string>" in launchd_plist() and "org.nightshift.serve" in launchd_plist()
 
 
 def serve(home: Path) -> subprocess.Popen:
     """`nightshift serve` on `home`, once it answers on its socket (a killed service's socket may still be there)."""
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
+    process = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve"], env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while (request("ping") or {}).get("pid") != process.pid:
@@ -120,7 +110,7 @@ def test_the_service_runs_queued_reviews_and_a_kill_loses_nothing(home, tiny_mod
     service = serve(home)
     try:
         assert stat.S_IMODE((home / "nightshift.sock").stat().st_mode) == 0o600
-        second = subprocess.run([sys.executable, "-m", "app.cli", "serve"], capture_output=True, text=True,
+        second = subprocess.run([sys.executable, "-m", "nightshift.app.cli", "serve"], capture_output=True, text=True,
                                 env={**os.environ, "NIGHTSHIFT_HOME": str(home)}, timeout=60)  # fmt: skip
         assert second.returncode == 1 and "already running" in second.stderr
         assert main(["review", "run", "long", "--no-wait"]) == 0

@@ -13,11 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from engine.bench.rig import RigError, RigSpec, RigState, cgroup_name, rig_command, rig_down, rig_status, rig_up
-from engine.io.devices import resolve_device
-from engine.io.drives import load_drives
-from tests.rig_helpers import leftovers, requires_rig, rig_place  # noqa: F401 (fixture)
+from nightshift.app.cli import main
+from nightshift.engine.bench.rig import (
+    RigError,
+    RigSpec,
+    RigState,
+    cgroup_name,
+    rig_command,
+    rig_down,
+    rig_status,
+    rig_up,
+)
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.io.drives import load_drives
+from tests.rig_helpers import leftovers, requires_rig
 
 pytestmark = [pytest.mark.rig, requires_rig]
 
@@ -100,8 +109,9 @@ def test_cli_up_status_run_down(rig_place, monkeypatch, capsys):
     assert main(["rig", "status"]) == 0
     out = capsys.readouterr()
     assert "healthy" in out.err and out.out.count("\ton\t80\t") == 2
-    inside = subprocess.run([str(NIGHTSHIFT), "rig", "run", "--", "cat", "/proc/self/cgroup"],
-                            capture_output=True, text=True, check=True)
+    inside = subprocess.run(
+        [str(NIGHTSHIFT), "rig", "run", "--", "cat", "/proc/self/cgroup"], capture_output=True, text=True, check=True
+    )
     assert f":/{cgroup_name(rig_place.rig_dir)}\n" in inside.stdout
     assert main(["rig", "limit", "--mbps", "25"]) == 0  # a new limit on the same drives
     assert main(["rig", "status"]) == 0
@@ -140,9 +150,14 @@ def test_ctrl_c_during_up_leaves_nothing_behind(rig_place, tmp_path):
     mkfs.chmod(0o755)
     env = {**os.environ, "NIGHTSHIFT_HOME": str(rig_place.rig_dir.parent), "PATH": f"{shims}:{os.environ['PATH']}"}
     # A run started in the background (`cmd &`) inherits SIGINT ignored; Ctrl-C at a terminal is not.
-    up = subprocess.Popen([str(NIGHTSHIFT), "rig", "up", "--drives", "4", "--size-mib", "256"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    up = subprocess.Popen(
+        [str(NIGHTSHIFT), "rig", "up", "--drives", "4", "--size-mib", "256"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     while up.poll() is None and not started.exists():
         time.sleep(0.005)
     up.send_signal(signal.SIGINT)

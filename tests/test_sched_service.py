@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import apscheduler.schedulers.base
 import pytest
 
-from app.daemon import clock
-from app.daemon.lock import ServiceRunningError
-from app.daemon.runs import RunQueue
-from app.daemon.service import Service
-from app.review.schedule import BUNDLED_DIR, load_schedules
+from nightshift.app.daemon import clock
+from nightshift.app.daemon.lock import ServiceRunningError
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.service import Service
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
 
-UTC = timezone.utc
+UTC = UTC
 
 
 class Clock:
@@ -119,7 +119,7 @@ def test_a_clock_jump_is_noticed_without_being_told(home, wall, bundled, monkeyp
 def test_two_services_on_one_data_dir(home, wall, bundled):
     service = start(bundled, ["daily"])
     try:
-        with pytest.raises(ServiceRunningError, match="already running .* stop it before starting another"):
+        with pytest.raises(ServiceRunningError, match=r"already running .* stop it before starting another"):
             Service(bundled, work=False).start()
     finally:
         service.stop()

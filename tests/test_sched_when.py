@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 import shutil
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from app.review.errors import ScheduleError
-from app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
-from app.review.when import parse_when
+from nightshift.app.review.errors import ScheduleError
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
+from nightshift.app.review.when import parse_when
 
 LONDON = ZoneInfo("Europe/London")
 
@@ -83,7 +83,7 @@ def line_of(path: Path, text: str) -> int:
         ('type = "csv"', 'type = "excel"', "sources.bank.type", "'excel' is not a source type"),
         ('left = "bank"', 'left = "bnak"', "checks[0].left", "names source 'bnak'"),
         ('type = "duplicates"', 'type = "dupes"', "checks[1].type", "'dupes' is not a check"),
-        ('max_tokens = 160', 'max_tokens = "lots"', "model.max_tokens", "should be int, not str 'lots'"),
+        ("max_tokens = 160", 'max_tokens = "lots"', "model.max_tokens", "should be int, not str 'lots'"),
         ('grace = "3d"', 'grace = "three days"', "grace", "is not a duration"),
         ('timezone = "Europe/London"', 'timezone = "Mars/Olympus"', "timezone", "unknown time zone"),
     ],
@@ -118,5 +118,5 @@ def test_a_users_schedule_overrides_a_bundled_one(home):
     (home / "schedules" / "daily.toml").write_text(text.replace('at 18:30"', 'at 07:15"'))
     schedules, errors = load_schedules()
     assert errors == [] and schedules["daily"].when == "every business day at 07:15"
-    now = datetime(2026, 11, 2, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 2, tzinfo=UTC)
     assert schedules["daily"].trigger.get_next_fire_time(None, now).hour == 7

@@ -1,13 +1,12 @@
 """Soak: scheduled runs back to back through the real service with a stepped clock; every one finishes and
-the process's open descriptors and memory do not grow. (The 200-run figures: `python -m app.review.soak`.)"""
+the process's open descriptors and memory do not grow. (The 200-run figures: `python -m nightshift.app.review.soak`.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from app.daemon.runs import RunQueue
-from app.review.soak import WARM_UP, soak
-from tests.test_review_run import tiny_model  # noqa: F401 - a fixture
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.review.soak import WARM_UP, soak
 
 
 @pytest.mark.slow

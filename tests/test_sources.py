@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.review.errors import ReviewError
-from app.review.money import format_amount, parse_amount
-from app.review.sources import CsvSource, SqliteSource
+from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.money import format_amount, parse_amount
+from nightshift.app.review.sources import CsvSource, SqliteSource
 
 ANY = (date(2000, 1, 1), date(2100, 1, 1))
 
@@ -61,12 +61,14 @@ def test_bad_date_names_the_line_and_the_format(tmp_path):
 
 def test_missing_column_lists_the_header(tmp_path):
     path = write(tmp_path / "x.csv", "when;how much\n")
-    with pytest.raises(ReviewError, match=r"no column\(s\) \['date', 'how much'\].*header is \['when;how much'\].*delimiter"):
+    with pytest.raises(
+        ReviewError, match=r"no column\(s\) \['date', 'how much'\].*header is \['when;how much'\].*delimiter"
+    ):
         CsvSource("x", path, {"date": "date", "amount": "how much"}).load(*ANY)
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ReviewError, match="no file at .*nope.csv; fix `path`"):
+    with pytest.raises(ReviewError, match=r"no file at .*nope\.csv; fix `path`"):
         CsvSource("x", tmp_path / "nope.csv", {"date": "d", "amount": "a"}).load(*ANY)
 
 
@@ -87,7 +89,7 @@ def test_sqlite_query_with_window_parameters(tmp_path):
 def test_sqlite_errors_say_what_to_fix(tmp_path):
     path = tmp_path / "l.sqlite"
     sqlite3.connect(path).execute("CREATE TABLE e (d TEXT, a TEXT)").connection.close()
-    with pytest.raises(ReviewError, match="the query on .* failed: no such table: nope; fix `query`"):
+    with pytest.raises(ReviewError, match=r"the query on .* failed: no such table: nope; fix `query`"):
         SqliteSource("l", path, "SELECT * FROM nope").load(*ANY)
     with pytest.raises(ReviewError, match=r"returns \['d', 'a'\], no 'date'; alias a column AS date"):
         SqliteSource("l", path, "SELECT d, a FROM e").load(*ANY)

@@ -19,18 +19,21 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from app.cli import main
-from engine import DraftError, NightshiftError, StreamSettings, make_drafter, open_model
-from engine.row_attention import attention_row_by_row
-from engine.speculative import MIN_ROUNDS, BreakEven, DraftStats
-from engine.store.importer import import_checkpoint
-from engine.store.loader import load_store
-from engine.io.drives import Drive
-from engine.store.synth import write_tokenizer
+from nightshift.app.cli import main
+from nightshift.engine import DraftError, NightshiftError, StreamSettings, make_drafter, open_model
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.row_attention import attention_row_by_row
+from nightshift.engine.speculative import MIN_ROUNDS, BreakEven, DraftStats
+from nightshift.engine.store.importer import import_checkpoint
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.synth import write_tokenizer
 from tests.test_moefy import tiny_dense, tiny_moefy  # noqa: F401  (module fixture)
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
-from tests.test_stream import QUICK, stores  # noqa: F401  (module fixtures: tiny two-drive stores)
-from tests.test_stream import sources  # noqa: F401
+from tests.test_stream import (  # noqa: F401  (module fixtures: tiny two-drive stores)
+    QUICK,
+    sources,
+    stores,
+)
 
 PROMPT = np.random.default_rng(7).integers(3, 500, size=40).tolist()
 TOKENS = 16
@@ -57,8 +60,14 @@ def test_a_pass_of_many_rows_computes_each_row_as_a_decode_step_with_attention_r
     assert mx.array_equal(steps, row_by_row)  # bit for bit
 
 
-def generate(store: Path, drafter: Path | None, depth: int | None, switch_off: bool = False,
-             tokens: int = TOKENS, prompt: list[int] = PROMPT):
+def generate(
+    store: Path,
+    drafter: Path | None,
+    depth: int | None,
+    switch_off: bool = False,
+    tokens: int = TOKENS,
+    prompt: list[int] = PROMPT,
+):
     model = open_model(store, stream=StreamSettings(), drafter=drafter)
     try:
         chunks = list(model.generate_tokens(prompt, max_tokens=tokens, draft_depth=depth, draft_switch_off=switch_off))
@@ -184,13 +193,45 @@ def test_cli_drafter_generate_and_draft_sweep_recorded_with_proof(home, tmp_path
     store = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "qwen3_moe"), "q")
     assert main(["model", "drafter", "--from", str(store), "--name", "q-draft", "--no-routed-experts"]) == 0
     drafter = Path(capsys.readouterr().out.strip())
-    assert main(["generate", "--model", str(store), "--drafter", "q-draft", "--draft-depth", "2",
-                 "--max-tokens", "8", "hello"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(store),
+                "--drafter",
+                "q-draft",
+                "--draft-depth",
+                "2",
+                "--max-tokens",
+                "8",
+                "hello",
+            ]
+        )
+        == 0
+    )
     assert "draft depth 2:" in capsys.readouterr().err
     assert main(["generate", "--model", str(store), "--draft-depth", "2", "hello"]) == 1
     assert "--draft-depth needs --drafter" in capsys.readouterr().err
-    assert main(["bench", "draft", "--model", str(store), "--drafter", str(drafter), "--depths", "0,2",
-                 "--tokens", "6", "--repeats", "2"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "draft",
+                "--model",
+                str(store),
+                "--drafter",
+                str(drafter),
+                "--depths",
+                "0,2",
+                "--tokens",
+                "6",
+                "--repeats",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "best depth" in capsys.readouterr().err
     assert main(["runs", "export"]) == 0
     runs = json.loads(capsys.readouterr().out)
@@ -200,4 +241,3 @@ def test_cli_drafter_generate_and_draft_sweep_recorded_with_proof(home, tmp_path
     assert all(len(r["figures"]["tokens_per_s_runs"]) == 2 for r in runs)
     best = json.loads((store / "draft.json").read_text())["q-draft"]
     assert best["depth"] in (0, 2) and best["run"] in (runs[0]["id"], runs[1]["id"])
-

@@ -15,11 +15,11 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model
 
-from engine import Drive, ImportOptions, import_checkpoint, open_model, read_manifest, synthesize
-from engine.models import get_classes
-from engine.store.loader import load_store
-from engine.store.measure import PROMPT, greedy_tokens
-from engine.store.safetensors_io import read_header
+from nightshift.engine import Drive, ImportOptions, import_checkpoint, open_model, read_manifest, synthesize
+from nightshift.engine.models import get_classes
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.measure import PROMPT, greedy_tokens
+from nightshift.engine.store.safetensors_io import read_header
 
 FAMILIES = ["kimi_k3", "deepseek_v3", "kimi_k2", "qwen3_moe", "mixtral", "gpt_oss"]
 
@@ -92,8 +92,9 @@ def test_open_model_accepts_a_store_and_generates_with_its_tokenizer(sources, tm
 
 def test_quantize_experts_turns_float_experts_into_affine_4_bit(sources, tmp_path):
     store = tmp_path / "q4"
-    import_checkpoint(sources["deepseek_v3"], store, [Drive("d", tmp_path / "d")],
-                      ImportOptions(trunk_bits=16, quantize_experts=True))
+    import_checkpoint(
+        sources["deepseek_v3"], store, [Drive("d", tmp_path / "d")], ImportOptions(trunk_bits=16, quantize_experts=True)
+    )
     manifest = read_manifest(store)
     for layer in manifest.layers:
         assert all(q == {"mode": "affine", "bits": 4, "group_size": 64} for q in layer.quantization.values())

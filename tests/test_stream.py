@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.layout import replicate_everywhere
-from engine.errors import NightshiftError
-from engine.moe.load import load_streaming
-from engine.moe.reader import ExpertReadError
-from engine.moe.settings import StreamSettings
-from engine.moe.stream import ExpertStream
-from engine.store.loader import load_store
-from engine.store.manifest import read_manifest
-from engine.store.measure import greedy_tokens
+from nightshift.engine.bench.layout import replicate_everywhere
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.reader import ExpertReadError
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
+from nightshift.engine.store.measure import greedy_tokens
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 QUICK = ["kimi_k3", "deepseek_v3", "qwen3_moe"]
@@ -51,8 +51,9 @@ def tiny_store(tmp_path_factory, arch: str) -> Path:
     return import_tiny(root, tiny_checkpoint(root, arch), "store")
 
 
-def streamed(store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
-             ) -> tuple[list[int], ExpertStream]:
+def streamed(
+    store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
+) -> tuple[list[int], ExpertStream]:
     """Greedy tokens from the streamed model and its (closed) stream; `devices` overrides drive -> device."""
     model, _, stream = load_streaming(store, settings)
     stream.reader.devices.update(devices or {})
@@ -62,8 +63,9 @@ def streamed(store: Path, settings: StreamSettings, steps: int = 32, devices: di
         stream.close()
 
 
-def streamed_tokens(store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
-                    ) -> tuple[list[int], dict]:
+def streamed_tokens(
+    store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
+) -> tuple[list[int], dict]:
     tokens, stream = streamed(store, settings, steps, devices)
     return tokens, stream.figures()
 
@@ -91,8 +93,15 @@ def test_streamed_tokens_equal_for_gpt_oss_biases_and_mixtral(arch, tmp_path):
 def test_every_mechanism_on_keeps_tokens_identical(sources, in_ram_tokens, tmp_path):
     store = import_tiny(tmp_path, sources["kimi_k3"], "kimi")
     replicate_everywhere(store)
-    settings = StreamSettings(shared_pool=True, split_reads=True, prefetch=True, cache_bytes=200_000,
-                              cache_policy="frequency", verify_checksums="always", trace=True)
+    settings = StreamSettings(
+        shared_pool=True,
+        split_reads=True,
+        prefetch=True,
+        cache_bytes=200_000,
+        cache_policy="frequency",
+        verify_checksums="always",
+        trace=True,
+    )
     # Both drives sit on this machine's one disk: call them two devices so halves are split between them.
     tokens, figures = streamed_tokens(store, settings, devices={"d0": 1, "d1": 2})
     assert tokens == in_ram_tokens["kimi_k3"]
@@ -198,7 +207,8 @@ def test_overlap_counts_only_experts_run_while_reads_were_landing(stores):
 def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):
     import threading
 
-    from engine import StreamSettings as PublicSettings, open_model
+    from nightshift.engine import StreamSettings as PublicSettings
+    from nightshift.engine import open_model
 
     model = open_model(stores["qwen3_moe"], stream=PublicSettings())
     cancel = threading.Event()

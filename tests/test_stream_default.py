@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import StreamSettings, greedy_of_record
+from nightshift.engine import StreamSettings, greedy_of_record
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from engine import Drive, ImportOptions, import_checkpoint, read_manifest, synthesize
-from engine.bench.decode import time_decode
-from engine.moe.load import load_streaming
-from engine.moe.settings import StreamSettings
+from nightshift.engine import Drive, ImportOptions, import_checkpoint, read_manifest, synthesize
+from nightshift.engine.bench.decode import time_decode
+from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
 
 MB = 1_000_000
 ACTIVATIONS = 8 * MB
@@ -40,8 +40,10 @@ def test_decode_peak_memory_stays_within_trunk_cache_and_the_experts_in_use(tmp_
         stream.close()
     in_use = 2 * 2 * k * file_bytes  # two layers' experts, each as read and as stacked
     allowed = trunk + budget + in_use + ACTIVATIONS
-    print(f"experts {manifest.expert_bytes / MB:.0f} MB, cache budget {budget / MB:.0f} MB, trunk {trunk / MB:.0f} MB, "
-          f"read buffers {pool / MB:.1f} MB (outside MLX); decode peak {peak / MB:.0f} MB of {allowed / MB:.0f} MB allowed")
+    print(
+        f"experts {manifest.expert_bytes / MB:.0f} MB, cache budget {budget / MB:.0f} MB, trunk {trunk / MB:.0f} MB, "
+        f"read buffers {pool / MB:.1f} MB (outside MLX); decode peak {peak / MB:.0f} MB of {allowed / MB:.0f} MB allowed"
+    )
     assert manifest.expert_bytes >= 3 * budget
     assert peak <= allowed
     assert peak < trunk + manifest.expert_bytes  # nowhere near every expert in RAM

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.instruments.trace import CACHE, DEMAND, PREFETCH, ExpertRead, Trace
-from engine.moe.settings import StreamSettings
-from engine.store.manifest import read_manifest
+from nightshift.engine.instruments.trace import CACHE, DEMAND, PREFETCH, ExpertRead, Trace
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.manifest import read_manifest
 from tests.test_stream import streamed, tiny_store
 
 

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from app.daemon.lock import InstanceLock, ServiceRunningError
-from app.tui.app import VIEWER_VARIABLE, Dashboard
-from app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
-from app.tui.widgets.text import Line, Table
-from app.commands.runs import CATALOGUE_FILE
-from engine import Catalogue, Run
-from engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
-from engine.io.direct import aligned_buffer, open_direct
-from engine.io.drives import Drive, format_drives
-from tests.test_review_run import serve, tiny_model, user_schedule  # noqa: F401 - tiny_model is a fixture
+from nightshift.app.daemon.lock import InstanceLock, ServiceRunningError
+from nightshift.app.paths import catalogue_file
+from nightshift.app.tui.app import VIEWER_VARIABLE, Dashboard
+from nightshift.app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
+from nightshift.app.tui.widgets.text import Line, Table
+from nightshift.engine import Catalogue, Run
+from nightshift.engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
+from nightshift.engine.io.direct import aligned_buffer, open_direct
+from nightshift.engine.io.drives import Drive, format_drives
+from tests.test_review_run import serve, user_schedule
 
 MiB = 1 << 20
 
@@ -96,7 +96,9 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             # Queue: the schedules (bundled and the user's) with their next run; run the long one now.
             await pilot.press("2")
             await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
-            await until(pilot, lambda: {"long", "short", "month-end"} <= {row[0] for row in cells(app, "#schedules")}, 30)
+            await until(
+                pilot, lambda: {"long", "short", "month-end"} <= {row[0] for row in cells(app, "#schedules")}, 30
+            )
             assert all(row[1] not in ("—", "paused") for row in cells(app, "#schedules"))
             await select(pilot, "#schedules", "long")
             await pilot.press("n")
@@ -123,7 +125,7 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("y")
             await until(pilot, lambda: run_state(app, "long") == "interrupted", 60, "the cancel")
-            assert ["1", "interrupted", "long"] == cells(app, "#runs")[0][:3]
+            assert cells(app, "#runs")[0][:3] == ["1", "interrupted", "long"]
 
             # Pause and resume a schedule.
             await select(pilot, "#schedules", "short")
@@ -218,7 +220,7 @@ def test_drive_rows_show_reads_and_the_share_of_the_probed_ceiling(home, tmp_pat
 
 
 def test_runs_screen_filters_the_catalogue_and_compares_two_runs(home):
-    catalogue = Catalogue(home / CATALOGUE_FILE)
+    catalogue = Catalogue(catalogue_file())
     for tok_s, prefetch, verdict in ((1.0, False, "baseline"), (1.25, True, "win"), (0.8, True, "loss")):
         catalogue.record(Run("decode", "/models/tiny", {"prefetch": prefetch}, {"tokens_per_s": tok_s}, verdict))
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import main
-from app.tui.format import duration, seconds, stamp
-from app.tui.widgets.job import eta, figures
-from app.tui.widgets.plot import History, columns
+from nightshift.app.cli import main
+from nightshift.app.tui.format import duration, seconds, stamp
+from nightshift.app.tui.widgets.job import eta, figures
+from nightshift.app.tui.widgets.plot import History, columns
 
 
 def test_plot_bars_are_scaled_to_the_largest_value_in_eighths():

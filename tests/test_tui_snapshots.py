@@ -12,10 +12,10 @@ import math
 
 import pytest
 
-from app.tui.app import Dashboard
-from app.tui.feed import CatalogueView, DriveRow, Memory, ServiceState, Snapshot
-from app.tui.widgets.plot import History
-from engine import Run
+from nightshift.app.tui.app import Dashboard
+from nightshift.app.tui.feed import CatalogueView, DriveRow, Memory, ServiceState, Snapshot
+from nightshift.app.tui.widgets.plot import History
+from nightshift.engine import Run
 
 GiB = 1 << 30
 TEXT = ("The month closed with two unmatched bank lines and one posting entered twice. "
@@ -61,8 +61,13 @@ SNAPSHOT = Snapshot(
     memory=Memory(service_bytes=int(3.4 * GiB), total_bytes=24 * GiB, available_bytes=int(17.9 * GiB)),
     cpu_fraction=0.031,
     refresh_hz=9.8,
-    service=ServiceState(True, 4242, RUNS, {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None,
-                                            "daily": "2026-12-01T18:30:00+00:00"}, REPORTS),  # fmt: skip
+    service=ServiceState(
+        True,
+        4242,
+        RUNS,
+        {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None, "daily": "2026-12-01T18:30:00+00:00"},
+        REPORTS,
+    ),
     catalogue=CatalogueView(BENCH_RUNS),
     taken_at=0.0,
 )

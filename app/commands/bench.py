@@ -12,8 +12,8 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from app.commands import say
-from app.commands.runs import catalogue
+from nightshift.app.commands import say
+from nightshift.app.commands.runs import catalogue
 
 # mechanism -> (baseline settings, variant settings, counter that proves the variant fired)
 MECHANISMS = {
@@ -21,8 +21,11 @@ MECHANISMS = {
     "pools": ({"shared_pool": True}, {"shared_pool": False}, "prefetch_reads"),
     "dispatch": ({"dispatch": "first_replica"}, {"dispatch": "least_completion"}, "replica_choices"),
     "prefetch": ({"prefetch": False}, {"prefetch": True}, "joined_prefetch"),
-    "prefetch-fill": ({"prefetch": True, "prefetch_fill": False}, {"prefetch": True, "prefetch_fill": True},
-                      "joined_prefetch"),
+    "prefetch-fill": (
+        {"prefetch": True, "prefetch_fill": False},
+        {"prefetch": True, "prefetch_fill": True},
+        "joined_prefetch",
+    ),
     "overlap": ({"overlap": False}, {"overlap": True}, "overlapped_experts"),
     "prefetch-tail": ({"prefetch_tail": False}, {"prefetch_tail": True}, "tail_prefetch"),
     "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --cache-mb (must be > 0)
@@ -37,86 +40,147 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ceilings", help="drive_ceilings.json from `drives probe` (dispatcher's starting estimates)")
     parser.add_argument("--demand-threads", type=int, default=4, help="demand reader threads per drive (4)")
     parser.add_argument("--prefetch-threads", type=int, default=2, help="prefetch reader threads per drive (2)")
-    parser.add_argument("--shared-pool", action="store_true", help="demand and prefetch reads share one queue per drive")
+    parser.add_argument(
+        "--shared-pool", action="store_true", help="demand and prefetch reads share one queue per drive"
+    )
     parser.add_argument("--dispatch", choices=("least_completion", "first_replica"), default="least_completion")
     parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
-    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
-                        help="read the next layer's predicted experts during this layer's compute (default: on)")
+    parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read the next layer's predicted experts during this layer's compute (default: on)",
+    )
     parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
-    parser.add_argument("--prefetch-limit", type=int, default=0,
-                        help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)")
-    parser.add_argument("--no-prefetch-fill", dest="prefetch_fill", action="store_false",
-                        help="decode read-ahead not capped at what fits in the measured compute window")
-    parser.add_argument("--no-prefill-prefetch", dest="prefill_prefetch", action="store_false",
-                        help="no read-ahead of the next layer's predicted experts in passes of many rows")
-    parser.add_argument("--prefetch-tail", action=argparse.BooleanOptionalAction, default=True,
-                        help="drives done with a decode layer's reads start on the next layer's guesses (default: on)")
-    parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                        help="in decode, run each expert as it lands while the rest are read (default: on)")
+    parser.add_argument(
+        "--prefetch-limit",
+        type=int,
+        default=0,
+        help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)",
+    )
+    parser.add_argument(
+        "--no-prefetch-fill",
+        dest="prefetch_fill",
+        action="store_false",
+        help="decode read-ahead not capped at what fits in the measured compute window",
+    )
+    parser.add_argument(
+        "--no-prefill-prefetch",
+        dest="prefill_prefetch",
+        action="store_false",
+        help="no read-ahead of the next layer's predicted experts in passes of many rows",
+    )
+    parser.add_argument(
+        "--prefetch-tail",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="drives done with a decode layer's reads start on the next layer's guesses (default: on)",
+    )
+    parser.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="in decode, run each expert as it lands while the rest are read (default: on)",
+    )
     parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
-    parser.add_argument("--cache-policy", choices=("lru", "frequency"), default="frequency",
-                        help="what the RAM cache evicts (frequency: measured best)")
+    parser.add_argument(
+        "--cache-policy",
+        choices=("lru", "frequency"),
+        default="frequency",
+        help="what the RAM cache evicts (frequency: measured best)",
+    )
     parser.add_argument("--use-drives", default="", help="comma-separated drive names to read from (default: all)")
 
 
 def settings_from(args: argparse.Namespace):
-    from engine import NightshiftError, StreamSettings
+    from nightshift.engine import NightshiftError, StreamSettings
 
     try:
         off = frozenset(int(x) for x in args.prefetch_off.split(",") if x.strip())
     except ValueError:
         raise NightshiftError(f"--prefetch-off takes layer numbers, e.g. 3,4; got {args.prefetch_off!r}") from None
     return StreamSettings(
-        demand_threads=args.demand_threads, prefetch_threads=args.prefetch_threads, shared_pool=args.shared_pool,
-        dispatch=args.dispatch, split_reads=args.split_reads, prefetch=args.prefetch, prefetch_off=off,
-        prefetch_limit=args.prefetch_limit, prefill_prefetch=args.prefill_prefetch,
-        prefetch_fill=args.prefetch_fill, prefetch_tail=args.prefetch_tail, overlap=args.overlap,
-        cache_bytes=int(args.cache_mb * 1e6), cache_policy=args.cache_policy,
+        demand_threads=args.demand_threads,
+        prefetch_threads=args.prefetch_threads,
+        shared_pool=args.shared_pool,
+        dispatch=args.dispatch,
+        split_reads=args.split_reads,
+        prefetch=args.prefetch,
+        prefetch_off=off,
+        prefetch_limit=args.prefetch_limit,
+        prefill_prefetch=args.prefill_prefetch,
+        prefetch_fill=args.prefetch_fill,
+        prefetch_tail=args.prefetch_tail,
+        overlap=args.overlap,
+        cache_bytes=int(args.cache_mb * 1e6),
+        cache_policy=args.cache_policy,
         use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
     )
 
 
 def sources_from(args: argparse.Namespace):
     """(store path, drives or None, ceilings or None) named by the flags."""
-    from app.models import resolve_model
-    from engine import Ceilings, load_drives
+    from nightshift.app.models import resolve_model
+    from nightshift.engine import Ceilings, load_drives
 
     drives = load_drives(Path(args.drives)) if args.drives else None
     ceilings = Ceilings.load(Path(args.ceilings)) if args.ceilings else None
     return resolve_model(args.model), drives, ceilings
 
 
-def _record(args: argparse.Namespace, kind: str, store: Path, settings, result: dict, verdict: str, proofs=(),
-            note: str = "", extra_config: dict | None = None) -> int:
-    from engine import Run
+def _record(
+    args: argparse.Namespace,
+    kind: str,
+    store: Path,
+    settings,
+    result: dict,
+    verdict: str,
+    proofs=(),
+    note: str = "",
+    extra_config: dict | None = None,
+) -> int:
+    from nightshift.engine import Run
 
     config = {**settings.as_dict(), "tokens": result["figures"].get("tokens"), **(extra_config or {})}
-    run = Run(kind=kind, model=store.name, config=config, figures=result["figures"], verdict=verdict,
-              drives=result["drives"], counters=result["counters"], command=shlex.join(["nightshift", *args.invocation]),
-              note=note)
+    run = Run(
+        kind=kind,
+        model=store.name,
+        config=config,
+        figures=result["figures"],
+        verdict=verdict,
+        drives=result["drives"],
+        counters=result["counters"],
+        command=shlex.join(["nightshift", *args.invocation]),
+        note=note,
+    )
     return catalogue().record(run, list(proofs))
 
 
 def _show(label: str, result: dict) -> None:
     f = result["figures"]
-    line = (f"{label}: {f['ms_per_token']:.1f} ms/token ({f['tokens_per_s']:.2f} tok/s), "
-            f"{f['bytes_per_token'] / 1e6:.2f} MB/token, disk floor {f['disk_floor_ms']:.1f} ms "
-            f"at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s")
+    line = (
+        f"{label}: {f['ms_per_token']:.1f} ms/token ({f['tokens_per_s']:.2f} tok/s), "
+        f"{f['bytes_per_token'] / 1e6:.2f} MB/token, disk floor {f['disk_floor_ms']:.1f} ms "
+        f"at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s"
+    )
     if "compute_floor_ms" in f:
-        line += (f", compute floor {f['compute_floor_ms']:.1f} ms, roofline fraction {f['roofline_fraction']:.2f}"
-                 f", tokens identical: {f['tokens_identical']}")
+        line += (
+            f", compute floor {f['compute_floor_ms']:.1f} ms, roofline fraction {f['roofline_fraction']:.2f}"
+            f", tokens identical: {f['tokens_identical']}"
+        )
     say(line)
     say(f"  counters: {result['counters']}")
     say(f"  trace: {result['trace']}")
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from engine import decode_bench
+    from nightshift.engine import decode_bench
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
-    result = decode_bench(store, settings, args.tokens, drives, ceilings, not args.no_compute_floor,
-                          args.bandwidth_seconds)
+    result = decode_bench(
+        store, settings, args.tokens, drives, ceilings, not args.no_compute_floor, args.bandwidth_seconds
+    )
     _show("decode", result)
     f = result["figures"]
     verdict = "measured"
@@ -129,7 +193,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from engine import NightshiftError, Proof, decode_bench, require_proofs as require
+    from nightshift.engine import NightshiftError, Proof, decode_bench
+    from nightshift.engine import require_proofs as require
 
     store, drives, ceilings = sources_from(args)
     base_change, variant_change, counter = MECHANISMS[args.mechanism]
@@ -148,14 +213,13 @@ def cmd_ab(args: argparse.Namespace) -> int:
     proofs = [Proof(args.mechanism, counter)]
     require(proofs, b["counters"])  # neither side is recorded if the variant did not demonstrably run
     a_id = _record(args, "ab", store, baseline, a, "baseline", note=note)
-    b_id = _record(args, "ab", store, variant, b, "win" if gain > 0 else "loss",
-                   proofs, note=note)
+    b_id = _record(args, "ab", store, variant, b, "win" if gain > 0 else "loss", proofs, note=note)
     say(f"{note}; recorded as runs {a_id} (A) and {b_id} (B); `nightshift runs compare {a_id} {b_id}`")
     return 0
 
 
 def cmd_ladder(args: argparse.Namespace) -> int:
-    from engine import decode_ladder
+    from nightshift.engine import decode_ladder
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
@@ -182,8 +246,8 @@ def _depths(text: str) -> list[int]:
 
 
 def cmd_draft(args: argparse.Namespace) -> int:
-    from app.models import resolve_model
-    from engine import Proof, best_depth, draft_sweep, open_model, record_best_depth
+    from nightshift.app.models import resolve_model
+    from nightshift.engine import Proof, best_depth, draft_sweep, open_model, record_best_depth
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
@@ -194,46 +258,77 @@ def cmd_draft(args: argparse.Namespace) -> int:
     finally:
         model.close()
     best = best_depth(results)
-    say("| depth | tok/s | acceptance | drafted | accepted | verify passes | union/verify | experts/layer pass "
-        "| MB/token | break-even | tokens identical |")
+    say(
+        "| depth | tok/s | acceptance | drafted | accepted | verify passes | union/verify | experts/layer pass "
+        "| MB/token | break-even | tokens identical |"
+    )
     for result in results:
         f, c = result["figures"], result["counters"]
-        say(f"| {f['depth']} | {f['tokens_per_s']:.2f} | {f['acceptance_rate']:.0%} | {c['drafted']} | {c['accepted']} "
+        say(
+            f"| {f['depth']} | {f['tokens_per_s']:.2f} | {f['acceptance_rate']:.0%} | {c['drafted']} | {c['accepted']} "
             f"| {c['verify_passes']} | {f['union_per_verify']:.2f} | {f['experts_per_layer_pass']:.2f} "
-            f"| {f['bytes_per_token'] / 1e6:.2f} | {f['break_even_acceptance'] or 0:.0%} | {f['tokens_identical']} |")
+            f"| {f['bytes_per_token'] / 1e6:.2f} | {f['break_even_acceptance'] or 0:.0%} | {f['tokens_identical']} |"
+        )
         result["drives"] = {}
         verdict = ("best" if result is best else "measured") if f["tokens_identical"] else "tokens-differ"
         proofs = [Proof(f"draft depth {f['depth']}", "drafted")] if f["depth"] else []
-        run = _record(args, "draft", store, settings, result, verdict, proofs, note=f"draft sweep, drafter {drafter.name}",
-                      extra_config={"depth": f["depth"], "drafter": drafter.name})
+        run = _record(
+            args,
+            "draft",
+            store,
+            settings,
+            result,
+            verdict,
+            proofs,
+            note=f"draft sweep, drafter {drafter.name}",
+            extra_config={"depth": f["depth"], "drafter": drafter.name},
+        )
         result["run"] = run
     depth = best["figures"]["depth"]
-    where = record_best_depth(store, drafter, depth, {"tokens_per_s": best["figures"]["tokens_per_s"],
-                                                      "run": best["run"]})
-    say(f"best depth {depth} ({best['figures']['tokens_per_s']:.2f} tok/s, run {best['run']}); "
-        f"the default for this drafter now, in {where}")
+    where = record_best_depth(
+        store, drafter, depth, {"tokens_per_s": best["figures"]["tokens_per_s"], "run": best["run"]}
+    )
+    say(
+        f"best depth {depth} ({best['figures']['tokens_per_s']:.2f} tok/s, run {best['run']}); "
+        f"the default for this drafter now, in {where}"
+    )
     return 0
 
 
 def cmd_prefill(args: argparse.Namespace) -> int:
-    from engine import Proof, prefill_bench
+    from nightshift.engine import Proof, prefill_bench
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
-    result = prefill_bench(store, settings, args.prompt_tokens, args.chunk, drives, ceilings,
-                           not args.no_compute_floor, args.row_tokens, args.bandwidth_seconds)
+    result = prefill_bench(
+        store,
+        settings,
+        args.prompt_tokens,
+        args.chunk,
+        drives,
+        ceilings,
+        not args.no_compute_floor,
+        args.row_tokens,
+        args.bandwidth_seconds,
+    )
     f = result["figures"]
-    line = (f"prefill of {f['prompt_tokens']} tokens in chunks of {f['chunk']}: first token after "
-            f"{f['time_to_first_token_s']:.1f} s, read amplification {f['read_amplification']:.3f}x "
-            f"({f['bytes_read'] / 1e6:.0f} of {f['unique_bytes'] / 1e6:.0f} MB unique), disk floor "
-            f"{f['disk_floor_s']:.1f} s at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s")
+    line = (
+        f"prefill of {f['prompt_tokens']} tokens in chunks of {f['chunk']}: first token after "
+        f"{f['time_to_first_token_s']:.1f} s, read amplification {f['read_amplification']:.3f}x "
+        f"({f['bytes_read'] / 1e6:.0f} of {f['unique_bytes'] / 1e6:.0f} MB unique), disk floor "
+        f"{f['disk_floor_s']:.1f} s at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s"
+    )
     if "compute_floor_s" in f:
-        line += (f", compute floor {f['compute_floor_s']:.1f} s, roofline fraction {f['roofline_fraction']:.2f}, "
-                 f"first token identical: {f['first_token_identical']}")
+        line += (
+            f", compute floor {f['compute_floor_s']:.1f} s, roofline fraction {f['roofline_fraction']:.2f}, "
+            f"first token identical: {f['first_token_identical']}"
+        )
     say(line)
     if "row_by_row_s" in f:
-        say(f"  row by row on the first {f['row_by_row_tokens']} tokens: {f['row_by_row_tokens_per_s']:.2f} tok/s, "
-            f"read amplification {f['row_by_row_read_amplification']:.2f}x")
+        say(
+            f"  row by row on the first {f['row_by_row_tokens']} tokens: {f['row_by_row_tokens_per_s']:.2f} tok/s, "
+            f"read amplification {f['row_by_row_read_amplification']:.2f}x"
+        )
     say(f"  counters: {result['counters']}")
     verdict = "measured"
     if "roofline_fraction" in f:
@@ -242,15 +337,23 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     proofs = [Proof("expert-major prefill", "prefill_unique_bytes")]
     if settings.prefill_prefetch:
         proofs.append(Proof("prefill prefetch", "joined_prefetch"))
-    run = _record(args, "prefill", store, settings, result, verdict, proofs,
-                  extra_config={"tokens": args.prompt_tokens, "chunk": args.chunk})
+    run = _record(
+        args,
+        "prefill",
+        store,
+        settings,
+        result,
+        verdict,
+        proofs,
+        extra_config={"tokens": args.prompt_tokens, "chunk": args.chunk},
+    )
     say(f"recorded as run {run} ({verdict})")
     return 0
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
-    from app.models import resolve_model
-    from engine import replicate_everywhere
+    from nightshift.app.models import resolve_model
+    from nightshift.engine import replicate_everywhere
 
     copied = replicate_everywhere(resolve_model(args.model))
     say(f"copied {copied / 1e6:.1f} MB: every expert now has a replica on every drive of the store")
@@ -258,8 +361,9 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="run the engine benchmarks (recorded in `nightshift runs`)",
-                                description=__doc__.split("\n\n")[0])
+    bench = commands.add_parser(
+        "bench", help="run the engine benchmarks (recorded in `nightshift runs`)", description=__doc__.split("\n\n")[0]
+    )
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     decode = sub.add_parser("decode", help="streamed decode vs its disk and compute floors")
     ab = sub.add_parser("ab", help="A/B one mechanism; the variant is recorded only if its counter proves it fired")
@@ -268,17 +372,29 @@ def register(commands: argparse._SubParsersAction) -> None:
     for parser, run in ((decode, cmd_decode), (ab, cmd_ab), (ladder, cmd_ladder)):
         add_stream_arguments(parser)
         parser.add_argument("--tokens", type=int, default=16, help="tokens to decode (16)")
-        parser.add_argument("--bandwidth-seconds", type=float, default=2.0,
-                            help="how long to measure the drives' aggregate read bandwidth before decoding (2)")
+        parser.add_argument(
+            "--bandwidth-seconds",
+            type=float,
+            default=2.0,
+            help="how long to measure the drives' aggregate read bandwidth before decoding (2)",
+        )
         parser.set_defaults(run=run)
     prefill = sub.add_parser("prefill", help="a long prompt's time to first token vs its floors; read amplification")
     add_stream_arguments(prefill)
     prefill.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (512)")
     prefill.add_argument("--chunk", type=int, default=512, help="prompt rows per forward pass (512)")
-    prefill.add_argument("--row-tokens", type=int, default=0,
-                         help="also prefill the first N tokens row by row (chunk 1), for comparison (0: skip)")
-    prefill.add_argument("--bandwidth-seconds", type=float, default=2.0,
-                         help="how long to measure the drives' aggregate read bandwidth first (2)")
+    prefill.add_argument(
+        "--row-tokens",
+        type=int,
+        default=0,
+        help="also prefill the first N tokens row by row (chunk 1), for comparison (0: skip)",
+    )
+    prefill.add_argument(
+        "--bandwidth-seconds",
+        type=float,
+        default=2.0,
+        help="how long to measure the drives' aggregate read bandwidth first (2)",
+    )
     prefill.add_argument("--no-compute-floor", action="store_true", help="skip the in-RAM run")
     prefill.set_defaults(run=cmd_prefill)
     draft = sub.add_parser("draft", help="sweep speculative draft depth: acceptance, union per verify, tok/s")
@@ -286,11 +402,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     draft.add_argument("--drafter", required=True, help="drafter model (name or directory) sharing the tokenizer")
     draft.add_argument("--depths", type=_depths, default=[0, 1, 2, 3, 4, 5, 6], help="comma-separated (0,1,...,6)")
     draft.add_argument("--tokens", type=int, default=32, help="tokens to decode per depth (32)")
-    draft.add_argument("--repeats", type=int, default=1,
-                       help="runs per depth, in alternating order; each depth keeps its median tok/s (1)")
+    draft.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per depth, in alternating order; each depth keeps its median tok/s (1)",
+    )
     draft.set_defaults(run=cmd_draft)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     replicate.set_defaults(run=cmd_replicate)
-    decode.add_argument("--no-compute-floor", action="store_true",
-                        help="skip the in-RAM run (when the experts do not fit in RAM)")
+    decode.add_argument(
+        "--no-compute-floor", action="store_true", help="skip the in-RAM run (when the experts do not fit in RAM)"
+    )

@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from app.tui.app import Dashboard
+    from nightshift.app.tui.app import Dashboard
 
     Dashboard().run()
     return 0

@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator
 
-from app.commands import say
-from app.paths import data_dir
-from engine import NightshiftError
+from nightshift.app.commands import say
+from nightshift.app.paths import drives_file, rig_dir
+from nightshift.engine import NightshiftError
 
 MiB = 1 << 20
 
 
-def default_drives_file() -> Path:
-    return data_dir() / "drives.toml"
-
-
-def rig_dir() -> Path:
-    """Where `nightshift rig` keeps its images, mounts and state ("nightshift" in the path on purpose)."""
-    return data_dir() / "nightshift-rig"
-
-
 def cmd_show(args: argparse.Namespace) -> int:
-    from engine import load_drives, resolve_device
+    from nightshift.engine import load_drives, resolve_device
 
     devices = [(drive, resolve_device(drive.root)) for drive in load_drives(args.drives_file)]
     print("drive\troot\tmount\tfs\tdevice\tdisk")
@@ -36,7 +27,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from engine import CEILINGS_FILE, Ceilings, load_drives, probe_drive
+    from nightshift.engine import CEILINGS_FILE, Ceilings, load_drives, probe_drive
 
     if args.seconds <= 0 or args.file_mib < 1:
         raise NightshiftError("--seconds and --file-mib must be positive")
@@ -48,7 +39,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for drive in drives:
             say(f"{drive.name}: writing a {args.file_mib} MiB probe file, then reading it")
             measured.append(probe_drive(drive, sizes, depths, args.seconds, args.file_mib * MiB))
-    ceilings = Ceilings(datetime.now(timezone.utc).isoformat(timespec="seconds"), where, measured)
+    ceilings = Ceilings(datetime.now(UTC).isoformat(timespec="seconds"), where, measured)
     print(format_table(ceilings, sizes, depths))
     target = Path(args.drives_file).parent / CEILINGS_FILE
     ceilings.save(target)
@@ -57,7 +48,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from engine import DriveMonitor, load_drives, resolve_device
+    from nightshift.engine import DriveMonitor, load_drives, resolve_device
 
     if args.every <= 0 or args.seconds <= 0:
         raise NightshiftError("--every and --seconds must be positive")
@@ -69,11 +60,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
         for _ in range(max(1, round(args.seconds / args.every))):
             time.sleep(args.every)
             for name, r in monitor.rates(args.every).items():
-                print(f"{time.monotonic() - start:.1f}\t{name}\t{r.os_bytes_per_s / 1e6:.1f}\t"
-                      f"{r.os_reads_per_s:.0f}\t{r.os_in_flight:.2f}", flush=True)
+                print(
+                    f"{time.monotonic() - start:.1f}\t{name}\t{r.os_bytes_per_s / 1e6:.1f}\t"
+                    f"{r.os_reads_per_s:.0f}\t{r.os_in_flight:.2f}",
+                    flush=True,
+                )
     c = monitor.cadence()
-    say(f"{c.samples} samples, gap p50 {c.p50_gap_s * 1e3:.2f} ms, p99 {c.p99_gap_s * 1e3:.2f} ms, "
-        f"{c.skipped_slots} slots skipped, sampler CPU {c.cpu_fraction:.1%} of one core")
+    say(
+        f"{c.samples} samples, gap p50 {c.p50_gap_s * 1e3:.2f} ms, p99 {c.p99_gap_s * 1e3:.2f} ms, "
+        f"{c.skipped_slots} slots skipped, sampler CPU {c.cpu_fraction:.1%} of one core"
+    )
     return 0
 
 
@@ -89,16 +85,16 @@ def format_table(ceilings, sizes: list[int], depths: list[int]) -> str:
 
 
 @contextmanager
-def _inside_rig_if_these_are_its_drives(drives_file: Path) -> Iterator[str]:
+def _inside_rig_if_these_are_its_drives(path: Path) -> Iterator[str]:
     """The rig's drives are only throttled inside its cgroup, so probe them from there; yields where."""
-    from engine import RigError, RigState, inside_rig
+    from nightshift.engine import RigError, RigState, inside_rig
 
     try:
         state = RigState.load(rig_dir())
     except RigError:
         yield "outside any rig"
         return
-    if state.drives_file and Path(state.drives_file).resolve() == Path(drives_file).resolve():
+    if state.drives_file and Path(state.drives_file).resolve() == Path(path).resolve():
         with inside_rig(state):
             yield f"inside the rig's cgroup ({state.spec.read_bps / 1e6:g} MB/s per drive)"
     else:
@@ -124,7 +120,7 @@ def _sizes(text: str) -> list[int]:
     units = {"K": 1 << 10, "M": MiB}
     sizes = []
     for item in text.upper().split(","):
-        unit = units.get(item[-1:], None)
+        unit = units.get(item[-1:])
         try:
             size = int(item[:-1]) * unit if unit else int(item)
         except ValueError:
@@ -137,15 +133,20 @@ def _sizes(text: str) -> list[int]:
 
 def register(commands: argparse._SubParsersAction) -> None:
     drives = commands.add_parser(
-        "drives", help="show drives and measure their read ceilings",
+        "drives",
+        help="show drives and measure their read ceilings",
         description="The drives listed in drives.toml: the devices under them and their direct-I/O read ceilings.",
     )
     actions = drives.add_subparsers(dest="drives_command", metavar="ACTION", required=True)
-    show = actions.add_parser("show", help="each drive's mount, file system, device and disk",
-                              description="Resolve each drive root to its mount, device and whole disk.")
+    show = actions.add_parser(
+        "show",
+        help="each drive's mount, file system, device and disk",
+        description="Resolve each drive root to its mount, device and whole disk.",
+    )
     show.set_defaults(run=cmd_show)
     probe = actions.add_parser(
-        "probe", help="measure each drive's direct-I/O read ceiling",
+        "probe",
+        help="measure each drive's direct-I/O read ceiling",
         description="Write a probe file on each drive, read it with direct I/O at every read size and queue "
         "depth, print MB/s as a table and save it (drive_ceilings.json next to drives.toml) for the "
         "streaming dispatcher. If these are the rig's drives, reads run inside the rig's cgroup.",
@@ -156,7 +157,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     probe.add_argument("--file-mib", type=int, default=256, help="probe file size (default: %(default)s)")
     probe.set_defaults(run=cmd_probe)
     watch = actions.add_parser(
-        "watch", help="live read rates of each drive from the OS device counters",
+        "watch",
+        help="live read rates of each drive from the OS device counters",
         description="Sample each drive's device counters every 10 ms and print MB/s, reads/s and reads in "
         "flight per drive every --every seconds, whoever is reading.",
     )
@@ -164,5 +166,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     watch.add_argument("--seconds", type=float, default=10.0, help="how long to watch (default: %(default)s)")
     watch.set_defaults(run=cmd_watch)
     for action in (show, probe, watch):
-        action.add_argument("--drives-file", type=Path, default=default_drives_file(),
-                            help="drives file (default: drives.toml in the data dir)")
+        action.add_argument(
+            "--drives-file", type=Path, default=drives_file(), help="drives file (default: drives.toml in the data dir)"
+        )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import say
-from app.models import open_for_generation, resolve_model
-from engine import DEFAULT_CHUNK, NightshiftError
+from nightshift.app.commands import say
+from nightshift.app.models import open_for_generation, resolve_model
+from nightshift.engine import DEFAULT_CHUNK, NightshiftError
 
 EXIT_INTERRUPTED = 130
 
@@ -24,8 +24,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ]
     stats = None
     try:
-        for chunk in model.generate(messages, max_tokens=args.max_tokens, temp=args.temp, seed=args.seed,
-                                    prefill_chunk=args.prefill_chunk, draft_depth=args.draft_depth):
+        for chunk in model.generate(
+            messages,
+            max_tokens=args.max_tokens,
+            temp=args.temp,
+            seed=args.seed,
+            prefill_chunk=args.prefill_chunk,
+            draft_depth=args.draft_depth,
+        ):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             stats = chunk.stats
@@ -42,9 +48,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"peak memory {stats.peak_memory_bytes / 1e9:.2f} GB"
         )
         if model.stream is not None:
-            say("experts streamed: " + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in stats.drive_bytes.items())
+            say(
+                "experts streamed: "
+                + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in stats.drive_bytes.items())
                 + f"; prefetch recall {stats.prefetch_recall:.0%}; "
-                f"prefill read amplification {stats.prefill_read_amplification:.2f}x")
+                f"prefill read amplification {stats.prefill_read_amplification:.2f}x"
+            )
         if stats.draft is not None:
             say(stats.draft.describe())
     return 0
@@ -84,13 +93,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (256)")
     generate.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
     generate.add_argument("--seed", type=int, default=0, help="random seed for sampling (0)")
-    generate.add_argument("--prefill-chunk", type=_positive_int, default=DEFAULT_CHUNK,
-                          help=f"prompt rows per forward pass ({DEFAULT_CHUNK}); each chunk reads an expert once")
-    generate.add_argument("--in-ram", action="store_true",
-                          help="load a store's experts into RAM instead of streaming them from its drives")
-    generate.add_argument("--drafter", metavar="MODEL",
-                          help="small model sharing the tokenizer (name or directory), held in RAM: speculative decoding")
-    generate.add_argument("--draft-depth", type=_non_negative_int, metavar="N",
-                          help="tokens drafted per verify pass (default: the best `bench draft` measured, else 2; "
-                          "0: no drafting)")
+    generate.add_argument(
+        "--prefill-chunk",
+        type=_positive_int,
+        default=DEFAULT_CHUNK,
+        help=f"prompt rows per forward pass ({DEFAULT_CHUNK}); each chunk reads an expert once",
+    )
+    generate.add_argument(
+        "--in-ram",
+        action="store_true",
+        help="load a store's experts into RAM instead of streaming them from its drives",
+    )
+    generate.add_argument(
+        "--drafter",
+        metavar="MODEL",
+        help="small model sharing the tokenizer (name or directory), held in RAM: speculative decoding",
+    )
+    generate.add_argument(
+        "--draft-depth",
+        type=_non_negative_int,
+        metavar="N",
+        help="tokens drafted per verify pass (default: the best `bench draft` measured, else 2; 0: no drafting)",
+    )
     generate.set_defaults(run=cmd_generate)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -28,17 +28,17 @@ def format_runs(runs: list[dict[str, Any]]) -> list[str]:
 
 def scheduled_without_service() -> dict[str, str | None]:
     """Next fire times computed from the schedule files (what the service would do)."""
-    from app.review.schedule import load_schedules
+    from nightshift.app.review.schedule import load_schedules
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     schedules, _ = load_schedules()
     return {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
             for name, s in schedules.items()}  # fmt: skip
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from app.daemon.control import request
-    from app.daemon.runs import RunQueue
+    from nightshift.app.daemon.control import request
+    from nightshift.app.daemon.runs import RunQueue
 
     reply = request("jobs", limit=args.limit)
     if reply is None:

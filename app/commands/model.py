@@ -6,21 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.commands import moefy, say
-from app.models import resolve_model
-from app.paths import cache_dir, models_dir
-from engine import NightshiftError
+from nightshift.app.commands import moefy, say
+from nightshift.app.models import resolve_model
+from nightshift.app.paths import cache_dir, drives_file, models_dir
+from nightshift.engine import NightshiftError
 
 
 def cmd_default(args: argparse.Namespace) -> int:
-    from app.default_model import prepare_sparse_default_model
+    from nightshift.app.default_model import prepare_sparse_default_model
 
     print(prepare_sparse_default_model(say=say))
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from engine import convert_gguf
+    from nightshift.engine import convert_gguf
 
     name = args.name or Path(args.gguf).stem.lower()
     target = models_dir() / name
@@ -32,7 +32,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from engine import is_store
+    from nightshift.engine import is_store
 
     root = models_dir()
     found = sorted(p for p in root.iterdir() if (p / "config.json").is_file() or is_store(p)) if root.is_dir() else []
@@ -45,16 +45,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drives(drives_file: str | None, store: Path):
+def _drives(given: str | None, store: Path):
     """Drives from `--drives`, else from the data dir's drives.toml, else one drive inside the store."""
-    from app.commands.drives import default_drives_file
-    from engine import Drive, load_drives
+    from nightshift.engine import Drive, load_drives
 
-    if drives_file:
-        return load_drives(Path(drives_file))
-    if default_drives_file().is_file():
-        say(f"expert files go to the drives in {default_drives_file()}")
-        return load_drives(default_drives_file())
+    if given:
+        return load_drives(Path(given))
+    if drives_file().is_file():
+        say(f"expert files go to the drives in {drives_file()}")
+        return load_drives(drives_file())
     return [Drive("store", store / "experts")]
 
 
@@ -64,7 +63,7 @@ def _progress_line(progress) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from engine import ImportOptions, import_checkpoint
+    from nightshift.engine import ImportOptions, import_checkpoint
 
     store = models_dir() / args.name
     if (store / "config.json").is_file() and not (store / "manifest.json").is_file() and not _unfinished(store):
@@ -72,20 +71,22 @@ def cmd_import(args: argparse.Namespace) -> int:
     options = ImportOptions(trunk_bits=args.trunk_bits, quantize_experts=args.quantize_experts)
     say(f"importing {args.src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
     manifest = import_checkpoint(Path(args.src), store, _drives(args.drives, store), options, _progress_line)
-    say(f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e6:,.1f} MB of experts on "
-        f"{', '.join(manifest.drives)}")
+    say(
+        f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e6:,.1f} MB of experts on "
+        f"{', '.join(manifest.drives)}"
+    )
     print(store)
     return 0
 
 
 def _unfinished(store: Path) -> bool:
-    from engine import is_store
+    from nightshift.engine import is_store
 
     return is_store(store) and not (store / "manifest.json").is_file()
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from engine import synthesize
+    from nightshift.engine import synthesize
 
     out = Path(args.out) if args.out else cache_dir() / "synth" / f"{args.arch}-{args.preset}-seed{args.seed}"
     say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
@@ -94,7 +95,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_drafter(args: argparse.Namespace) -> int:
-    from engine import make_drafter
+    from nightshift.engine import make_drafter
 
     store = resolve_model(args.source)
     out = models_dir() / args.name
@@ -106,13 +107,14 @@ def cmd_drafter(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from engine import verify_store
+    from nightshift.engine import verify_store
 
     store = resolve_model(args.model)
     bad = verify_store(store)
     if bad:
         raise NightshiftError(
-            f"{len(bad)} bad file(s) in {store}:\n  " + "\n  ".join(map(str, bad))
+            f"{len(bad)} bad file(s) in {store}:\n  "
+            + "\n  ".join(map(str, bad))
             + "\nre-run `nightshift model place` to re-copy from good replicas, or import the model again"
         )
     say(f"every replica and the trunk of {store} match their checksums")
@@ -120,9 +122,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_place(args: argparse.Namespace) -> int:
-    from engine import calibration_prompts, measure_routing, open_model, place_store, read_manifest
-
-    from engine import Drive, load_drives
+    from nightshift.engine import (
+        Drive,
+        calibration_prompts,
+        load_drives,
+        measure_routing,
+        open_model,
+        place_store,
+        read_manifest,
+    )
 
     store = resolve_model(args.model)
     if args.drives:
@@ -141,8 +149,10 @@ def cmd_place(args: argparse.Namespace) -> int:
     manifest, copied = place_store(store, drives, routing, replicate=not args.no_replicas)
     replicas = sum(len(e["replicas"]) for layer in manifest.experts.values() for e in layer)
     experts = sum(len(layer) for layer in manifest.experts.values())
-    say(f"{experts} experts, {replicas} replicas on {len(drives)} drive(s); copied "
-        + (", ".join(f"{n}: {b / 1e6:.1f} MB" for n, b in copied.items()) or "nothing"))
+    say(
+        f"{experts} experts, {replicas} replicas on {len(drives)} drive(s); copied "
+        + (", ".join(f"{n}: {b / 1e6:.1f} MB" for n, b in copied.items()) or "nothing")
+    )
     return 0
 
 
@@ -182,12 +192,24 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     )
     imp.add_argument("src", metavar="SRC", help="checkpoint directory (config.json, model*.safetensors, tokenizer)")
     imp.add_argument("--name", required=True, help="name of the model in the data dir")
-    imp.add_argument("--drives", metavar="TOML", help="drives.toml listing the drives for expert files "
-                     "(default: drives.toml in the data dir if there is one, else the model's own directory)")
-    imp.add_argument("--trunk-bits", type=int, choices=(16, 8, 4), default=8,
-                     help="precision of the non-expert weights: 16 keeps the checkpoint's, 8/4 quantize (default 8)")
-    imp.add_argument("--quantize-experts", action="store_true",
-                     help="quantize unquantized experts to 4-bit affine (quantized experts always stay as released)")
+    imp.add_argument(
+        "--drives",
+        metavar="TOML",
+        help="drives.toml listing the drives for expert files "
+        "(default: drives.toml in the data dir if there is one, else the model's own directory)",
+    )
+    imp.add_argument(
+        "--trunk-bits",
+        type=int,
+        choices=(16, 8, 4),
+        default=8,
+        help="precision of the non-expert weights: 16 keeps the checkpoint's, 8/4 quantize (default 8)",
+    )
+    imp.add_argument(
+        "--quantize-experts",
+        action="store_true",
+        help="quantize unquantized experts to 4-bit affine (quantized experts always stay as released)",
+    )
     imp.set_defaults(run=cmd_import)
     synth = actions.add_parser(
         "synth",
@@ -197,13 +219,18 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     )
     synth.add_argument("--arch", required=True, help="kimi_k3, deepseek_v3, kimi_k2, qwen3_moe, mixtral or gpt_oss")
     synth.add_argument("--preset", choices=("tiny", "small", "bench"), default="tiny")
-    synth.add_argument("--skew", type=float, default=0.0,
-                       help="make one expert in eight hot: its router row is scaled by 1+S (default 0)")
+    synth.add_argument(
+        "--skew",
+        type=float,
+        default=0.0,
+        help="make one expert in eight hot: its router row is scaled by 1+S (default 0)",
+    )
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", help="directory to create (default: under the data dir's cache)")
     synth.set_defaults(run=cmd_synth)
     drafter = actions.add_parser(
-        "drafter", help="cut a small resident drafter from a store (speculative decoding)",
+        "drafter",
+        help="cut a small resident drafter from a store (speculative decoding)",
         description="Write a drafter store sharing MODEL's tokenizer: its first --layers layers (their routed "
         "experts, if any, referenced on MODEL's drives and held in RAM), or with --no-routed-experts every layer "
         "without routed experts (the whole trunk). Use it with `generate --drafter` and `bench draft`.",
@@ -211,17 +238,23 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     drafter.add_argument("--from", dest="source", required=True, metavar="MODEL", help="store name or directory")
     drafter.add_argument("--name", required=True, help="name of the drafter in the data dir")
     drafter.add_argument("--layers", type=int, help="leading layers to keep (default 1; all with --no-routed-experts)")
-    drafter.add_argument("--no-routed-experts", action="store_true",
-                         help="keep every layer's attention, shared experts and dense MLPs, drop the routed experts")
+    drafter.add_argument(
+        "--no-routed-experts",
+        action="store_true",
+        help="keep every layer's attention, shared experts and dense MLPs, drop the routed experts",
+    )
     drafter.set_defaults(run=cmd_drafter)
     verify = actions.add_parser(
-        "verify", help="check every expert replica's checksum", description="Check the trunk and every "
+        "verify",
+        help="check every expert replica's checksum",
+        description="Check the trunk and every "
         "replica of every expert against the manifest's checksums; names each bad file.",
     )
     verify.add_argument("model", metavar="MODEL", help="model name or store directory")
     verify.set_defaults(run=cmd_verify)
     place = actions.add_parser(
-        "place", help="re-plan where experts live and move the files",
+        "place",
+        help="re-plan where experts live and move the files",
         description="Measure how often each expert is routed to on calibration prompts, then place every "
         "expert once and replicate the hottest onto drives of other devices within each drive's budget. "
         "Moves files; never re-imports.",
@@ -230,7 +263,10 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     place.add_argument("--drives", metavar="TOML", help="drives.toml to place onto (default: the store's drives)")
     place.add_argument("--prompts", metavar="FILE", help="calibration text (default: nightshift's own)")
     place.add_argument("--no-replicas", action="store_true", help="one copy of each expert only")
-    place.add_argument("--no-measure", action="store_true",
-                       help="reuse the routing measured last time (or none) instead of measuring again")
+    place.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="reuse the routing measured last time (or none) instead of measuring again",
+    )
     place.set_defaults(run=cmd_place)
     moefy.register(actions)

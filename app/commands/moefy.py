@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app.commands import say
-from app.paths import models_dir
-from engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, moefy
+from nightshift.app.commands import say
+from nightshift.app.paths import models_dir
+from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, moefy
 
 
 def cmd_moefy(args: argparse.Namespace) -> int:
-    from app.models import resolve_model
+    from nightshift.app.models import resolve_model
 
     source = resolve_model(args.source)
     k = DEFAULT_K * args.experts // DEFAULT_EXPERTS if args.k is None else args.k

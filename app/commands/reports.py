@@ -9,14 +9,14 @@ import subprocess
 import sys
 from typing import Any
 
-from app.commands import say
-from app.review.index import is_failed
-from engine import NightshiftError
+from nightshift.app.commands import say
+from nightshift.app.review.index import is_failed
+from nightshift.engine import NightshiftError
 
 
 def _reports() -> list[dict[str, Any]]:
-    from app.daemon.control import request
-    from app.review.index import read_index
+    from nightshift.app.daemon.control import request
+    from nightshift.app.review.index import read_index
 
     reply = request("reports")
     return reply["reports"] if reply is not None else read_index()
@@ -66,8 +66,11 @@ def cmd_open(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     reports = commands.add_parser("reports", help="list and open review reports", description="List and open reports.")
     actions = reports.add_subparsers(dest="reports_command", metavar="ACTION", required=True)
-    listing = actions.add_parser("list", help="list reports and failed runs, oldest first",
-                                  description="List reports, and runs that failed with their reason, oldest first.")
+    listing = actions.add_parser(
+        "list",
+        help="list reports and failed runs, oldest first",
+        description="List reports, and runs that failed with their reason, oldest first.",
+    )
     listing.set_defaults(run=cmd_list)
     opening = actions.add_parser(
         "open", help="print a report's path and open it in the PDF viewer",

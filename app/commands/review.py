@@ -6,24 +6,26 @@ import argparse
 import os
 import sys
 import time
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
-from app.commands import say
-from engine import GenerationStats, NightshiftError
+from nightshift.app.commands import say
+from nightshift.engine import GenerationStats, NightshiftError
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from app.review.schedule import load_schedules
+    from nightshift.app.review.schedule import load_schedules
 
     schedules, errors = load_schedules()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for name, schedule in sorted(schedules.items()):
         fire = schedule.trigger.get_next_fire_time(None, now)
         pinned = f", pinned to {schedule.as_of}" if schedule.as_of else ""
-        print(f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z}  {schedule.file}")
+        print(
+            f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z}  {schedule.file}"
+        )
     for error in errors:
         say(f"error: {error}")
     if not schedules and not errors:
@@ -40,15 +42,15 @@ def _show(stats: GenerationStats) -> None:
 
 
 def _as_of(args: argparse.Namespace, name: str) -> date:
-    from app.review.runner import as_of_for
-    from app.review.schedule import find_schedule
+    from nightshift.app.review.runner import as_of_for
+    from nightshift.app.review.schedule import find_schedule
 
-    return as_of_for(find_schedule(name), datetime.now(timezone.utc), args.as_of, args.now)
+    return as_of_for(find_schedule(name), datetime.now(UTC), args.as_of, args.now)
 
 
 def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     """Queue the run in the running service and follow it; None when no service runs."""
-    from app.daemon.control import request
+    from nightshift.app.daemon.control import request
 
     reply = request("run", review=args.name, as_of=as_of.isoformat())
     if reply is None:
@@ -62,7 +64,14 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
         if run["state"] in ("done", "failed", "interrupted"):
             break
         if run["state"] == "running" and run.get("progress"):
-            _show(GenerationStats(**{k: run["progress"][k] for k in ("prompt_tokens", "generated_tokens", "time_to_first_token", "elapsed")}))
+            _show(
+                GenerationStats(
+                    **{
+                        k: run["progress"][k]
+                        for k in ("prompt_tokens", "generated_tokens", "time_to_first_token", "elapsed")
+                    }
+                )
+            )
         time.sleep(POLL_S)
     return _outcome(run["state"], run.get("report"), run.get("error"))
 
@@ -77,8 +86,8 @@ def _outcome(state: str, report: str | None, error: str | None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from app.daemon.runs import RunQueue
-    from app.daemon.work import execute
+    from nightshift.app.daemon.runs import RunQueue
+    from nightshift.app.daemon.work import execute
 
     as_of = _as_of(args, args.name)
     in_service = _run_in_service(args, as_of)

@@ -6,16 +6,14 @@ import argparse
 import json
 import sys
 
-from app.commands import say
-from app.paths import data_dir
-
-CATALOGUE_FILE = "bench_runs.sqlite"  # runs.sqlite is the review run queue (app/daemon/runs.py)
+from nightshift.app.commands import say
+from nightshift.app.paths import catalogue_file
 
 
 def catalogue():
-    from engine import Catalogue
+    from nightshift.engine import Catalogue
 
-    return Catalogue(data_dir() / CATALOGUE_FILE)
+    return Catalogue(catalogue_file())
 
 
 def _headline(figures: dict) -> str:
@@ -26,11 +24,13 @@ def _headline(figures: dict) -> str:
 def cmd_list(args: argparse.Namespace) -> int:
     runs = catalogue().runs(kind=args.kind, limit=args.limit)
     if not runs:
-        say(f"no runs recorded yet in {data_dir() / CATALOGUE_FILE}; `nightshift bench decode` records one")
+        say(f"no runs recorded yet in {catalogue_file()}; `nightshift bench decode` records one")
         return 0
     for run in runs:
-        print(f"{run.id}\t{run.recorded_at}\t{run.kind}\t{run.verdict}\t{run.fingerprint}\t{run.model}\t"
-              f"{_headline(run.figures)}")
+        print(
+            f"{run.id}\t{run.recorded_at}\t{run.kind}\t{run.verdict}\t{run.fingerprint}\t{run.model}\t"
+            f"{_headline(run.figures)}"
+        )
     return 0
 
 
@@ -42,7 +42,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from engine import compare_runs
+    from nightshift.engine import compare_runs
 
     cat = catalogue()
     a, b = cat.get(args.a), cat.get(args.b)
@@ -61,9 +61,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    runs = commands.add_parser("runs", help="list, compare and export recorded benchmark runs",
-                               description="The run catalogue: every timed run with its configuration, "
-                               "figures, proving counters and verdict; runs that lost are kept.")
+    runs = commands.add_parser(
+        "runs",
+        help="list, compare and export recorded benchmark runs",
+        description="The run catalogue: every timed run with its configuration, "
+        "figures, proving counters and verdict; runs that lost are kept.",
+    )
     sub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="recorded runs, newest first")
     listing.add_argument("--kind", help="only runs of this kind (decode, ab, ladder, verify)")

@@ -7,17 +7,13 @@ import logging
 import signal
 import threading
 
-from app.commands import say
-from app.paths import data_dir
-
-
-def log_path():
-    return data_dir() / "nightshift.log"
+from nightshift.app.commands import say
+from nightshift.app.paths import service_log
 
 
 def _logging() -> None:
-    log_path().parent.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(log_path()), logging.StreamHandler()]
+    service_log().parent.mkdir(parents=True, exist_ok=True)
+    handlers = [logging.FileHandler(service_log()), logging.StreamHandler()]
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in handlers:
         handler.setFormatter(formatter)
@@ -28,13 +24,13 @@ def _logging() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.install:
-        from app.daemon.install import install
+        from nightshift.app.daemon.install import install
 
         path, hint = install()
         say(f"wrote {path}")
         say(f"enable it with: {hint}")
         return 0
-    from app.daemon.service import Service
+    from nightshift.app.daemon.service import Service
 
     _logging()
     service = Service()
@@ -43,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=service.reload, name="reload").start())
     service.start()
-    say(f"serving; log in {log_path()}; stop with Ctrl-C; SIGHUP reads the schedule files again")
+    say(f"serving; log in {service_log()}; stop with Ctrl-C; SIGHUP reads the schedule files again")
     try:
         stop.wait()
     finally:

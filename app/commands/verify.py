@@ -12,24 +12,20 @@ import json
 import os
 from pathlib import Path
 
-from app.commands import say
-from app.commands.bench import add_stream_arguments, settings_from, sources_from
-from app.commands.runs import catalogue
-from app.paths import data_dir
+from nightshift.app.commands import say
+from nightshift.app.commands.bench import add_stream_arguments, settings_from, sources_from
+from nightshift.app.commands.runs import catalogue
+from nightshift.app.paths import verify_record
 
 STEPS = 32
 EXIT_MISMATCH = 1
 
 
-def record_file(store: Path) -> Path:
-    return data_dir() / "verify" / f"{store.name}.json"
-
-
 def reference_tokens(store: Path, again: bool) -> list[int]:
     """The recorded greedy tokens of the prompt of record (computed in RAM and saved if missing or `again`)."""
-    from engine import greedy_of_record
+    from nightshift.engine import greedy_of_record
 
-    path = record_file(store)
+    path = verify_record(store.name)
     if path.is_file() and not again:
         return json.loads(path.read_text())["tokens"]
     say(f"recording the prompt of record's {STEPS} greedy tokens from {store.name} held in RAM")
@@ -42,7 +38,7 @@ def reference_tokens(store: Path, again: bool) -> list[int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from engine import Run, first_difference, greedy_of_record
+    from nightshift.engine import Run, first_difference, greedy_of_record
 
     store, drives, _ = sources_from(args)
     settings = settings_from(args)
@@ -50,20 +46,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
     got = greedy_of_record(store, settings, STEPS, drives)
     where = first_difference(expected, got)
     verdict = "pass" if where is None else "fail"
-    run = Run(kind="verify", model=store.name, config=settings.as_dict(), verdict=verdict,
-              figures={"tokens": len(got), "first_difference": where}, command=f"nightshift verify --model {args.model}")
+    run = Run(
+        kind="verify",
+        model=store.name,
+        config=settings.as_dict(),
+        verdict=verdict,
+        figures={"tokens": len(got), "first_difference": where},
+        command=f"nightshift verify --model {args.model}",
+    )
     run_id = catalogue().record(run)
     if where is None:
         say(f"pass: this configuration reproduces the {len(expected)} tokens of record exactly (run {run_id})")
         return 0
-    say(f"fail: token {where} differs ({expected[where:where + 4]} expected, {got[where:where + 4]} produced); "
-        f"this configuration may not become a default (run {run_id})")
+    say(
+        f"fail: token {where} differs ({expected[where : where + 4]} expected, {got[where : where + 4]} produced); "
+        f"this configuration may not become a default (run {run_id})"
+    )
     return EXIT_MISMATCH
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    verify = commands.add_parser("verify", help="promotion gate: a configuration must reproduce the tokens of record",
-                                 description=__doc__.split("\n\n")[1].replace("\n", " "))
+    verify = commands.add_parser(
+        "verify",
+        help="promotion gate: a configuration must reproduce the tokens of record",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
     add_stream_arguments(verify)
     verify.add_argument("--record", action="store_true", help="record the reference tokens again (in RAM)")
     verify.set_defaults(run=cmd_verify)

@@ -12,18 +12,15 @@ import os
 import socket
 import socketserver
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from app.paths import data_dir
-from engine import NightshiftError
+from nightshift.app.paths import control_socket
+from nightshift.engine import NightshiftError
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 MAX_REQUEST = 1 << 16
-
-
-def socket_path() -> Path:
-    return data_dir() / "nightshift.sock"
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -50,7 +47,7 @@ class ControlServer:
     """Serves `handler` on the socket from a background thread; the socket file is 0600."""
 
     def __init__(self, handler: Handler, path: Path | None = None):
-        self.path = path or socket_path()
+        self.path = path or control_socket()
         self.path.unlink(missing_ok=True)  # a stale socket of a killed service (we hold the instance lock)
         self.path.parent.chmod(0o700)  # the socket's folder is the owner's only, like the socket
         previous = os.umask(0o177)
@@ -73,7 +70,7 @@ class ControlServer:
 
 def request(command: str, timeout: float = 10.0, **arguments: Any) -> dict[str, Any] | None:
     """Ask the running service; None when none is running. Errors it reports become NightshiftError."""
-    path = socket_path()
+    path = control_socket()
     if not path.exists():
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:

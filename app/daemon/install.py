@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from app.paths import data_dir
+from nightshift.app.paths import data_dir
 
 LABEL = "org.nightshift.serve"
 
 
 def serve_command() -> list[str]:
     """How to start the service: this interpreter running our CLI, so the unit uses this install."""
-    return [sys.executable, "-m", "app.cli", "serve"]
+    return [sys.executable, "-m", "nightshift.app.cli", "serve"]
 
 
 def _write(path: Path, text: str) -> Path:
@@ -35,7 +35,6 @@ After=default.target
 [Service]
 Type=simple
 Environment=NIGHTSHIFT_HOME={data_dir()}
-WorkingDirectory={Path(__file__).resolve().parents[2]}
 ExecStart={command}
 Restart=on-failure
 RestartSec=10
@@ -59,7 +58,6 @@ def launchd_plist() -> str:
   </array>
   <key>EnvironmentVariables</key>
   <dict><key>NIGHTSHIFT_HOME</key><string>{escape(str(data_dir()))}</string></dict>
-  <key>WorkingDirectory</key><string>{escape(str(Path(__file__).resolve().parents[2]))}</string>
   <key>RunAtLoad</key><true/>
   <key>KeepAlive</key><dict><key>SuccessfulExit</key><false/></dict>
   <key>ProcessType</key><string>Background</string>
@@ -72,10 +70,15 @@ def install(platform: str = sys.platform) -> tuple[Path, str]:
     """Write the unit for this platform; returns its path and how to enable it."""
     if platform == "darwin":
         path = _write(Path.home() / "Library" / "LaunchAgents" / f"{LABEL}.plist", launchd_plist())
-        return path, f"launchctl bootstrap gui/{os.getuid()} {path}   (stop: launchctl bootout gui/{os.getuid()} {path})"
+        return (
+            path,
+            f"launchctl bootstrap gui/{os.getuid()} {path}   (stop: launchctl bootout gui/{os.getuid()} {path})",
+        )
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     path = _write(config / "systemd" / "user" / "nightshift.service", systemd_unit())
     hint = "systemctl --user daemon-reload && systemctl --user enable --now nightshift.service"
     if shutil.which("loginctl"):
-        hint += f"\n  to keep it running while you are logged out: loginctl enable-linger {os.environ.get('USER', '$USER')}"
+        hint += (
+            f"\n  to keep it running while you are logged out: loginctl enable-linger {os.environ.get('USER', '$USER')}"
+        )
     return path, hint

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
-from app.paths import data_dir
-from engine import NightshiftError
+from nightshift.app.paths import engine_lock_file, service_lock
+from nightshift.engine import NightshiftError
 
 
 class ServiceRunningError(NightshiftError):
@@ -24,7 +24,7 @@ class InstanceLock:
     """Held while `nightshift serve` runs; the file holds the holder's pid for the error message."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or data_dir() / "serve.lock"
+        self.path = path or service_lock()
         self._handle = None
 
     def acquire(self) -> None:
@@ -55,7 +55,7 @@ class InstanceLock:
 @contextmanager
 def engine_lock(waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Held while a review generates, across processes: one engine at a time. `waiting` is told if it blocks."""
-    path = data_dir() / "engine.lock"
+    path = engine_lock_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         try:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from app.daemon import clock
-from app.paths import data_dir
+from nightshift.app.daemon import clock
+from nightshift.app.paths import run_queue
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 
@@ -76,15 +77,11 @@ class Run:
         return values
 
 
-def queue_path() -> Path:
-    return data_dir() / "runs.sqlite"
-
-
 class RunQueue:
     """Runs in a SQLite file; every method opens its own connection, so threads and processes can share it."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or queue_path()
+        self.path = path or run_queue()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with closing(self._connect()) as db, db:
             db.execute("PRAGMA journal_mode=WAL")

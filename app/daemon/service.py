@@ -23,16 +23,16 @@ from apscheduler.executors.base import BaseExecutor
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from app.daemon import clock
-from app.daemon.control import ControlServer
-from app.daemon.lock import InstanceLock
-from app.daemon.runs import RunQueue
-from app.daemon.work import execute
-from app.models import open_for_generation
-from app.paths import data_dir
-from app.review.index import read_index
-from app.review.schedule import Schedule, load_schedules
-from engine import Model
+from nightshift.app.daemon import clock
+from nightshift.app.daemon.control import ControlServer
+from nightshift.app.daemon.lock import InstanceLock
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.work import execute
+from nightshift.app.models import open_for_generation
+from nightshift.app.paths import data_dir
+from nightshift.app.review.index import read_index
+from nightshift.app.review.schedule import Schedule, load_schedules
+from nightshift.engine import Model
 
 log = logging.getLogger("nightshift.serve")
 WATCHDOG_S = 20
@@ -45,7 +45,9 @@ def record_due_run(review: str, due: datetime) -> None:
     `due` is stored as None with the job; QueueExecutor passes the fire time.
     """
     run_id = RunQueue().enqueue(review, due=due, origin="schedule")
-    log.info("%s fell due at %s: %s", review, due.isoformat(), f"queued as run {run_id}" if run_id else "already queued")
+    log.info(
+        "%s fell due at %s: %s", review, due.isoformat(), f"queued as run {run_id}" if run_id else "already queued"
+    )
 
 
 class QueueExecutor(BaseExecutor):
@@ -61,7 +63,7 @@ class QueueExecutor(BaseExecutor):
                 continue
             try:
                 job.func(*job.args, **{**job.kwargs, "due": run_time})
-            except Exception as exc:  # noqa: BLE001 - logged by APScheduler with its traceback
+            except Exception as exc:
                 self._run_job_error(job.id, exc, exc.__traceback__)
                 return
             events.append(JobExecutionEvent(EVENT_JOB_EXECUTED, job.id, job._jobstore_alias, run_time))
@@ -155,7 +157,11 @@ class Service:
         stored = {job.id: job for job in self.scheduler.get_jobs()}
         for name, schedule in self.schedules.items():
             job = stored.pop(name, None)
-            if job is not None and repr(job.trigger) == repr(schedule.trigger) and job.misfire_grace_time == schedule.grace_seconds:
+            if (
+                job is not None
+                and repr(job.trigger) == repr(schedule.trigger)
+                and job.misfire_grace_time == schedule.grace_seconds
+            ):
                 continue
             self.scheduler.add_job(
                 record_due_run, schedule.trigger, args=[name], kwargs={"due": None}, id=name, name=schedule.title,
@@ -176,7 +182,9 @@ class Service:
         while not self.stopping.wait(self.watchdog_s):
             jump = (time.time() - wall) - (time.monotonic() - steady)
             if abs(jump) > JUMP_S:
-                log.warning("the clock moved %+.0f s more than the time slept (suspend or clock change); rechecking", jump)
+                log.warning(
+                    "the clock moved %+.0f s more than the time slept (suspend or clock change); rechecking", jump
+                )
             wall, steady = time.time(), time.monotonic()
             self.scheduler.wakeup()
             self.wake_worker.set()

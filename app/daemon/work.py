@@ -5,21 +5,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import date, timezone
+from collections.abc import Callable
+from datetime import UTC, date
 from pathlib import Path
-from typing import Callable
 
-from app.daemon import clock
-from app.daemon.lock import engine_lock
-from app.daemon.runs import Run, RunQueue
-from app.models import open_for_generation, resolve_model
-from app.review.errors import ReviewInterrupted
-from app.review.index import add_failure
-from app.review.report import remove_partial_reports
-from app.review.runner import as_of_for, run_review
-from app.review.schedule import Schedule, find_schedule
-from app.review.window import window_containing
-from engine import GenerationStats, Model, NightshiftError
+from nightshift.app.daemon import clock
+from nightshift.app.daemon.lock import engine_lock
+from nightshift.app.daemon.runs import Run, RunQueue
+from nightshift.app.models import open_for_generation, resolve_model
+from nightshift.app.review.errors import ReviewInterrupted
+from nightshift.app.review.index import add_failure
+from nightshift.app.review.report import remove_partial_reports
+from nightshift.app.review.runner import as_of_for, run_review
+from nightshift.app.review.schedule import Schedule, find_schedule
+from nightshift.app.review.window import window_containing
+from nightshift.engine import GenerationStats, Model, NightshiftError
 
 log = logging.getLogger("nightshift.work")
 PROGRESS_EVERY_S = 1.0
@@ -59,7 +59,7 @@ def _failed(queue: RunQueue, run: Run, reason: str, schedule: Schedule | None, a
         window = None  # the as-of date itself was the problem; the reason says so
     try:
         add_failure(run.review, reason, run.id, schedule.title if schedule else None, as_of, window,
-                    schedule.timezone if schedule else timezone.utc)  # fmt: skip
+                    schedule.timezone if schedule else UTC)  # fmt: skip
     except (NightshiftError, OSError) as exc:
         log.error("run %s (%s) failed and the report index could not record it: %s", run.id, run.review, exc)
 

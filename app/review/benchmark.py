@@ -1,8 +1,8 @@
 """Benchmark: reconciliation checks on a million rows, numpy against plain Python, side by side;
 or (--review) a whole review without the model, every check and the PDF, with its peak memory.
 
-    python -m app.review.benchmark --rows 1000000
-    python -m app.review.benchmark --review --rows 10000000
+    python -m nightshift.app.review.benchmark --rows 1000000
+    python -m nightshift.app.review.benchmark --review --rows 10000000
 
 Writes a synthetic bank statement and ledger (CSV) of ROWS rows each into a
 temporary folder, with a known number of planted unmatched rows, times loading
@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import psutil
 
-from app.review.checks import CheckContext, check_duplicates, check_totals
-from app.review.matching import match
-from app.review.sources import CsvSource, Table
-from app.review.window import window_containing
+from nightshift.app.review.checks import CheckContext, check_duplicates, check_totals
+from nightshift.app.review.matching import match
+from nightshift.app.review.sources import CsvSource, Table
+from nightshift.app.review.window import window_containing
 
 ACCOUNTS = np.array(["Sales", "Purchases", "Rent", "Payroll", "Travel", "Utilities", "Software", "Fees"])
 
@@ -53,7 +53,9 @@ def write_sample(folder: Path, rows: int, missing: int, seed: int = 0) -> None:
     amounts = [f"{c // 100}.{c % 100:02d}" if c >= 0 else f"-{-c // 100}.{-c % 100:02d}" for c in cents.tolist()]
     with (folder / "ledger.csv").open("w") as out:
         out.write("date,amount,reference,account\n")
-        out.writelines(f"{d},{a},R{i},{acc}\n" for i, (d, a, acc) in enumerate(zip(days.astype(str), amounts, accounts)))
+        out.writelines(
+            f"{d},{a},R{i},{acc}\n" for i, (d, a, acc) in enumerate(zip(days.astype(str), amounts, accounts))
+        )
     cleared = days + rng.integers(0, 3, rows).astype("timedelta64[D]")
     keep = np.ones(rows, dtype=bool)
     keep[rng.choice(rows, missing, replace=False)] = False
@@ -160,9 +162,12 @@ def write_review_files(folder: Path, rows: int, missing: int) -> Path:
 
 def review_without_model(folder: Path, rows: int, missing: int) -> dict[str, Any]:
     """Write the files in a child process, then run the review here, step by step, with the narrative skipped."""
-    from app.review.narrative import Narrative, build_prompt
-    from app.review.runner import run_checks_for, write_report  # the model's modules: not in the writing child
-    from app.review.schedule import load_schedule
+    from nightshift.app.review.narrative import Narrative, build_prompt
+    from nightshift.app.review.runner import (
+        run_checks_for,
+        write_report,
+    )  # the model's modules: not in the writing child
+    from nightshift.app.review.schedule import load_schedule
 
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as child:
         path, t_write = timed(lambda: child.submit(write_review_files, folder, rows, missing).result())
@@ -211,8 +216,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--missing", type=int, default=1000, help="bank rows dropped (planted unmatched ledger rows)")
-    parser.add_argument("--review", action="store_true",
-                        help="run a whole review without the model (every check, the PDF) and report peak memory")
+    parser.add_argument(
+        "--review",
+        action="store_true",
+        help="run a whole review without the model (every check, the PDF) and report peak memory",
+    )
     args = parser.parse_args()
     if args.review:
         with tempfile.TemporaryDirectory() as folder:
@@ -229,7 +237,9 @@ def main() -> None:
     result, t_match = timed(lambda: match(bank, ledger, 3, use_reference=False))
     python_pairs, t_python = timed(lambda: python_match(bank, ledger, 3))
     context = CheckContext({"ledger": ledger}, window, window.previous(), materiality=0)
-    _, t_duplicates = timed(lambda: check_duplicates({"source": "ledger", "keys": ["date", "amount", "account"]}, context))
+    _, t_duplicates = timed(
+        lambda: check_duplicates({"source": "ledger", "keys": ["date", "amount", "account"]}, context)
+    )
     _, t_totals = timed(lambda: check_totals({"source": "ledger", "by": "account"}, context))
     figures = {
         "rows": args.rows, "planted_unmatched": args.missing, "host": platform.node(),

@@ -25,13 +25,17 @@ def bar_chart(bars: list[tuple[str, Decimal, Decimal | None]], current: str, pre
              f'viewBox="0 0 {WIDTH} {height}" class="chart">']  # fmt: skip
     for n, (label, now, before) in enumerate(bars):
         top = n * per_row + 4
-        parts.append(f'<text x="{LABEL}" y="{top + ROW - 7}" text-anchor="end" font-size="9" font-family="DejaVu Sans" fill="#333">{escape(label)}</text>')
+        parts.append(
+            f'<text x="{LABEL}" y="{top + ROW - 7}" text-anchor="end" font-size="9" font-family="DejaVu Sans" fill="#333">{escape(label)}</text>'
+        )
         series = [(now, CURRENT)] + ([(before, PREVIOUS)] if previous and before is not None else [])
         for k, (value, colour) in enumerate(series):
             length = float(abs(value) / scale_max) * span
             x = zero - length if value < 0 else zero
             y = top + k * ROW
-            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{ROW - 6}" fill="{colour}"/>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{ROW - 6}" fill="{colour}"/>'
+            )
             anchor, tx = ("end", x - 3) if value < 0 else ("start", x + length + 3)
             if (value < 0 and tx < LABEL + 40) or (value >= 0 and tx > WIDTH - 60):
                 inside = "#fff" if colour == CURRENT else "#222"

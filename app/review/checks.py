@@ -7,19 +7,21 @@ source line.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from app.review.errors import ReviewError
-from app.review.matching import match
-from app.review.money import exact_group_sums, exact_sum, to_decimal
-from app.review.sources import Table
-from app.review.window import Window
+from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.matching import match
+from nightshift.app.review.money import exact_group_sums, exact_sum, to_decimal
+from nightshift.app.review.sources import Table
+from nightshift.app.review.window import Window
 
 SEVERITIES = ("high", "medium", "low")
 ROWS_KEPT = 20  # rows shown per finding; the count says how many there were
@@ -156,7 +158,7 @@ def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResu
     ranked = codes[order]
     boundaries = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1], True])
     findings = []
-    for start, stop in zip(boundaries[:-1], boundaries[1:]):
+    for start, stop in itertools.pairwise(boundaries):
         if stop - start < 2:
             continue
         rows = order[start:stop]
@@ -268,7 +270,9 @@ def check_variance(config: dict[str, Any], context: CheckContext) -> CheckResult
             ))  # fmt: skip
     summary = SummaryTable(
         f"Change of {table.name} by {by}: {context.window.label} against {context.previous.label}",
-        [by, context.previous.label, context.window.label, "change", "%"], rows, chart,
+        [by, context.previous.label, context.window.label, "change", "%"],
+        rows,
+        chart,
     )
     return CheckResult(findings, [summary])
 

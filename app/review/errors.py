@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine import NightshiftError
+from nightshift.engine import NightshiftError
 
 
 class ReviewError(NightshiftError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.review.sources import Table
+from nightshift.app.review.sources import Table
 
 
 @dataclass
@@ -89,7 +89,9 @@ def match(left: Table, right: Table, date_tolerance_days: int, use_reference: bo
     amount_left, amount_right = _factorize(left.amounts, right.amounts)
     day_left, day_right = left.dates.astype(np.int64), right.dates.astype(np.int64)
 
-    def run_pass(key_left: np.ndarray, key_right: np.ndarray, usable_left: np.ndarray, usable_right: np.ndarray) -> None:
+    def run_pass(
+        key_left: np.ndarray, key_right: np.ndarray, usable_left: np.ndarray, usable_right: np.ndarray
+    ) -> None:
         rows_left = np.flatnonzero(left_free & usable_left)
         rows_right = np.flatnonzero(right_free & usable_right)
         at_left, at_right = pair_by_key(key_left[rows_left], day_left[rows_left], key_right[rows_right],

@@ -8,12 +8,12 @@ and `exact_group_sums` return Python ints that are always right.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
-from typing import Iterator
 
 import numpy as np
 
-from app.review.errors import ReviewError
+from nightshift.app.review.errors import ReviewError
 
 UNITS_LIMIT = 10**18  # an amount's units stay below this: 17 digits with the decimals, held in int64
 INT64_LIMIT = 2**63

@@ -9,18 +9,18 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound
 
-from app.review.checks import CheckResult
-from app.review.errors import ReviewError
-from app.review.report import template_problem
-from engine import GenerationStats, Model
+from nightshift.app.paths import bundled
+from nightshift.app.review.checks import CheckResult
+from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.report import template_problem
+from nightshift.engine import GenerationStats, Model
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
+PROMPTS_DIR = bundled("templates") / "prompts"
 # "F3: ..." at the start of a line: the model's comment on finding 3.
 COMMENT = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]\s*(.+)$", re.MULTILINE)
 # Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the

@@ -15,9 +15,10 @@ from urllib.parse import unquote, urlparse
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateSyntaxError, select_autoescape
 
-from app.review.errors import ReviewError
+from nightshift.app.paths import bundled
+from nightshift.app.review.errors import ReviewError
 
-REPORTS_DIR = Path(__file__).resolve().parents[2] / "templates" / "reports"
+REPORTS_DIR = bundled("templates") / "reports"
 
 
 def local_only_fetcher():
@@ -80,13 +81,16 @@ def write_pdf(html: str, target: Path) -> Path:
     try:
         with os.fdopen(handle, "wb") as out:
             HTML(string=html, base_url=str(REPORTS_DIR) + os.sep, url_fetcher=local_only_fetcher()).write_pdf(
-                out, font_config=shared_fonts())
+                out, font_config=shared_fonts()
+            )
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, target)
     except OSError as exc:
         Path(temporary).unlink(missing_ok=True)
-        raise ReviewError(f"cannot write the report {target}: {exc}; check the `output` folder in the schedule") from exc
+        raise ReviewError(
+            f"cannot write the report {target}: {exc}; check the `output` folder in the schedule"
+        ) from exc
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

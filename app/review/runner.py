@@ -9,23 +9,24 @@ from __future__ import annotations
 import platform
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from app.models import open_for_generation
-from app.review.charts import bar_chart
-from app.review.checks import SEVERITIES, CheckContext, CheckResult, Step, run_checks
-from app.review.errors import ReviewInterrupted
-from app.review.index import add_to_index
-from app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
-from app.review.report import REPORTS_DIR, render_html, write_pdf
-from app.review.schedule import Schedule
-from app.review.sources import Table
-from app.review.verify import known_values, mark_numbers, numbers_in
-from app.review.window import Window, window_containing
-from engine import Model, sha256_of
+from nightshift.app.models import open_for_generation
+from nightshift.app.review.charts import bar_chart
+from nightshift.app.review.checks import SEVERITIES, CheckContext, CheckResult, Step, run_checks
+from nightshift.app.review.errors import ReviewInterrupted
+from nightshift.app.review.index import add_to_index
+from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
+from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
+from nightshift.app.review.schedule import Schedule
+from nightshift.app.review.sources import Table
+from nightshift.app.review.verify import known_values, mark_numbers, numbers_in
+from nightshift.app.review.window import Window, window_containing
+from nightshift.engine import Model, sha256_of
 
 Say = Callable[[str], None]
 
@@ -168,7 +169,7 @@ def run_review(
 def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt_text: str, narrative: Narrative,
                  model: Path | str, started: float, run_id: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The PDF and its index entry, from the checks and the narrative (the checks benchmark calls it with none)."""
-    created = datetime.now(timezone.utc).astimezone(schedule.timezone)
+    created = datetime.now(UTC).astimezone(schedule.timezone)
     provenance = _provenance(schedule, checked, model, narrative)
     context = build_report_context(schedule, checked, prompt_text, narrative, provenance, created)
     target = schedule.output / f"{schedule.name}-{checked.window.start:%Y-%m-%d}-{created:%Y%m%dT%H%M%S}.pdf"

@@ -18,15 +18,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from apscheduler.triggers.base import BaseTrigger
 from tzlocal import get_localzone
 
-from app.paths import data_dir
-from app.review.checks import CHECKS, REQUIRED
-from app.review.errors import ReviewError, ScheduleError
-from app.review.sources import COLUMNS, CsvSource, Source, SqliteSource
-from app.review.when import parse_when
-from app.review.window import PERIODS
+from nightshift.app.paths import bundled, data_dir, user_schedules_dir
+from nightshift.app.review.checks import CHECKS, REQUIRED
+from nightshift.app.review.errors import ReviewError, ScheduleError
+from nightshift.app.review.sources import COLUMNS, CsvSource, Source, SqliteSource
+from nightshift.app.review.when import parse_when
+from nightshift.app.review.window import PERIODS
 
-BUNDLED_DIR = Path(__file__).resolve().parents[2] / "schedules"
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+BUNDLED_DIR = bundled("schedules")
+TEMPLATES_DIR = bundled("templates")
 _DURATION = re.compile(r"(\d+)\s*([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -64,7 +64,7 @@ class Schedule:
 
 def schedule_dirs() -> list[Path]:
     """Where schedules are read from, later ones overriding earlier ones by name."""
-    return [BUNDLED_DIR, data_dir() / "schedules"]
+    return [BUNDLED_DIR, user_schedules_dir()]
 
 
 def load_schedules() -> tuple[dict[str, Schedule], list[ScheduleError]]:
@@ -143,7 +143,7 @@ def _duration(text: str | int) -> int:
         return text
     found = _DURATION.fullmatch(text.strip())
     if not found:
-        raise ValueError(f"{text!r} is not a duration; write e.g. \"90s\", \"30m\", \"12h\" or \"2d\"")
+        raise ValueError(f'{text!r} is not a duration; write e.g. "90s", "30m", "12h" or "2d"')
     return int(found.group(1)) * _UNIT_SECONDS[found.group(2)]
 
 
@@ -161,7 +161,9 @@ def load_schedule(path: Path) -> Schedule:
     try:
         zone = ZoneInfo(zone_name) if zone_name else get_localzone()
     except (ZoneInfoNotFoundError, ValueError):
-        raise read.fail(("timezone",), f"unknown time zone {zone_name!r}; use an IANA name like \"Europe/Berlin\"") from None
+        raise read.fail(
+            ("timezone",), f'unknown time zone {zone_name!r}; use an IANA name like "Europe/Berlin"'
+        ) from None
     when = read.get(("when",), str)
     try:
         trigger = parse_when(when, zone)
@@ -221,7 +223,7 @@ def _source(read: _Reader, path: Path, key: str, config: Any) -> Source:
     if kind == "sqlite":
         query = read.get((*where, "query"), str, container=config)
         return SqliteSource(key, location, query, decimals=decimals)
-    raise read.fail((*where, "type"), f"{kind!r} is not a source type; use \"csv\" or \"sqlite\"")
+    raise read.fail((*where, "type"), f'{kind!r} is not a source type; use "csv" or "sqlite"')
 
 
 def _checks(read: _Reader, sources: dict[str, Source]) -> list[dict[str, Any]]:

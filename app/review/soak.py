@@ -1,6 +1,6 @@
 """Soak benchmark: many scheduled runs back to back through the real service, with the clock stepped.
 
-    python -m app.review.soak --model MODEL_DIR --runs 200
+    python -m nightshift.app.review.soak --model MODEL_DIR --runs 200
 
 Starts the scheduler service (scheduler, worker, control socket) in this
 process on a fresh data dir, with one schedule: the bundled daily review over
@@ -21,22 +21,22 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Iterator
 
 import apscheduler.schedulers.base
 import psutil
 
-from app.daemon import clock
-from app.daemon.runs import RunQueue
-from app.daemon.service import Service
-from app.paths import data_dir
-from app.review.schedule import BUNDLED_DIR, load_schedules
+from nightshift.app.daemon import clock
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.service import Service
+from nightshift.app.paths import data_dir
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
 
-START = datetime(2026, 10, 28, 12, 0, tzinfo=timezone.utc)  # inside the sample data's pinned period
+START = datetime(2026, 10, 28, 12, 0, tzinfo=UTC)  # inside the sample data's pinned period
 WARM_UP = 5  # runs before the baseline: the model, fonts and caches load during the first ones
 
 
@@ -89,7 +89,9 @@ def stepped_clock(start: datetime) -> Iterator[list[datetime]]:
 def write_schedule(home: Path, model: Path, max_tokens: int) -> None:
     """The bundled daily review as the data dir's only user schedule, written by `model`."""
     text = (BUNDLED_DIR / "daily.toml").read_text().replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
-    text = text.replace('name = "daily"', 'name = "soak"').replace('output = "reports/daily"', 'output = "reports/soak"')
+    text = text.replace('name = "daily"', 'name = "soak"').replace(
+        'output = "reports/daily"', 'output = "reports/soak"'
+    )
     text = text.replace("max_tokens = 120", f'name = "{model}"\nmax_tokens = {max_tokens}')
     folder = home / "schedules"
     folder.mkdir(parents=True, exist_ok=True)
@@ -111,7 +113,7 @@ def soak(model: Path, runs: int, max_tokens: int = 4, timeout_s: float = 300.0) 
             for number in range(1, runs + 1):
                 started = time.monotonic()
                 due = service.scheduler.get_job("soak").next_run_time
-                now[0] = due.astimezone(timezone.utc) + timedelta(seconds=1)
+                now[0] = due.astimezone(UTC) + timedelta(seconds=1)
                 service.scheduler.check_now()
                 service.wake_worker.set()
                 run = _wait_finished(queue, number, started + timeout_s)
@@ -145,7 +147,9 @@ def _open_fds(process: psutil.Process) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True, help="model directory (a tiny one: the service is measured)")
+    parser.add_argument(
+        "--model", type=Path, required=True, help="model directory (a tiny one: the service is measured)"
+    )
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=4)
     args = parser.parse_args()
@@ -155,7 +159,9 @@ def main() -> None:
     print(f"{'run':>5}{'state':>10}{'seconds':>9}{'RSS MB':>9}{'fds':>6}")
     for sample in result.samples:
         if sample.run in (1, 2, WARM_UP, WARM_UP + 1) or sample.run % 25 == 0 or sample.run == len(result.samples):
-            print(f"{sample.run:>5}{sample.state:>10}{sample.seconds:>9.2f}{sample.rss_bytes / 2**20:>9.1f}{sample.open_fds:>6}")
+            print(
+                f"{sample.run:>5}{sample.state:>10}{sample.seconds:>9.2f}{sample.rss_bytes / 2**20:>9.1f}{sample.open_fds:>6}"
+            )
     print(json.dumps(result.figures()))
 
 

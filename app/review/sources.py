@@ -11,16 +11,17 @@ from __future__ import annotations
 import csv
 import sqlite3
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-from app.review.errors import ReviewError
-from app.review.money import check_units, format_amount, parse_amount, to_decimal
+from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.money import check_units, format_amount, parse_amount, to_decimal
 
 TEXT_COLUMNS = ("reference", "account", "description")
 COLUMNS = ("date", "amount", *TEXT_COLUMNS)
@@ -193,7 +194,9 @@ class SqliteSource:
             raise ReviewError(f"source {self.name!r}: the query on {self.path} failed: {exc}; fix `query`") from None
         for needed in ("date", "amount"):
             if needed not in names:
-                raise ReviewError(f"source {self.name!r}: the query returns {names}, no {needed!r}; alias a column AS {needed}")
+                raise ReviewError(
+                    f"source {self.name!r}: the query returns {names}, no {needed!r}; alias a column AS {needed}"
+                )
         return build_table(self.name, self.path, self.decimals, self._rows(records, names))
 
     def _rows(self, records: list[tuple], names: list[str]):
@@ -204,9 +207,12 @@ class SqliteSource:
                 day = date.fromisoformat(str(record[at["date"]])[:10])
             except ValueError:
                 raise ReviewError(f"{where}: date {record[at['date']]!r} is not an ISO date (YYYY-MM-DD)") from None
-            yield number, day, self._units(record[at["amount"]], where), {
-                key: "" if record[at[key]] is None else str(record[at[key]]) for key in TEXT_COLUMNS if key in at
-            }
+            yield (
+                number,
+                day,
+                self._units(record[at["amount"]], where),
+                {key: "" if record[at[key]] is None else str(record[at[key]]) for key in TEXT_COLUMNS if key in at},
+            )
 
     def _units(self, value: Any, where: str) -> int:
         try:
@@ -221,4 +227,3 @@ class SqliteSource:
 
 
 Source = CsvSource | SqliteSource
-

@@ -9,9 +9,9 @@ HTML-escaped here, since the model's output is untrusted.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Iterable
 
 from markupsafe import Markup, escape
 

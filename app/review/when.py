@@ -73,9 +73,9 @@ def parse_when(text: str, timezone: tzinfo) -> BaseTrigger:
     if len(spoken.split()) == 5:
         return CronTrigger.from_crontab(spoken, timezone=timezone)
     raise ValueError(
-        f"{text!r} is not a schedule nightshift understands; write a crontab line such as \"30 18 * * mon-fri\" "
-        "or a plain form: \"every business day at 18:30\", \"Fridays at 17:00\", "
-        "\"last business day of the month at 22:00\""
+        f'{text!r} is not a schedule nightshift understands; write a crontab line such as "30 18 * * mon-fri" '
+        'or a plain form: "every business day at 18:30", "Fridays at 17:00", '
+        '"last business day of the month at 22:00"'
     )
 
 

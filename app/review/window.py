@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
-from app.review.errors import ReviewError
+from nightshift.app.review.errors import ReviewError
 
 PERIODS = ("day", "week", "month", "quarter")
 

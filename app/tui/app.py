@@ -23,10 +23,10 @@ from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
 
-from app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
-from app.tui.screens import HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
-from app.tui.widgets.plot import History
-from engine import NightshiftError
+from nightshift.app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
+from nightshift.app.tui.screens import HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
+from nightshift.app.tui.widgets.plot import History
+from nightshift.engine import NightshiftError
 
 TICK_S = 0.1
 SERVICE_EVERY = 5
@@ -130,7 +130,7 @@ class Dashboard(App):
     @work(thread=True, group="service")
     def ask_service(self, command: str, done: str, **arguments: Any) -> None:
         """Send a command to the service (off the UI thread) and say how it went; without one, say how to start it."""
-        from app.daemon.control import request
+        from nightshift.app.daemon.control import request
 
         try:
             reply = request(command, timeout=5.0, **arguments)
@@ -153,7 +153,7 @@ class Dashboard(App):
     @work(thread=True, exclusive=True, group="service")
     def _start_service(self) -> None:
         """The same service as `nightshift serve`, under the same single-instance lock, in this process."""
-        from app.daemon.service import Service
+        from nightshift.app.daemon.service import Service
 
         service = Service()
         try:

@@ -15,13 +15,21 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-from app.paths import data_dir
-from engine import CEILINGS_FILE, Catalogue, Ceilings, DriveMonitor, NightshiftError, Run, load_drives, resolve_device
+from nightshift.app.paths import catalogue_file, drives_file
+from nightshift.engine import (
+    CEILINGS_FILE,
+    Catalogue,
+    Ceilings,
+    DriveMonitor,
+    NightshiftError,
+    Run,
+    load_drives,
+    resolve_device,
+)
 
 RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
 CPU_WINDOW_S = 2.0
@@ -89,10 +97,6 @@ class Snapshot:
     taken_at: float = field(default_factory=time.time)
 
 
-def drives_file() -> Path:
-    return data_dir() / "drives.toml"
-
-
 def _ceilings() -> dict[str, float]:
     """Best measured MB/s per drive from `nightshift drives probe`; empty when never probed."""
     try:
@@ -104,10 +108,10 @@ def _ceilings() -> dict[str, float]:
 
 def service_state() -> ServiceState:
     """Ask the service; with none answering, read the data dir the same way `nightshift jobs` does."""
-    from app.commands.jobs import scheduled_without_service
-    from app.daemon.control import request
-    from app.daemon.runs import RunQueue
-    from app.review.index import read_index
+    from nightshift.app.commands.jobs import scheduled_without_service
+    from nightshift.app.daemon.control import request
+    from nightshift.app.daemon.runs import RunQueue
+    from nightshift.app.review.index import read_index
 
     try:
         pong = request("ping", timeout=2.0)
@@ -123,9 +127,7 @@ def service_state() -> ServiceState:
 
 def catalogue_view() -> CatalogueView:
     """The catalogue `nightshift runs` reads; not created when no benchmark has recorded a run yet."""
-    from app.commands.runs import CATALOGUE_FILE
-
-    path = data_dir() / CATALOGUE_FILE
+    path = catalogue_file()
     if not path.exists():
         return CatalogueView([], f"no benchmark runs recorded yet ({path}); `nightshift bench decode` records one")
     try:

@@ -13,7 +13,7 @@ def seconds(s: float | None) -> str:
     """12 s, 3 m 05 s, 2 h 10 m."""
     if s is None or s != s or s < 0:
         return "—"
-    s = int(round(s))
+    s = round(s)
     if s < 60:
         return f"{s} s"
     if s < 3600:

@@ -16,16 +16,16 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Static
 
-from app.review.index import is_failed
-from app.tui.feed import ServiceState, Snapshot
-from app.tui.format import duration, gib, seconds, stamp
-from app.tui.widgets.drives import DrivePanel
-from app.tui.widgets.job import JobPanel
-from app.tui.widgets.text import Line, Table
-from engine import Run, compare_runs
+from nightshift.app.review.index import is_failed
+from nightshift.app.tui.feed import ServiceState, Snapshot
+from nightshift.app.tui.format import duration, gib, seconds, stamp
+from nightshift.app.tui.widgets.drives import DrivePanel
+from nightshift.app.tui.widgets.job import JobPanel
+from nightshift.app.tui.widgets.text import Line, Table
+from nightshift.engine import Run, compare_runs
 
 if TYPE_CHECKING:
-    from app.tui.app import Dashboard
+    from nightshift.app.tui.app import Dashboard
 
 
 class DashboardScreen(Screen):
@@ -52,7 +52,9 @@ class DashboardScreen(Screen):
             where = "in this dashboard" if self.app.own_service else f"pid {service.pid}"
             banner.set(f"service running ({where})  ·  {own}")
         else:
-            banner.set(f"no service running: schedules do not fire; s starts the scheduler here (until you quit)  ·  {own}")
+            banner.set(
+                f"no service running: schedules do not fire; s starts the scheduler here (until you quit)  ·  {own}"
+            )
         banner.set_class(service is not None and not service.running, "warning")
         self.draw(snapshot, service)
 
@@ -182,8 +184,10 @@ class ReportsScreen(DashboardScreen):
             summary.set("no reports yet: run a review from the Queue screen (2, then n)")
             return
         if is_failed(report):
-            summary.set(f"{report.get('title', report['review'])}, {report['period'] or 'as of ' + str(report['as_of'])}: "
-                        f"run {report.get('run')} FAILED at {stamp(report['created'])}, no report\n{report['reason']}")
+            summary.set(
+                f"{report.get('title', report['review'])}, {report['period'] or 'as of ' + str(report['as_of'])}: "
+                f"run {report.get('run')} FAILED at {stamp(report['created'])}, no report\n{report['reason']}"
+            )
             return
         severity = ", ".join(f"{n} {level}" for level, n in report["by_severity"].items())
         summary.set(
@@ -275,7 +279,7 @@ def side_by_side(a: Run, b: Run) -> str:
         lines.append(f"{key[:24]:<24} {_figure(x) if x is not None else '—':>18} {_figure(y) if y is not None else '—':>18}"
                      f"  {'' if ratio is None else f'{ratio:.3f}'}")  # fmt: skip
     for key in sorted(k for k in set(a.config) | set(b.config) if a.config.get(k) != b.config.get(k)):
-        lines.append(f"{'config ' + key:<24.24} {str(a.config.get(key)):>18.18} {str(b.config.get(key)):>18.18}")
+        lines.append(f"{'config ' + key:<24.24} {a.config.get(key)!s:>18.18} {b.config.get(key)!s:>18.18}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """Benchmark: GEMM prefill against MLX's quantized kernel, side by side on one model in one run.
 
-    python -m engine.bench.cpu_prefill MODEL_DIR --catalogue PATH [--prompt-tokens 400]
+    python -m nightshift.engine.bench.cpu_prefill MODEL_DIR --catalogue PATH [--prompt-tokens 400]
 
 Both runs answer the same prompt greedily; the GEMM run is recorded only if its layers
 took the GEMM path (counter `gemm_calls`), and both must produce the same tokens.
@@ -13,10 +13,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine import BLAS_IN_USE, open_model
-from engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
-from engine.instruments.assertions import Proof
-from engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine import BLAS_IN_USE, open_model
+from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
+from nightshift.engine.instruments.assertions import Proof
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 TEXT = "The bank statement shows a payment of 1,480.00 that the ledger does not. "
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     unit = model.tokenizer.encode(TEXT)
     prompt = (unit * (args.prompt_tokens // len(unit) + 1))[: args.prompt_tokens]
     catalogue = Catalogue(args.catalogue)
-    command = shlex.join(["python", "-m", "engine.bench.cpu_prefill", *argv])
+    command = shlex.join(["python", "-m", "nightshift.engine.bench.cpu_prefill", *argv])
     results = {}
     for gemm in (False, True):
         (use_gemm_prefill if gemm else use_quantized_kernel)(model.model)

@@ -22,14 +22,14 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from engine.instruments.trace import CACHE, PassTrace
-from engine.io.ceilings import Ceilings
-from engine.io.direct import aligned_buffer, open_direct
-from engine.io.drives import Drive
-from engine.moe.load import load_streaming, with_drives
-from engine.moe.settings import StreamSettings
-from engine.store.loader import load_store
-from engine.store.manifest import Manifest, read_manifest
+from nightshift.engine.instruments.trace import CACHE, PassTrace
+from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.io.direct import aligned_buffer, open_direct
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.load import load_streaming, with_drives
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import Manifest, read_manifest
 
 # A fixed prompt of record (token ids), so runs of one configuration are comparable.
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 11, 300, 23, 8]
@@ -96,13 +96,23 @@ def needed_bytes(passes: list[PassTrace], since: float) -> int:
 
 def counters_of(figures: dict) -> dict[str, float]:
     """The stream's figures flattened to the counters config assertions check."""
-    return {**figures["reads"], "cache_hits": figures["cache_hits"],
-            "prefetch_recall_pct": round(100 * figures["prefetch_recall"], 1),
-            "overlapped_experts": figures["calls"]["overlapped"]}
+    return {
+        **figures["reads"],
+        "cache_hits": figures["cache_hits"],
+        "prefetch_recall_pct": round(100 * figures["prefetch_recall"], 1),
+        "overlapped_experts": figures["calls"]["overlapped"],
+    }
 
 
-def decode_bench(store: Path, settings: StreamSettings, tokens: int = 16, drives: list[Drive] | None = None,
-                 ceilings: Ceilings | None = None, compute_floor: bool = True, bandwidth_s: float = 2.0) -> dict:
+def decode_bench(
+    store: Path,
+    settings: StreamSettings,
+    tokens: int = 16,
+    drives: list[Drive] | None = None,
+    ceilings: Ceilings | None = None,
+    compute_floor: bool = True,
+    bandwidth_s: float = 2.0,
+) -> dict:
     """One decode run: figures (time per token, floors, roofline fraction), counters, trace summary."""
     manifest = with_drives(read_manifest(store), drives)
     in_use = list(settings.use_drives) or list(manifest.drives)
@@ -148,12 +158,23 @@ def decode_bench(store: Path, settings: StreamSettings, tokens: int = 16, drives
         roofline = max(disk_floor, in_ram.seconds_per_token)
         out["roofline_ms"] = 1000 * roofline
         out["roofline_fraction"] = roofline / streamed.seconds_per_token
-    return {"figures": out, "counters": counters_of(figures), "drives": figures["drives"], "trace": trace,
-            "tokens": streamed.tokens}
+    return {
+        "figures": out,
+        "counters": counters_of(figures),
+        "drives": figures["drives"],
+        "trace": trace,
+        "tokens": streamed.tokens,
+    }
 
 
-def ladder(store: Path, settings: StreamSettings, tokens: int, drives: list[Drive] | None = None,
-           ceilings: Ceilings | None = None, bandwidth_s: float = 2.0) -> list[tuple[StreamSettings, dict]]:
+def ladder(
+    store: Path,
+    settings: StreamSettings,
+    tokens: int,
+    drives: list[Drive] | None = None,
+    ceilings: Ceilings | None = None,
+    bandwidth_s: float = 2.0,
+) -> list[tuple[StreamSettings, dict]]:
     """The same decode on the first 1, 2, ... n drives of the store (every expert must be on each)."""
     names = list(settings.use_drives) or list(with_drives(read_manifest(store), drives).drives)
     runs = []
@@ -163,8 +184,9 @@ def ladder(store: Path, settings: StreamSettings, tokens: int, drives: list[Driv
     return runs
 
 
-def greedy_of_record(store: Path, settings: StreamSettings | None, steps: int = 32,
-                     drives: list[Drive] | None = None) -> list[int]:
+def greedy_of_record(
+    store: Path, settings: StreamSettings | None, steps: int = 32, drives: list[Drive] | None = None
+) -> list[int]:
     """Greedy tokens after the prompt of record: streamed with `settings`, or in RAM when None."""
     if settings is None:
         return time_decode(load_store(Path(store))[0], steps - 1).tokens

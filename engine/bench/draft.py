@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the sweep drives an opened model (engine/runtime sits above engine/bench)
-    from engine.runtime import Model
+    from nightshift.engine.runtime import Model
 
 # A prompt of record, so runs of one configuration are comparable (chat-formatted with the model's template).
 PROMPT = "Write a short note on the month-end close: revenue rose 4 %, costs fell, cash is steady."
 WARMUP_TOKENS = 4
 
 
-def _reads(model: "Model") -> tuple[int, int, int]:
+def _reads(model: Model) -> tuple[int, int, int]:
     """(bytes read from the drives, streaming layer calls, unique experts they selected) so far."""
     if model.stream is None:
         return 0, 0, 0
@@ -29,7 +29,7 @@ def _reads(model: "Model") -> tuple[int, int, int]:
     return sum(d["bytes"] for d in model.stream.figures()["drives"].values()), calls.calls, calls.unique
 
 
-def generate_once(model: "Model", prompt: list[int], tokens: int, depth: int) -> dict:
+def generate_once(model: Model, prompt: list[int], tokens: int, depth: int) -> dict:
     """One greedy generation at `depth`: its tokens and figures."""
     chunks, before = [], (0, 0, 0)
     for chunk in model.generate_tokens(prompt, max_tokens=tokens + 1, draft_depth=depth, draft_switch_off=False):
@@ -55,8 +55,9 @@ def generate_once(model: "Model", prompt: list[int], tokens: int, depth: int) ->
     return {"tokens": chunks, "figures": figures, "counters": counters}
 
 
-def draft_sweep(model: "Model", depths: list[int], tokens: int, repeats: int = 1,
-                prompt_text: str = PROMPT) -> list[dict]:
+def draft_sweep(
+    model: Model, depths: list[int], tokens: int, repeats: int = 1, prompt_text: str = PROMPT
+) -> list[dict]:
     """One result per depth (see `generate_once`) from `model` (opened with a drafter), each with
     `tokens_identical` to depth 0's tokens (or the first depth's).
 

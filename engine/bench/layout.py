@@ -12,10 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-from engine.errors import NoSpaceError
-from engine.store.manifest import expert_relpath, read_manifest, write_manifest
-from engine.store.placement import free_bytes
-from engine.io.drives import Drive
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.manifest import expert_relpath, read_manifest, write_manifest
+from nightshift.engine.store.placement import free_bytes
 
 
 def replicate_everywhere(store: Path) -> int:
@@ -30,8 +30,10 @@ def replicate_everywhere(store: Path) -> int:
     for drive, need in missing.items():
         free = free_bytes(Drive(drive, Path(manifest.drives[drive])))
         if need > free:
-            raise NoSpaceError(f"drive {drive} needs {need / 1e9:.2f} GB for a replica of every expert and has "
-                               f"{free / 1e9:.2f} GB free; use larger drives or fewer experts")
+            raise NoSpaceError(
+                f"drive {drive} needs {need / 1e9:.2f} GB for a replica of every expert and has "
+                f"{free / 1e9:.2f} GB free; use larger drives or fewer experts"
+            )
     copied = 0
     for layer in manifest.layers:
         for expert in range(layer.num_experts):

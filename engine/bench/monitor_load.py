@@ -1,6 +1,6 @@
 """Benchmark: the drive monitor's cadence and CPU cost while direct reads run on every drive.
 
-    python -m engine.bench.monitor_load --drives-file DRIVES [--rig-dir RIG] [--seconds 10]
+    python -m nightshift.engine.bench.monitor_load --drives-file DRIVES [--rig-dir RIG] [--seconds 10]
 
 With --rig-dir the process joins the rig's cgroup first, so the drives run at their limits.
 Prints, per drive, what the readers counted next to what the monitor saw (engine and OS
@@ -15,14 +15,14 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.bench.probe import measure, probe_file
-from engine.bench.rig import RigState, inside_rig
-from engine.instruments.monitor import Cadence, DriveMonitor, DriveRates
-from engine.io.ceilings import ProbeCell
-from engine.io.counters import DriveReadCounters
-from engine.io.devices import resolve_device
-from engine.io.direct import open_direct
-from engine.io.drives import Drive, load_drives
+from nightshift.engine.bench.probe import measure, probe_file
+from nightshift.engine.bench.rig import RigState, inside_rig
+from nightshift.engine.instruments.monitor import Cadence, DriveMonitor, DriveRates
+from nightshift.engine.io.ceilings import ProbeCell
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.io.direct import open_direct
+from nightshift.engine.io.drives import Drive, load_drives
 
 MiB = 1 << 20
 
@@ -35,7 +35,11 @@ class LoadReport:
 
 
 def monitor_under_load(
-    drives: list[Drive], seconds: float, read_bytes: int = MiB, queue_depth: int = 4, file_bytes: int = 256 * MiB,
+    drives: list[Drive],
+    seconds: float,
+    read_bytes: int = MiB,
+    queue_depth: int = 4,
+    file_bytes: int = 256 * MiB,
 ) -> LoadReport:
     """Run `queue_depth` readers on every drive at once for `seconds` with the monitor sampling."""
     counters = DriveReadCounters([d.name for d in drives])
@@ -71,12 +75,16 @@ def main(argv: list[str] | None = None) -> None:
     print("drive\treaders MB/s\tmonitor engine MB/s\tmonitor OS MB/s\tOS reads/s\tOS in flight")
     for name, cell in report.cells.items():
         r = report.seen[name]
-        print(f"{name}\t{cell.bytes_per_s / 1e6:.1f}\t{r.engine_bytes_per_s / 1e6:.1f}\t{r.os_bytes_per_s / 1e6:.1f}\t"
-              f"{r.os_reads_per_s:.0f}\t{r.os_in_flight:.2f}")
+        print(
+            f"{name}\t{cell.bytes_per_s / 1e6:.1f}\t{r.engine_bytes_per_s / 1e6:.1f}\t{r.os_bytes_per_s / 1e6:.1f}\t"
+            f"{r.os_reads_per_s:.0f}\t{r.os_in_flight:.2f}"
+        )
     c = report.cadence
-    print(f"sampler: {c.samples} samples every {c.interval_s * 1e3:g} ms; gap mean {c.mean_gap_s * 1e3:.3f} ms, "
-          f"p50 {c.p50_gap_s * 1e3:.3f}, p99 {c.p99_gap_s * 1e3:.3f}, max {c.max_gap_s * 1e3:.3f} ms; "
-          f"{c.skipped_slots} slots skipped; CPU {c.cpu_fraction:.2%} of one core")
+    print(
+        f"sampler: {c.samples} samples every {c.interval_s * 1e3:g} ms; gap mean {c.mean_gap_s * 1e3:.3f} ms, "
+        f"p50 {c.p50_gap_s * 1e3:.3f}, p99 {c.p99_gap_s * 1e3:.3f}, max {c.max_gap_s * 1e3:.3f} ms; "
+        f"{c.skipped_slots} slots skipped; CPU {c.cpu_fraction:.2%} of one core"
+    )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,15 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.bench.decode import counters_of, measure_bandwidth
-from engine.io.ceilings import Ceilings
-from engine.io.drives import Drive
-from engine.moe.load import load_streaming, with_drives
-from engine.moe.settings import StreamSettings
-from engine.moe.stream import ExpertStream, PrefillReads
-from engine.prefill import counted_prefill, prefill
-from engine.store.loader import load_store
-from engine.store.manifest import read_manifest
+from nightshift.engine.bench.decode import counters_of, measure_bandwidth
+from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.load import load_streaming, with_drives
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.stream import ExpertStream, PrefillReads
+from nightshift.engine.prefill import counted_prefill, prefill
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 
 WARMUP_TOKENS = 8  # a short prefill first: MLX builds its kernels and the trunk is faulted in
 
@@ -38,8 +38,9 @@ def prompt_of(vocab_size: int, tokens: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(3, vocab_size, size=tokens).tolist()
 
 
-def timed_prefill(model, prompt: list[int], chunk: int, stream: ExpertStream | None
-                  ) -> tuple[float, int, PrefillReads | None]:
+def timed_prefill(
+    model, prompt: list[int], chunk: int, stream: ExpertStream | None
+) -> tuple[float, int, PrefillReads | None]:
     """(seconds to the first token, that token, the stream's prefill reads) for one prefill from an empty cache."""
     prefill(model, prompt[:WARMUP_TOKENS], make_prompt_cache(model), chunk)
     start = time.perf_counter()
@@ -48,9 +49,17 @@ def timed_prefill(model, prompt: list[int], chunk: int, stream: ExpertStream | N
     return time.perf_counter() - start, first, reads
 
 
-def prefill_bench(store: Path, settings: StreamSettings, prompt_tokens: int = 512, chunk: int = 512,
-                  drives: list[Drive] | None = None, ceilings: Ceilings | None = None, compute_floor: bool = True,
-                  row_tokens: int = 0, bandwidth_s: float = 2.0) -> dict:
+def prefill_bench(
+    store: Path,
+    settings: StreamSettings,
+    prompt_tokens: int = 512,
+    chunk: int = 512,
+    drives: list[Drive] | None = None,
+    ceilings: Ceilings | None = None,
+    compute_floor: bool = True,
+    row_tokens: int = 0,
+    bandwidth_s: float = 2.0,
+) -> dict:
     """One prefill run: time to first token, read amplification, floors; and row by row on a prefix if asked."""
     manifest = with_drives(read_manifest(store), drives)
     prompt = prompt_of(manifest.config["vocab_size"], prompt_tokens)
@@ -80,16 +89,30 @@ def prefill_bench(store: Path, settings: StreamSettings, prompt_tokens: int = 51
     }
     if rows is not None:
         row_seconds, _, row_reads = rows
-        out.update({"row_by_row_tokens": row_tokens, "row_by_row_s": row_seconds,
-                    "row_by_row_tokens_per_s": row_tokens / row_seconds,
-                    "row_by_row_read_amplification": row_reads.amplification})
+        out.update(
+            {
+                "row_by_row_tokens": row_tokens,
+                "row_by_row_s": row_seconds,
+                "row_by_row_tokens_per_s": row_tokens / row_seconds,
+                "row_by_row_read_amplification": row_reads.amplification,
+            }
+        )
     if compute_floor:
         resident, _ = load_store(Path(store))
         in_ram, in_ram_first, _ = timed_prefill(resident, prompt, chunk, None)
         del resident
         roofline = max(disk_floor, in_ram)
-        out.update({"compute_floor_s": in_ram, "first_token_identical": in_ram_first == first,
-                    "roofline_s": roofline, "roofline_fraction": roofline / seconds})
-    counters = {**counters_of(figures), "prefill_unique_bytes": reads.unique_bytes,
-                "prefill_bytes_read": reads.bytes_read}
+        out.update(
+            {
+                "compute_floor_s": in_ram,
+                "first_token_identical": in_ram_first == first,
+                "roofline_s": roofline,
+                "roofline_fraction": roofline / seconds,
+            }
+        )
+    counters = {
+        **counters_of(figures),
+        "prefill_unique_bytes": reads.unique_bytes,
+        "prefill_bytes_read": reads.bytes_read,
+    }
     return {"figures": out, "counters": counters, "drives": figures["drives"], "trace": trace}

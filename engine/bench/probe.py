@@ -12,18 +12,18 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
-from engine.errors import NoSpaceError
-from engine.io.ceilings import DriveCeiling, ProbeCell
-from engine.io.counters import DriveReadCounters
-from engine.io.devices import DeviceNotFoundError, resolve_device
-from engine.io.direct import ALIGNMENT, DirectFile, aligned_buffer, open_direct, round_up
-from engine.io.drives import Drive
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.ceilings import DriveCeiling, ProbeCell
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.devices import DeviceNotFoundError, resolve_device
+from nightshift.engine.io.direct import ALIGNMENT, DirectFile, aligned_buffer, open_direct, round_up
+from nightshift.engine.io.drives import Drive
 
 MiB = 1 << 20
 READ_SIZES = (256 << 10, 1 * MiB, 4 * MiB, 17 * MiB)  # 17 MiB: a whole expert file of the reference model
@@ -58,8 +58,10 @@ def probe_file(drive: Drive, size: int) -> Iterator[Path]:
     size = round_up(size)
     free = shutil.disk_usage(drive.root).free
     if free < size:
-        raise NoSpaceError(f"drive {drive.name} ({drive.root}) has {free >> 20} MiB free; the probe needs "
-                           f"{size >> 20} MiB (pass a smaller --file-mib)")
+        raise NoSpaceError(
+            f"drive {drive.name} ({drive.root}) has {free >> 20} MiB free; the probe needs "
+            f"{size >> 20} MiB (pass a smaller --file-mib)"
+        )
     path = Path(drive.root) / PROBE_FILE
     try:
         write_probe_file(path, size)
@@ -79,7 +81,11 @@ def write_probe_file(path: Path, size: int) -> None:
 
 
 def measure(
-    f: DirectFile, read_bytes: int, queue_depth: int, seconds: float, drive: str = "",
+    f: DirectFile,
+    read_bytes: int,
+    queue_depth: int,
+    seconds: float,
+    drive: str = "",
     counters: DriveReadCounters | None = None,
 ) -> ProbeCell:
     """One cell: `queue_depth` threads reading `read_bytes` at random aligned offsets for `seconds`."""
@@ -114,6 +120,11 @@ def measure(
     elapsed = time.monotonic() - start
     every = np.concatenate([np.asarray(lat) for lat in latencies])
     return ProbeCell(
-        read_bytes, queue_depth, int(every.size), elapsed, sum(done_bytes) / elapsed,
-        float(every.mean()), float(np.percentile(every, 99)),
+        read_bytes,
+        queue_depth,
+        int(every.size),
+        elapsed,
+        sum(done_bytes) / elapsed,
+        float(every.mean()),
+        float(np.percentile(every, 99)),
     )

@@ -15,12 +15,12 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
-from engine.bench.cgroups import (
+from nightshift.engine.bench.cgroups import (
     CgroupError,
     ReadThrottle,
     create_throttle,
@@ -28,10 +28,10 @@ from engine.bench.cgroups import (
     remove_throttle,
     throttle_root,
 )
-from engine.errors import NightshiftError
-from engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
-from engine.io.devices import mount_of, parse_mountinfo
-from engine.io.drives import Drive, format_drives
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
+from nightshift.engine.io.devices import mount_of, parse_mountinfo
+from nightshift.engine.io.drives import Drive, format_drives
 
 STATE_FILE = "rig.json"
 MB = 1_000_000
@@ -92,8 +92,10 @@ class RigState:
             data["drives"] = [RigDrive(**d) for d in data["drives"]]
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
-            raise RigError(f"{path} is not a rig record nightshift can read ({exc}); remove what it lists "
-                           "by hand (umount, losetup -d, rmdir the cgroup), then delete it") from exc
+            raise RigError(
+                f"{path} is not a rig record nightshift can read ({exc}); remove what it lists "
+                "by hand (umount, losetup -d, rmdir the cgroup), then delete it"
+            ) from exc
 
     def throttle(self) -> ReadThrottle:
         if not self.cgroup:
@@ -227,9 +229,8 @@ def _teardown(state: RigState) -> None:
             problems.append(str(exc))
     mounted = {m.mount_point for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text())}
     for drive in reversed(state.drives):
-        if Path(drive.mount) in mounted:
-            if not _try("umount", drive.mount, problems=problems):
-                continue
+        if Path(drive.mount) in mounted and not _try("umount", drive.mount, problems=problems):
+            continue
         if drive.mount_made:
             _rmdir(Path(drive.mount), problems)
         if drive.image_made and Path(drive.image).exists():
@@ -327,10 +328,16 @@ def rig_status(rig_dir: Path) -> tuple[RigState, list[DriveStatus]]:
     for d in state.drives:
         mounted = Path(d.mount).exists() and mount_of(Path(d.mount), mounts).mount_point == Path(d.mount)
         dio = Path(f"/sys/block/{Path(d.loop).name}/loop/dio") if d.loop else None
-        statuses.append(DriveStatus(
-            d.name, d.loop, d.mount, mounted, bool(dio and dio.exists() and dio.read_text().strip() == "1"),
-            limits.get((d.major, d.minor)),
-        ))
+        statuses.append(
+            DriveStatus(
+                d.name,
+                d.loop,
+                d.mount,
+                mounted,
+                bool(dio and dio.exists() and dio.read_text().strip() == "1"),
+                limits.get((d.major, d.minor)),
+            )
+        )
     return state, statuses
 
 

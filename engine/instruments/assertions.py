@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 class AssertionFailed(NightshiftError):
@@ -30,8 +30,11 @@ class Proof:
 
 def failures(proofs: list[Proof], counters: dict[str, float]) -> list[str]:
     """One line per proof that does not hold."""
-    return [f"{p.setting}: counter {p.counter} = {counters.get(p.counter, 0)}, needs >= {p.minimum}"
-            for p in proofs if not p.holds(counters)]
+    return [
+        f"{p.setting}: counter {p.counter} = {counters.get(p.counter, 0)}, needs >= {p.minimum}"
+        for p in proofs
+        if not p.holds(counters)
+    ]
 
 
 def require(proofs: list[Proof], counters: dict[str, float]) -> None:

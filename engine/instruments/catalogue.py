@@ -14,13 +14,13 @@ import io
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
-from engine.errors import NightshiftError
-from engine.instruments.assertions import Proof, require
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.assertions import Proof, require
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.instruments.os_counters import OsDiskCounters
-from engine.io.counters import DriveReadCounters
+from nightshift.engine.instruments.os_counters import OsDiskCounters
+from nightshift.engine.io.counters import DriveReadCounters
 
 # Per-drive columns of a sample; cumulative except the in-flight ones.
 FIELDS = ("os_bytes", "os_reads", "os_in_flight", "engine_bytes", "engine_reads", "engine_in_flight")
@@ -161,10 +161,19 @@ class DriveMonitor:
         delta = (values[-1] - values[0]) / span
         in_flight = values.mean(axis=0)
         return {
-            name: DriveRates(*(float(x) for x in (
-                delta[d, OS_BYTES], delta[d, OS_READS], in_flight[d, OS_IN_FLIGHT],
-                delta[d, ENGINE_BYTES], delta[d, ENGINE_READS], in_flight[d, ENGINE_IN_FLIGHT],
-            )))
+            name: DriveRates(
+                *(
+                    float(x)
+                    for x in (
+                        delta[d, OS_BYTES],
+                        delta[d, OS_READS],
+                        in_flight[d, OS_IN_FLIGHT],
+                        delta[d, ENGINE_BYTES],
+                        delta[d, ENGINE_READS],
+                        in_flight[d, ENGINE_IN_FLIGHT],
+                    )
+                )
+            )
             for d, name in enumerate(self.names)
         }
 
@@ -174,6 +183,12 @@ class DriveMonitor:
         gaps = np.diff(times) if len(times) > 1 else np.array([np.nan])
         wall = time.monotonic() - self._wall_start if self._wall_start else np.nan
         return Cadence(
-            len(times), self.interval_s, float(np.mean(gaps)), float(np.percentile(gaps, 50)),
-            float(np.percentile(gaps, 99)), float(np.max(gaps)), self._skipped, self._cpu_s / wall,
+            len(times),
+            self.interval_s,
+            float(np.mean(gaps)),
+            float(np.percentile(gaps, 50)),
+            float(np.percentile(gaps, 99)),
+            float(np.max(gaps)),
+            self._skipped,
+            self._cpu_s / wall,
         )

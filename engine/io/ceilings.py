@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 CEILINGS_FILE = "drive_ceilings.json"
 
@@ -73,4 +73,6 @@ class Ceilings:
         except FileNotFoundError:
             raise CeilingsFileError(f"no drive ceilings at {path}; run `nightshift drives probe`") from None
         except (ValueError, KeyError, TypeError) as exc:
-            raise CeilingsFileError(f"{path} is not a drive ceilings file ({exc}); run `nightshift drives probe` again") from exc
+            raise CeilingsFileError(
+                f"{path} is not a drive ceilings file ({exc}); run `nightshift drives probe` again"
+            ) from exc

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 class DeviceNotFoundError(NightshiftError):
@@ -112,8 +112,9 @@ def _resolve_linux(root: Path) -> DriveDevice:
     device_dir = sysfs.resolve()
     disk_dir = device_dir.parent if (device_dir / "partition").exists() else device_dir
     # /proc/diskstats counts partitions on their own, which keeps two partitions of one disk apart.
-    return DriveDevice(root, mount.mount_point, mount.fs_type, mount.source, device_dir.name, disk_dir.name,
-                       device_dir.name)
+    return DriveDevice(
+        root, mount.mount_point, mount.fs_type, mount.source, device_dir.name, disk_dir.name, device_dir.name
+    )
 
 
 # --- macOS -----------------------------------------------------------------------------------
@@ -137,12 +138,16 @@ def _resolve_macos(root: Path) -> DriveDevice:
     import psutil
 
     path = root.resolve()
-    parts = [p for p in psutil.disk_partitions(all=True) if path == Path(p.mountpoint) or Path(p.mountpoint) in path.parents]
+    parts = [
+        p for p in psutil.disk_partitions(all=True) if path == Path(p.mountpoint) or Path(p.mountpoint) in path.parents
+    ]
     if not parts:
         raise DeviceNotFoundError(f"no mount found above {path}")
     part = max(parts, key=lambda p: len(Path(p.mountpoint).parts))
     if not part.device.startswith("/dev/disk"):
-        raise DeviceNotFoundError(f"{root} is on {part.device} ({part.fstype}), not a disk; its reads cannot be counted")
+        raise DeviceNotFoundError(
+            f"{root} is on {part.device} ({part.fstype}), not a disk; its reads cannot be counted"
+        )
     try:
         out = subprocess.run(["diskutil", "info", "-plist", part.device], capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:

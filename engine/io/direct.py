@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 # Direct I/O needs offsets, sizes and buffer addresses aligned to the device's logical
 # block; 4 KiB covers every SSD and loop device we meet, and mmap gives page alignment.
@@ -56,8 +56,10 @@ class DirectFile:
         if length is not None:
             view = view[:length]
         if offset % ALIGNMENT or len(view) % ALIGNMENT:
-            raise DirectReadError(f"{self.path}: direct reads need {ALIGNMENT}-byte aligned offset and length, "
-                                  f"got offset {offset} length {len(view)}")
+            raise DirectReadError(
+                f"{self.path}: direct reads need {ALIGNMENT}-byte aligned offset and length, "
+                f"got offset {offset} length {len(view)}"
+            )
         try:
             done = os.preadv(self.fd, [view], offset)
         except OSError as exc:

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 class DrivesFileError(NightshiftError):

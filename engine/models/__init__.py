@@ -19,5 +19,5 @@ def get_classes(config: dict):
     module = FAMILIES.get(config.get("model_type", ""))
     if module is None:
         return mlx_lm_classes(config)
-    family = importlib.import_module(f"engine.models.{module}")
+    family = importlib.import_module(f"nightshift.engine.models.{module}")
     return family.Model, family.ModelArgs

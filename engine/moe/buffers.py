@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import mmap
 import queue
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-from engine.io.direct import aligned_buffer
+from nightshift.engine.io.direct import aligned_buffer
 
 
 class BufferPool:

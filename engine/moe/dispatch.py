@@ -19,10 +19,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from engine.io.ceilings import Ceilings
+from nightshift.engine.io.ceilings import Ceilings
 
 DEFAULT_BANDWIDTH = 1e9  # bytes/s, until measured
 DEFAULT_LATENCY = 1e-4  # s
@@ -52,8 +52,12 @@ def estimates_from(ceilings: Ceilings | None, drives: list[str]) -> dict[str, Dr
 class Dispatcher:
     """Chooses a replica per read (`least_completion`, or always the first: `first_replica`)."""
 
-    def __init__(self, estimates: dict[str, DriveEstimate], policy: str = "least_completion",
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        estimates: dict[str, DriveEstimate],
+        policy: str = "least_completion",
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.policy = policy
         self.choices = 0  # reads that had more than one replica to choose from (the policy mattered)
         self._drives = estimates
@@ -103,6 +107,9 @@ class Dispatcher:
 
     def snapshot(self) -> dict[str, DriveEstimate]:
         with self._lock:
-            return {name: DriveEstimate(est.bandwidth, est.latency, est.in_flight, est.samples, est.mark,
-                                        deque(est.recent, maxlen=WINDOW))
-                    for name, est in self._drives.items()}
+            return {
+                name: DriveEstimate(
+                    est.bandwidth, est.latency, est.in_flight, est.samples, est.mark, deque(est.recent, maxlen=WINDOW)
+                )
+                for name, est in self._drives.items()
+            }

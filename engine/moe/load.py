@@ -7,15 +7,15 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.errors import ModelFormatError
-from engine.io.ceilings import Ceilings
-from engine.io.drives import Drive
-from engine.moe.settings import StreamSettings
-from engine.moe.stream import ExpertStream
-from engine.moe.streaming import install
-from engine.store.families import build_model, quantize_as_stored
-from engine.store.manifest import Manifest, read_manifest
-from engine.store.safetensors_io import read_header, read_tensor
+from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.moe.streaming import install
+from nightshift.engine.store.families import build_model, quantize_as_stored
+from nightshift.engine.store.manifest import Manifest, read_manifest
+from nightshift.engine.store.safetensors_io import read_header, read_tensor
 
 
 def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
@@ -30,8 +30,12 @@ def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
     return manifest
 
 
-def load_streaming(store: Path, settings: StreamSettings | None = None, drives: list[Drive] | None = None,
-                   ceilings: Ceilings | None = None) -> tuple[nn.Module, dict, ExpertStream]:
+def load_streaming(
+    store: Path,
+    settings: StreamSettings | None = None,
+    drives: list[Drive] | None = None,
+    ceilings: Ceilings | None = None,
+) -> tuple[nn.Module, dict, ExpertStream]:
     """The model of the store at `store` with streaming expert layers, its config, and the stream behind them."""
     store = Path(store)
     manifest = with_drives(read_manifest(store), drives)

@@ -24,24 +24,24 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
 
-from engine.errors import NightshiftError
-from engine.instruments.trace import DEMAND, PREFETCH, ExpertRead
-from engine.io.counters import DriveReadCounters
-from engine.io.direct import DirectReadError, open_direct
-from engine.moe.buffers import BufferPool
-from engine.moe.dispatch import Dispatcher
-from engine.moe.settings import StreamSettings
-from engine.store.manifest import Manifest, MoeLayer, sha256_bytes
-from engine.store.placement import existing_parent
-from engine.store.safetensors_io import DTYPES
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.trace import DEMAND, PREFETCH, ExpertRead
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.direct import DirectReadError, open_direct
+from nightshift.engine.moe.buffers import BufferPool
+from nightshift.engine.moe.dispatch import Dispatcher
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.manifest import Manifest, MoeLayer, sha256_bytes
+from nightshift.engine.store.placement import existing_parent
+from nightshift.engine.store.safetensors_io import DTYPES
 
 Key = tuple[int, int]  # (layer, expert)
 Tensors = dict[str, mx.array]
@@ -109,7 +109,9 @@ def decode(buffer, layer: MoeLayer) -> Tensors:
     out = {}
     for slot in layer.tensors:
         itemsize = DTYPES[slot.dtype][1]
-        out[slot.name] = mx.array(data[slot.offset : slot.offset + slot.nbytes].view(f"<u{itemsize}").reshape(slot.shape))
+        out[slot.name] = mx.array(
+            data[slot.offset : slot.offset + slot.nbytes].view(f"<u{itemsize}").reshape(slot.shape)
+        )
     return out
 
 
@@ -123,8 +125,14 @@ def as_stored(raw: Tensors, layer: MoeLayer) -> Tensors:
 
 
 class ExpertReader:
-    def __init__(self, manifest: Manifest, settings: StreamSettings, dispatcher: Dispatcher,
-                 counters: DriveReadCounters, clock: Callable[[], float]):
+    def __init__(
+        self,
+        manifest: Manifest,
+        settings: StreamSettings,
+        dispatcher: Dispatcher,
+        counters: DriveReadCounters,
+        clock: Callable[[], float],
+    ):
         self.manifest = manifest
         self.settings = settings
         self.dispatcher = dispatcher
@@ -133,8 +141,11 @@ class ExpertReader:
         self.counts = ReadCounts()
         drives = list(manifest.drives)
         self._demand = {d: ThreadPoolExecutor(settings.demand_threads, f"ns-demand-{d}") for d in drives}
-        self._prefetch = self._demand if settings.shared_pool else {
-            d: ThreadPoolExecutor(settings.prefetch_threads, f"ns-prefetch-{d}") for d in drives}
+        self._prefetch = (
+            self._demand
+            if settings.shared_pool
+            else {d: ThreadPoolExecutor(settings.prefetch_threads, f"ns-prefetch-{d}") for d in drives}
+        )
         per_drive = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
         threads = per_drive * len(drives)
         self._halves = ThreadPoolExecutor(threads, thread_name_prefix="ns-half") if settings.split_reads else None
@@ -168,8 +179,13 @@ class ExpertReader:
             self._drop_unused(layer, set(experts))
         return pending
 
-    def wait(self, layer: int, experts: list[int], pending: list[tuple[Future[LoadedExpert], str]],
-             landed: Callable[[int, LoadedExpert, int], None] | None = None) -> list[tuple[LoadedExpert, str]]:
+    def wait(
+        self,
+        layer: int,
+        experts: list[int],
+        pending: list[tuple[Future[LoadedExpert], str]],
+        landed: Callable[[int, LoadedExpert, int], None] | None = None,
+    ) -> list[tuple[LoadedExpert, str]]:
         """The experts started by `demand`, once all have landed; the first read error is raised.
 
         `landed(i, expert, still_reading)` is called for each as it lands, in landing order (i: its place in
@@ -269,8 +285,11 @@ class ExpertReader:
         Caller holds the lock. Once no drive has demand work the layer's reads have landed: what is
         still held waits for `end_tail`.
         """
-        idle = {d for d, work in self._demand_work.items()
-                if not work and self._tail_reading[d] < self.settings.prefetch_threads}
+        idle = {
+            d
+            for d, work in self._demand_work.items()
+            if not work and self._tail_reading[d] < self.settings.prefetch_threads
+        }
         if not idle or not any(self._demand_work.values()):  # every drive busy (the usual case), or no tail
             return
         for held in self._held:
@@ -365,8 +384,9 @@ class ExpertReader:
         paths = dict(replicas)
         return [Ticket(first, paths[first], half), Ticket(second, paths[second], half)]
 
-    def _read_split(self, buffer, spec: MoeLayer, expert: int, source: str,
-                    halves: list[Ticket], problems: list[str]) -> ExpertRead | None:
+    def _read_split(
+        self, buffer, spec: MoeLayer, expert: int, source: str, halves: list[Ticket], problems: list[str]
+    ) -> ExpertRead | None:
         start = self.clock()
         first, second = halves
         other = self._halves.submit(self._read_part, buffer, second, first.nbytes, problems)
@@ -400,8 +420,9 @@ class ExpertReader:
             self.counters.finished(drive, done)
             self.dispatcher.finished(drive, length, ok=done == length)
 
-    def _intact(self, buffer, spec: MoeLayer, expert: int, paths: tuple[Path, ...], drive: str,
-                problems: list[str]) -> bool:
+    def _intact(
+        self, buffer, spec: MoeLayer, expert: int, paths: tuple[Path, ...], drive: str, problems: list[str]
+    ) -> bool:
         """The bytes read from `paths` (one file, or the two halves' files) match the manifest, if checked."""
         mode = self.settings.verify_checksums
         if mode == "off" or (mode == "first" and paths in self._verified):

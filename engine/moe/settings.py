@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 DISPATCH_POLICIES = ("least_completion", "first_replica")
 CACHE_POLICIES = ("lru", "frequency")

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.instruments.trace import CACHE, ExpertRead, PassTrace, Trace
-from engine.io.ceilings import Ceilings
-from engine.io.counters import DriveReadCounters
-from engine.moe.cache import ExpertCache
-from engine.moe.dispatch import Dispatcher, estimates_from
-from engine.moe.prefetch import Recall, Router, predict, router_of
-from engine.moe.reader import ExpertReader, LoadedExpert, Tensors, as_stored
-from engine.moe.settings import StreamSettings
-from engine.store.manifest import Manifest
-
+from nightshift.engine.instruments.trace import CACHE, ExpertRead, PassTrace, Trace
+from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.moe.cache import ExpertCache
+from nightshift.engine.moe.dispatch import Dispatcher, estimates_from
+from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
+from nightshift.engine.moe.reader import ExpertReader, LoadedExpert, Tensors, as_stored
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.manifest import Manifest
 
 WINDOW_SMOOTHING = 0.2
 
@@ -93,8 +92,9 @@ class ExpertStream:
         """Declare that `next_layer` (its MoE block `block`) follows `layer`: its router predicts from here."""
         self._next[layer] = NextLayer(next_layer, block, num_experts)
 
-    def experts(self, layer: int, x: mx.array, indices: mx.array,
-                landed: Callable[[int, Tensors], None] | None = None) -> tuple[list[int], np.ndarray, list[Tensors]]:
+    def experts(
+        self, layer: int, x: mx.array, indices: mx.array, landed: Callable[[int, Tensors], None] | None = None
+    ) -> tuple[list[int], np.ndarray, list[Tensors]]:
         """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, their tensors).
 
         `landed(i, tensors)`, if given, is called for each expert (i: its place in the sorted ids) as soon as
@@ -175,8 +175,9 @@ class ExpertStream:
 
     def figures(self) -> dict:
         """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall."""
-        drives = {name: {"bytes": s.bytes, "reads": s.reads}
-                  for name, s in zip(self.counters.names, self.counters.snapshot())}
+        drives = {
+            name: {"bytes": s.bytes, "reads": s.reads} for name, s in zip(self.counters.names, self.counters.snapshot())
+        }
         needed = sum(r.needed for r in self.recall.values())
         hits = sum(r.predicted_hits for r in self.recall.values())
         return {

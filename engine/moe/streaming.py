@@ -11,15 +11,17 @@ runs each expert alone, through the same switch module, as soon as it lands
 
 from __future__ import annotations
 
+import itertools
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from engine.errors import ModelFormatError
-from engine.moe.stream import ExpertStream
-from engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
-from engine.store.manifest import Manifest, MoeLayer
+from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
+from nightshift.engine.store.manifest import Manifest, MoeLayer
 
 
 class StreamingSwitch(nn.Module):
@@ -102,5 +104,5 @@ def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
         parent = module_at(model, parent_path)
         switch = slim_switch(getattr(parent, name), layers[site.layer])
         setattr(parent, name, StreamingSwitch(switch, layers[site.layer], stream))
-    for site, nxt in zip(sites, sites[1:]):
+    for site, nxt in itertools.pairwise(sites):
         stream.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)

@@ -19,14 +19,22 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.errors import NightshiftError
-from engine.store.families import layer_of, module_at, switch_sites
-from engine.store.gguf_import import sha256_of
-from engine.store.manifest import TRUNK, read_manifest, write_manifest
-from engine.store.safetensors_io import copied_tensor, read_header, write_safetensors
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.store.families import layer_of, module_at, switch_sites
+from nightshift.engine.store.gguf_import import sha256_of
+from nightshift.engine.store.manifest import TRUNK, read_manifest, write_manifest
+from nightshift.engine.store.safetensors_io import copied_tensor, read_header, write_safetensors
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def drafter_config(config: dict, layers: int) -> dict:
@@ -66,12 +74,16 @@ def make_drafter(store: Path, out: Path, layers: int | None = None, routed: bool
     total = manifest.config.get("num_hidden_layers")
     layers = total if layers is None else layers
     if not isinstance(total, int) or not 0 <= layers <= total or (routed and layers == total):
-        raise NightshiftError(f"--layers {layers}: give 0 to {(total or 1) - 1} (the model has {total} layers), "
-                              "or --no-routed-experts to keep every layer without its routed experts")
+        raise NightshiftError(
+            f"--layers {layers}: give 0 to {(total or 1) - 1} (the model has {total} layers), "
+            "or --no-routed-experts to keep every layer without its routed experts"
+        )
     if out.exists() and any(out.iterdir()):
         raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
     out.mkdir(parents=True, exist_ok=True)
-    kept = [e for e in read_header(store / manifest.trunk["file"]) if (layer := layer_of(e.name)) is None or layer < layers]
+    kept = [
+        e for e in read_header(store / manifest.trunk["file"]) if (layer := layer_of(e.name)) is None or layer < layers
+    ]
     write_safetensors(out / TRUNK, [copied_tensor(e) for e in kept])
     for name in TOKENIZER_FILES:
         if (store / name).is_file():

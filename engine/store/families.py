@@ -17,8 +17,8 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
 from mlx_lm.utils import infer_quant_config
 
-from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.models import get_classes
+from nightshift.engine.errors import ModelFormatError, UnsupportedModelError
+from nightshift.engine.models import get_classes
 
 # Families whose `sanitize()` only looks for layer 0's tensors before converting any layer:
 # each layer is shown to it as if it were layer 0.
@@ -53,7 +53,9 @@ def build_model(config: dict) -> nn.Module:
     try:
         return model_class(args_class.from_dict(config))
     except (TypeError, ValueError, KeyError) as exc:
-        raise UnsupportedModelError(f"the config of this {config.get('model_type')} model is not usable: {exc}") from exc
+        raise UnsupportedModelError(
+            f"the config of this {config.get('model_type')} model is not usable: {exc}"
+        ) from exc
 
 
 @dataclass(frozen=True)

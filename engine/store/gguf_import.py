@@ -18,16 +18,16 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
 
-from engine.errors import ModelFormatError, NoSpaceError, UnsupportedModelError
-from engine.store.gguf_quant import GROUP_SIZE, QUANT_BITS, Quantized, convert_quantized
-from engine.store.gguf_tokenizer import GGUFVocab, write_tokenizer
+from nightshift.engine.errors import ModelFormatError, NoSpaceError, UnsupportedModelError
+from nightshift.engine.store.gguf_quant import GROUP_SIZE, QUANT_BITS, Quantized, convert_quantized
+from nightshift.engine.store.gguf_tokenizer import GGUFVocab, write_tokenizer
 
 MARKER = "nightshift.json"
 # Bumped whenever the converter's output changes, so older conversions are redone.
@@ -40,11 +40,9 @@ class Architecture:
     """How one GGUF architecture maps onto an mlx-lm model family."""
 
     model_type: str
-    config: Callable[["GGUFFile"], dict]
+    config: Callable[[GGUFFile], dict]
     tensor_names: dict[str, str]
     layer_tensor_names: dict[str, str]
-
-
 
 
 class GGUFFile:
@@ -111,8 +109,7 @@ def _architecture(gguf: GGUFFile) -> Architecture:
     arch = gguf.architecture
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"{gguf.path}: GGUF architecture {arch!r} is not supported; "
-            f"supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"{gguf.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
     return ARCHITECTURES[arch]
 

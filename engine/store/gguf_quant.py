@@ -37,7 +37,7 @@ class Quantized:
     biases: np.ndarray
     bits: int
 
-    def take_rows(self, order: np.ndarray) -> "Quantized":
+    def take_rows(self, order: np.ndarray) -> Quantized:
         """Reorder output rows; exact, since groups run along the input dimension."""
         return Quantized(self.weight[order], self.scales[order], self.biases[order], self.bits)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from engine.errors import UnsupportedModelError
+from nightshift.engine.errors import UnsupportedModelError
 
 # GGUF token types (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -28,9 +28,7 @@ def _byte_level() -> pre_tokenizers.PreTokenizer:
 
 def _digits_then_byte_level() -> pre_tokenizers.PreTokenizer:
     # Every digit is its own piece before the GPT-2 split (llama.cpp's "\p{N}" rule).
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), _byte_level()]
-    )
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), _byte_level()])
 
 
 # GGUF `tokenizer.ggml.pre` names -> the pre-tokenizer llama.cpp applies for them.

@@ -17,18 +17,18 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_config
 
-from engine.errors import ModelFormatError, NightshiftError, NoSpaceError
-from engine.io.drives import Drive
-from engine.store.families import (
+from nightshift.engine.errors import ModelFormatError, NightshiftError, NoSpaceError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.families import (
     SwitchSite,
     build_model,
     expert_quantization,
@@ -38,8 +38,8 @@ from engine.store.families import (
     sanitize_layer,
     switch_sites,
 )
-from engine.store.gguf_import import sha256_of
-from engine.store.manifest import (
+from nightshift.engine.store.gguf_import import sha256_of
+from nightshift.engine.store.manifest import (
     IMPORT_STATE,
     MANIFEST,
     TRUNK,
@@ -51,12 +51,28 @@ from engine.store.manifest import (
     write_json_atomic,
     write_manifest,
 )
-from engine.store.placement import check_free_space, plan_placement, rooms
-from engine.store.safetensors_io import NAME_OF, Checkpoint, copied_tensor, out_tensor, read_header, to_bytes, write_safetensors
+from nightshift.engine.store.placement import check_free_space, plan_placement, rooms
+from nightshift.engine.store.safetensors_io import (
+    NAME_OF,
+    Checkpoint,
+    copied_tensor,
+    out_tensor,
+    read_header,
+    to_bytes,
+    write_safetensors,
+)
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 STAGING = ".import"
 TRUNK_GROUP_SIZE = 64
@@ -93,8 +109,10 @@ class Progress:
         left = f"{int(eta // 60)}:{int(eta % 60):02d}" if eta is not None else "?"
         rate = human_size(self.done_bytes / self.elapsed) + "/s" if self.elapsed > 0 else "?"
         percent = 100 * self.done_bytes / max(self.total_bytes, 1)
-        return (f"imported {human_size(self.done_bytes)} of {human_size(self.total_bytes)} ({percent:.0f} %), "
-                f"{rate}, ETA {left}")
+        return (
+            f"imported {human_size(self.done_bytes)} of {human_size(self.total_bytes)} ({percent:.0f} %), "
+            f"{rate}, ETA {left}"
+        )
 
 
 @dataclass
@@ -156,7 +174,9 @@ def plan_import(src: Path, options: ImportOptions) -> Plan:
             value = planned[name]
             per_expert = value.nbytes // site.num_experts
             tensors.append((name[len(site.path) + 1 :], NAME_OF[value.dtype], tuple(value.shape[1:]), per_expert))
-        layers.append(MoeLayer.laid_out(site.layer, site.path, site.num_experts, tensors, expert_quantization(model, site)))
+        layers.append(
+            MoeLayer.laid_out(site.layer, site.path, site.num_experts, tensors, expert_quantization(model, site))
+        )
     return Plan(config, checkpoint, model, groups, sites, layers, trunk_quantized)
 
 
@@ -266,7 +286,9 @@ def import_checkpoint(
         )
     by_drive = {d.name: d for d in drives}
     if unknown := {n for names in placement.values() for n in names} - set(by_drive):
-        raise NightshiftError(f"the unfinished import into {store} used drives {sorted(unknown)}, not in the drives given")
+        raise NightshiftError(
+            f"the unfinished import into {store} used drives {sorted(unknown)}, not in the drives given"
+        )
 
     # Room: count only files not yet written, then refuse before writing anything.
     needed: dict[str, int] = {}
@@ -282,14 +304,16 @@ def import_checkpoint(
                 f"{human_size(budget)}; raise budget_gb in the drives file or add a drive"
             )
     trunk_estimate = sum(plan.group_bytes(g) for g in plan.groups) - sum(sizes.values())
-    check_free_space([*drives, Drive("(store directory)", store)], {**needed, "(store directory)": max(trunk_estimate, 0)})
+    check_free_space(
+        [*drives, Drive("(store directory)", store)], {**needed, "(store directory)": max(trunk_estimate, 0)}
+    )
 
     staging = store / STAGING
     staging.mkdir(parents=True, exist_ok=True)
     if state is None:
         write_json_atomic(state_path, fingerprint)
 
-    order = sorted((g for g in plan.groups if g is not None)) + ([None] if None in plan.groups else [])
+    order = sorted(g for g in plan.groups if g is not None) + ([None] if None in plan.groups else [])
     total = sum(plan.group_bytes(g) for g in order)
     done_bytes, start = 0, time.perf_counter()
     checksums: dict[int, list[str]] = {}

@@ -14,11 +14,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.errors import ModelFormatError
-from engine.store.drafter import drop_routed_experts, routed_dropped
-from engine.store.families import build_model, quantize_as_stored
-from engine.store.manifest import Manifest, MoeLayer, is_store, read_manifest, sha256_bytes
-from engine.store.safetensors_io import DTYPES, read_header, read_tensor
+from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.store.drafter import drop_routed_experts, routed_dropped
+from nightshift.engine.store.families import build_model, quantize_as_stored
+from nightshift.engine.store.manifest import Manifest, MoeLayer, read_manifest, sha256_bytes
+from nightshift.engine.store.safetensors_io import DTYPES, read_header, read_tensor
 
 
 def read_expert(manifest: Manifest, layer: int, expert: int) -> bytes:
@@ -46,9 +46,7 @@ def read_expert(manifest: Manifest, layer: int, expert: int) -> bytes:
 
 def layer_experts(manifest: Manifest, layer: MoeLayer) -> dict[str, mx.array]:
     """All experts of one layer, stacked per tensor: name -> array of shape (experts, *shape)."""
-    stacks = {
-        slot.name: np.empty((layer.num_experts, slot.nbytes), dtype=np.uint8) for slot in layer.tensors
-    }
+    stacks = {slot.name: np.empty((layer.num_experts, slot.nbytes), dtype=np.uint8) for slot in layer.tensors}
     for expert in range(layer.num_experts):
         data = np.frombuffer(read_expert(manifest, layer.layer, expert), dtype=np.uint8)
         for slot in layer.tensors:

@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.errors import ModelFormatError, ModelNotFoundError
+from nightshift.engine.errors import ModelFormatError, ModelNotFoundError
 
 FORMAT = "nightshift-store"
 VERSION = 1
@@ -62,8 +62,9 @@ class MoeLayer:
     quantization: dict = field(default_factory=dict)
 
     @staticmethod
-    def laid_out(layer: int, module: str, num_experts: int, tensors: list[tuple[str, str, tuple, int]],
-                 quantization: dict) -> "MoeLayer":
+    def laid_out(
+        layer: int, module: str, num_experts: int, tensors: list[tuple[str, str, tuple, int]], quantization: dict
+    ) -> MoeLayer:
         """A layer whose expert tensors `(name, dtype, shape, nbytes)` are packed 4 KiB-aligned."""
         slots, offset = [], 0
         for name, dtype, shape, nbytes in tensors:
@@ -110,14 +111,21 @@ class Manifest:
         return {"format": FORMAT, "version": VERSION, **data}
 
     @staticmethod
-    def from_json(data: dict) -> "Manifest":
+    def from_json(data: dict) -> Manifest:
         layers = [
-            MoeLayer(**{**layer, "tensors": tuple(TensorSlot(**{**t, "shape": tuple(t["shape"])}) for t in layer["tensors"])})
+            MoeLayer(
+                **{**layer, "tensors": tuple(TensorSlot(**{**t, "shape": tuple(t["shape"])}) for t in layer["tensors"])}
+            )
             for layer in data["layers"]
         ]
         return Manifest(
-            name=data["name"], config=data["config"], trunk=data["trunk"], drives=data["drives"], layers=layers,
-            experts={int(k): v for k, v in data["experts"].items()}, source=data.get("source", {}),
+            name=data["name"],
+            config=data["config"],
+            trunk=data["trunk"],
+            drives=data["drives"],
+            layers=layers,
+            experts={int(k): v for k, v in data["experts"].items()},
+            source=data.get("source", {}),
             routing={int(k): v for k, v in data.get("routing", {}).items()},
         )
 
@@ -153,7 +161,9 @@ def read_manifest(store: Path) -> Manifest:
         if data.get("format") != FORMAT:
             raise ModelFormatError(f"{path} is not a nightshift store manifest")
         if data.get("version") != VERSION:
-            raise ModelFormatError(f"{path}: store format version {data.get('version')}, this nightshift reads {VERSION}")
+            raise ModelFormatError(
+                f"{path}: store format version {data.get('version')}, this nightshift reads {VERSION}"
+            )
         return Manifest.from_json(data)
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ModelFormatError(f"{path} is damaged ({exc!r}); import the model again") from exc

@@ -1,7 +1,7 @@
 """Measurements behind docs/results.md (store section); printed as Markdown, never asserted.
 
-    python -m engine.store.measure trunk DIR    what --trunk-bits 16/8/4 does to logits and greedy tokens
-                                                 (tiny synthetic checkpoints of each family, against mlx-lm)
+python -m nightshift.engine.store.measure trunk DIR    what --trunk-bits 16/8/4 does to logits and greedy tokens
+                                             (tiny synthetic checkpoints of each family, against mlx-lm)
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
-from engine.io.drives import Drive
-from engine.models import get_classes
-from engine.store.importer import ImportOptions, import_checkpoint
-from engine.store.loader import load_store
-from engine.store.synth import FAMILIES, synthesize
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.models import get_classes
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.synth import FAMILIES, synthesize
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 STEPS = 32
@@ -35,8 +35,10 @@ def _agreeing_prefix(a: list[int], b: list[int]) -> int:
 
 def trunk_effect(root: Path) -> list[str]:
     """One table row per (family, trunk bits): max |logit diff|, greedy tokens equal before divergence, trunk size."""
-    rows = ["| family | trunk bits | trunk.safetensors | logit std | max abs logit diff | greedy tokens equal (of 32) |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| family | trunk bits | trunk.safetensors | logit std | max abs logit diff | greedy tokens equal (of 32) |",
+        "|---|---|---|---|---|---|",
+    ]
     for arch in FAMILIES:
         src = synthesize(arch, "tiny", root / f"{arch}-src", seed=1)
         reference, _ = load_model(src, get_model_classes=get_classes)

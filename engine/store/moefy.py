@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,7 +30,7 @@ from mlx_lm.models.activations import swiglu
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import dequantize_model, load_model
 
-from engine.errors import ModelFormatError, NightshiftError, UnsupportedModelError
+from nightshift.engine.errors import ModelFormatError, NightshiftError, UnsupportedModelError
 
 DATA_DIR = Path(__file__).parent / "data"
 CALIBRATION_TEXT = DATA_DIR / "calibration.txt"

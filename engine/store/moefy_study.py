@@ -6,7 +6,7 @@ weight-1 sum as llama_moe, computed with dense matmuls so a sweep is fast on a C
 Groups and routers are fitted on the calibration text; perplexity is measured on
 the separate evaluation text. Prints a markdown table and writes the figures as JSON.
 
-    python -m engine.store.moefy_study --experts 16 32 64 --routers oracle linear mlp --json out.json
+    python -m nightshift.engine.store.moefy_study --experts 16 32 64 --routers oracle linear mlp --json out.json
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,7 +24,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx_lm.models.activations import swiglu
 
-from engine.store.moefy import (
+from nightshift.engine.store.moefy import (
     CALIBRATION_TEXT,
     EVALUATION_TEXT,
     DenseReference,
@@ -125,7 +125,9 @@ def study(
     dense_mlps = [layer.mlp for layer in reference.layers]
     started = time.perf_counter()
     dense = perplexity(reference.model, windows)
-    say(f"dense perplexity {dense:.3f} ({sum(w.shape[1] for w in windows)} tokens, {time.perf_counter() - started:.0f} s)")
+    say(
+        f"dense perplexity {dense:.3f} ({sum(w.shape[1] for w in windows)} tokens, {time.perf_counter() - started:.0f} s)"
+    )
     neurons = reference.config["intermediate_size"]
     results = {"dense": dense, "neurons": neurons, "evaluation_tokens": sum(w.shape[1] for w in windows), "rows": []}
     for experts in expert_counts:
@@ -144,7 +146,9 @@ def study(
                 value = perplexity(reference.model, windows)
                 row = {"experts": experts, "router": router, "k": k, "perplexity": value, "vs_dense": value / dense - 1}
                 results["rows"].append(row)
-                say(f"experts {experts:3d}  router {router:7s}  k {k:3d}  perplexity {value:10.3f}  ({row['vs_dense']:+.1%})")
+                say(
+                    f"experts {experts:3d}  router {router:7s}  k {k:3d}  perplexity {value:10.3f}  ({row['vs_dense']:+.1%})"
+                )
         for layer, mlp in zip(reference.layers, dense_mlps):
             layer.mlp = mlp
     return results
@@ -184,7 +188,11 @@ def ffn_errors(dense_dir: Path, experts: int, k: int, routers: list[str], layers
             np.put_along_axis(kept, np.argsort(-scores, axis=1)[:, :k], 1.0, axis=1)
             error = np.linalg.norm(dense - (outputs * kept[..., None]).sum(axis=1), axis=-1)
             row[router] = float(np.mean(error / np.linalg.norm(dense, axis=-1)))
-        say("  ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}" for key, value in row.items()))
+        say(
+            "  ".join(
+                f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}" for key, value in row.items()
+            )
+        )
         rows.append(row)
     return rows
 

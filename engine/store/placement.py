@@ -15,10 +15,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import NoSpaceError
-from engine.io.devices import DeviceNotFoundError, resolve_device
-from engine.io.drives import Drive
-from engine.store.manifest import human_size
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.devices import DeviceNotFoundError, resolve_device
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.manifest import human_size
 
 Key = tuple[int, int]  # (layer, expert)
 

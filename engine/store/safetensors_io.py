@@ -13,14 +13,14 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import mlx.core as mx
 import numpy as np
 
-from engine.errors import ModelFormatError
+from nightshift.engine.errors import ModelFormatError
 
 # safetensors dtype name -> (mlx dtype, bytes per element).
 DTYPES: dict[str, tuple[mx.Dtype, int]] = {
@@ -68,7 +68,9 @@ def read_header(path: Path) -> list[TensorEntry]:
                 raise ModelFormatError(f"{path}: truncated safetensors file ({size} bytes, no header)")
             (header_len,) = struct.unpack("<Q", head)
             if header_len > size - 8:
-                raise ModelFormatError(f"{path}: truncated safetensors file (header of {header_len} bytes, file {size})")
+                raise ModelFormatError(
+                    f"{path}: truncated safetensors file (header of {header_len} bytes, file {size})"
+                )
             header = json.loads(f.read(header_len))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFormatError(f"{path}: not a readable safetensors file ({exc})") from exc
@@ -104,9 +106,7 @@ class Checkpoint:
         for file in self.files:
             for entry in read_header(file):
                 if entry.name in self.entries:
-                    raise ModelFormatError(
-                        f"tensor {entry.name} is in both {self.entries[entry.name].file} and {file}"
-                    )
+                    raise ModelFormatError(f"tensor {entry.name} is in both {self.entries[entry.name].file} and {file}")
                 self.entries[entry.name] = entry
 
     def placeholder(self, name: str) -> mx.array:

@@ -15,18 +15,18 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from engine.errors import NightshiftError, UnsupportedModelError
-from engine.store.families import build_model, layer_of, switch_sites
-from engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
+from nightshift.engine.errors import NightshiftError, UnsupportedModelError
+from nightshift.engine.store.families import build_model, layer_of, switch_sites
+from nightshift.engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
 
 CALIBRATION_TEXT = Path(__file__).with_name("data") / "routing_prompts.txt"
 EOS = "<|endoftext|>"
@@ -39,19 +39,36 @@ CHAT_TEMPLATE = (
 def _mla(hidden: int) -> dict:
     heads = 4 if hidden <= 128 else 8
     return dict(
-        num_attention_heads=heads, num_key_value_heads=heads, kv_lora_rank=32, q_lora_rank=None,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
     )
 
 
 def kimi_k3(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
-        model_type="kimi_k3", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=2 * hidden, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        linear_attn_config={"kda_layers": list(range(2, layers + 1, 2)), "num_heads": 4, "head_dim": 16,
-                            "short_conv_kernel_size": 4},
-        num_experts=experts, num_experts_per_token=active, num_shared_experts=1,
-        moe_intermediate_size=expert_hidden, first_k_dense_replace=1,
+        model_type="kimi_k3",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        linear_attn_config={
+            "kda_layers": list(range(2, layers + 1, 2)),
+            "num_heads": 4,
+            "head_dim": 16,
+            "short_conv_kernel_size": 4,
+        },
+        num_experts=experts,
+        num_experts_per_token=active,
+        num_shared_experts=1,
+        moe_intermediate_size=expert_hidden,
+        first_k_dense_replace=1,
         quantization_config={"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"},
         **_mla(hidden),
     )
@@ -59,10 +76,22 @@ def kimi_k3(hidden: int, layers: int, experts: int, active: int, expert_hidden: 
 
 def deepseek_v3(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
-        model_type="deepseek_v3", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=2 * hidden, moe_intermediate_size=expert_hidden, n_routed_experts=experts,
-        n_shared_experts=1, num_experts_per_tok=active, first_k_dense_replace=1, n_group=1, topk_group=1,
-        rms_norm_eps=1e-6, max_position_embeddings=2048, rope_theta=10000.0, **_mla(hidden),
+        model_type="deepseek_v3",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        moe_intermediate_size=expert_hidden,
+        n_routed_experts=experts,
+        n_shared_experts=1,
+        num_experts_per_tok=active,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        **_mla(hidden),
     )
 
 
@@ -73,27 +102,57 @@ def kimi_k2(*sizes: int) -> dict:
 
 def qwen3_moe(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
-        model_type="qwen3_moe", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=2 * hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=experts, num_experts_per_tok=active, decoder_sparse_step=1, mlp_only_layers=[],
-        moe_intermediate_size=expert_hidden, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=False, max_position_embeddings=2048, norm_topk_prob=True,
+        model_type="qwen3_moe",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=experts,
+        num_experts_per_tok=active,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=expert_hidden,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+        norm_topk_prob=True,
     )
 
 
 def mixtral(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
-        model_type="mixtral", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=expert_hidden, num_attention_heads=4, num_key_value_heads=2,
-        num_local_experts=experts, num_experts_per_tok=active, rms_norm_eps=1e-5, rope_theta=10000.0,
+        model_type="mixtral",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=expert_hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=experts,
+        num_experts_per_tok=active,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
     )
 
 
 def gpt_oss(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
-        model_type="gpt_oss", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=expert_hidden, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
-        num_local_experts=experts, num_experts_per_tok=active, sliding_window=16, rope_theta=10000,
+        model_type="gpt_oss",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=expert_hidden,
+        head_dim=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=experts,
+        num_experts_per_tok=active,
+        sliding_window=16,
+        rope_theta=10000,
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         quantization_config={"quant_method": "mxfp4"},
     )
@@ -145,7 +204,9 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator([CALIBRATION_TEXT.read_text()], trainer)
@@ -209,7 +270,7 @@ def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0
     for name, value in tree_flatten(model.parameters()):
         if not any(name.startswith(path + ".") for path in sites):
             trunk.setdefault(layer_of(name), []).append((name, value))
-    layers = sorted(k for k in trunk if k is not None) + [None]
+    layers = [*sorted(k for k in trunk if k is not None), None]
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -270,7 +331,12 @@ def _skewed(name: str, value: mx.array, hot: dict[str, np.ndarray]) -> mx.array:
     """Scale the router rows of hot experts: a router row with a larger norm wins top-k more often."""
     for path, scale in hot.items():
         parent = path.rsplit(".", 1)[0]
-        if name.startswith(parent + ".") and value.ndim == 2 and value.shape[0] == len(scale) and name.endswith("weight"):
+        if (
+            name.startswith(parent + ".")
+            and value.ndim == 2
+            and value.shape[0] == len(scale)
+            and name.endswith("weight")
+        ):
             return value * mx.array(scale)[:, None]
     return value
 
@@ -288,8 +354,10 @@ def _expert_tensors(model, site, family: ExpertLayout, rng: np.random.Generator)
             key = layer_prefix + family.template.format(e=e, proj=family.renames.get(proj, proj))
             parts = _expert(rng, (rows, cols), family)
             if family.mxfp4:
-                tensors += [out_tensor(f"{key}.weight_packed", mx.array(parts[0])),
-                            out_tensor(f"{key}.weight_scale", mx.array(parts[1]))]
+                tensors += [
+                    out_tensor(f"{key}.weight_packed", mx.array(parts[0])),
+                    out_tensor(f"{key}.weight_scale", mx.array(parts[1])),
+                ]
             else:
                 tensors.append(out_tensor(f"{key}.weight", parts[0]))
     return tensors
@@ -318,8 +386,12 @@ def _fused_gate_up_experts(module: dict, site, rng: np.random.Generator) -> list
 
     prefix = site.path
     return [
-        out_tensor(f"{prefix}.gate_up_proj_blocks", mx.array(blocks([interleave(g[0], u[0]) for g, u in zip(gate, up)]))),
-        out_tensor(f"{prefix}.gate_up_proj_scales", mx.array(np.stack([interleave(g[1], u[1]) for g, u in zip(gate, up)]))),
+        out_tensor(
+            f"{prefix}.gate_up_proj_blocks", mx.array(blocks([interleave(g[0], u[0]) for g, u in zip(gate, up)]))
+        ),
+        out_tensor(
+            f"{prefix}.gate_up_proj_scales", mx.array(np.stack([interleave(g[1], u[1]) for g, u in zip(gate, up)]))
+        ),
         out_tensor(f"{prefix}.gate_up_proj_bias", bias(2 * inner)),
         out_tensor(f"{prefix}.down_proj_blocks", mx.array(blocks([d[0] for d in down]))),
         out_tensor(f"{prefix}.down_proj_scales", mx.array(np.stack([d[1] for d in down]))),

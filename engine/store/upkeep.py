@@ -17,13 +17,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from engine.errors import ModelFormatError
-from engine.io.drives import Drive
-from engine.store.families import SWITCH_TYPES
-from engine.store.gguf_import import sha256_of
-from engine.store.manifest import Manifest, expert_relpath, read_manifest, write_manifest
-from engine.store.placement import Key, check_free_space, plan_placement, rooms
-from engine.store.synth import CALIBRATION_TEXT
+from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.families import SWITCH_TYPES
+from nightshift.engine.store.gguf_import import sha256_of
+from nightshift.engine.store.manifest import Manifest, expert_relpath, read_manifest, write_manifest
+from nightshift.engine.store.placement import Key, check_free_space, plan_placement, rooms
+from nightshift.engine.store.synth import CALIBRATION_TEXT
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def place_store(
     manifest = read_manifest(store)
     if routing is not None:
         manifest.routing = {layer: list(map(int, counts)) for layer, counts in routing.items()}
-    sizes = {(l.layer, e): l.file_bytes for l in manifest.layers for e in range(l.num_experts)}
+    sizes = {(layer.layer, e): layer.file_bytes for layer in manifest.layers for e in range(layer.num_experts)}
     frequency = {}
     for layer, counts in manifest.routing.items():
         total = sum(counts) or 1

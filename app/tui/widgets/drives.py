@@ -5,9 +5,9 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
-from app.tui.feed import DriveRow
-from app.tui.widgets.plot import History, RatePlot
-from app.tui.widgets.text import Line
+from nightshift.app.tui.feed import DriveRow
+from nightshift.app.tui.widgets.plot import History, RatePlot
+from nightshift.app.tui.widgets.text import Line
 
 
 class DriveLine(Horizontal):

@@ -8,9 +8,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import ProgressBar
 
-from app.tui.format import seconds, stamp
-from app.tui.widgets.plot import History, RatePlot
-from app.tui.widgets.text import Line
+from nightshift.app.tui.format import seconds, stamp
+from nightshift.app.tui.widgets.plot import History, RatePlot
+from nightshift.app.tui.widgets.text import Line
 
 # Figures a streamed store adds to a run's progress (a dense model has none: "—"): the prompt's read
 # amplification, and the drive whose read landed last (the barrier) most often in recent passes.
@@ -20,7 +20,11 @@ ENGINE_FIGURES = (("cache_hits", "cache hits", "{}"), ("prefetch_recall", "prefe
 
 def eta(progress: dict[str, Any]) -> float | None:
     """Seconds left at the measured decode rate, if the run goes to its token limit."""
-    rate, done, limit = progress.get("decode_tokens_per_s"), progress.get("generated_tokens"), progress.get("max_tokens")
+    rate, done, limit = (
+        progress.get("decode_tokens_per_s"),
+        progress.get("generated_tokens"),
+        progress.get("max_tokens"),
+    )
     if not rate or done is None or not limit:
         return None
     return max(0, limit - done) / rate

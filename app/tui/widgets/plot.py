@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -31,8 +31,7 @@ def columns(values: Iterable[float], width: int, height: int) -> list[str]:
     top = max(shown, default=0.0)
     levels = [round(v / top * height * 8) if top > 0 else 0 for v in shown]
     return [
-        "".join(BLOCKS[min(8, max(0, level - (height - 1 - row) * 8))] for level in levels)
-        for row in range(height)
+        "".join(BLOCKS[min(8, max(0, level - (height - 1 - row) * 8))] for level in levels) for row in range(height)
     ]
 
 
