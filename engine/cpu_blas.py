@@ -1,7 +1,7 @@
 """On Linux, route MLX's float matmuls to the system's OpenBLAS.
 
 The `mlx[cpu]` wheel bundles the reference BLAS (~6 GFLOP/s on GEMM here); Debian's
-OpenBLAS does ~200 (design.md, "Facts checked"). Loading OpenBLAS with RTLD_GLOBAL
+OpenBLAS does ~200 on the same 2-core Linux machine (and so does numpy). Loading OpenBLAS with RTLD_GLOBAL
 before MLX makes the dynamic linker resolve MLX's BLAS symbols to it, in-process,
 with no LD_PRELOAD. It must run before anything imports `mlx`, which is why
 `engine/__init__.py` calls it first. `NIGHTSHIFT_BLAS=bundled` keeps the bundled one.

@@ -1,8 +1,7 @@
 """The control socket: a Unix socket in the data dir, owner-only, one JSON request and reply per connection.
 
-The CLI (and later the dashboard) asks the running service through it; when
-no service answers, `request` returns None and the caller works on the data
-dir directly.
+The CLI and the dashboard ask the running service through it; when no service
+answers, `request` returns None and the caller works on the data dir directly.
 """
 
 from __future__ import annotations
