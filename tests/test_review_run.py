@@ -18,12 +18,13 @@ from nightshift.app.daemon.control import request
 from nightshift.app.review.schedule import BUNDLED_DIR
 
 
-def user_schedule(home: Path, model: Path, name: str = "tiny", max_tokens: int = 8) -> Path:
-    """The bundled month-end review, as a user's schedule that writes with the tiny model."""
-    text = (BUNDLED_DIR / "month-end.toml").read_text()
-    text = text.replace('name = "month-end"', f'name = "{name}"').replace(
-        '"sample-data/', f'"{BUNDLED_DIR}/sample-data/'
-    )
+def user_schedule(
+    home: Path, model: Path, name: str = "tiny", max_tokens: int = 8, bundled: Path = BUNDLED_DIR
+) -> Path:
+    """The bundled month-end review (from `bundled`, another install's schedules if given), as a user's
+    schedule that writes with the tiny model."""
+    text = (bundled / "month-end.toml").read_text()
+    text = text.replace('name = "month-end"', f'name = "{name}"').replace('"sample-data/', f'"{bundled}/sample-data/')
     text = text.replace("max_tokens = 160", f'name = "{model}"\nmax_tokens = {max_tokens}')
     text = text.replace('output = "reports/month-end"', f'output = "reports/{name}"')
     path = home / "schedules" / f"{name}.toml"
