@@ -56,6 +56,6 @@ def test_an_expert_with_no_readable_replica_fails_the_job_naming_drive_and_file(
     assert "failed" in capsys.readouterr().out
     assert not (home / "reports" / "moe").exists() or not list((home / "reports" / "moe").iterdir())
     (entry,) = read_index()  # the report index records the failure and its reason too
-    assert entry["state"] == "failed" and entry["run"] == run.id and entry["reason"] == run.error
+    assert entry.failed and entry.run == run.id and entry.reason == run.error
     assert main(["reports", "list"]) == 0
     assert f"FAILED (run {run.id}" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from nightshift.app.cli import main
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.daemon.work import execute
 from nightshift.app.paths import reports_index
-from nightshift.app.review.index import add_failure, add_to_index, read_index
+from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
 from nightshift.app.review.window import window_containing
 from tests.test_abuse_inputs import BANK, month_end_on
 
@@ -18,6 +18,11 @@ EARLIER = {"state": "done", "run": 1, "as_of": "2026-09-30", "review": "month-en
            "period": "September 2026", "start": "2026-09-01", "end": "2026-09-30",
            "created": "2026-09-30T22:04:11+01:00", "findings": 3,
            "by_severity": {"high": 1, "medium": 2, "low": 0}, "unverified_numbers": 0, "seconds": 12.5}  # fmt: skip
+# An entry as the first index files stored reports: no state, run, title, unverified count or time.
+FIRST_FORMAT = {"id": 1, "as_of": "2026-08-31", "review": "month-end", "period": "August 2026",
+                "start": "2026-08-01", "end": "2026-08-31", "created": "2026-08-31T22:04:11+01:00",
+                "path": "/nowhere/month-end-2026-08-01.pdf", "findings": 2,
+                "by_severity": {"high": 0, "medium": 2, "low": 0}}  # fmt: skip
 
 
 def hostile_review(home, data: bytes) -> None:
@@ -30,21 +35,24 @@ def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home,
     earlier_pdf = home / "reports" / "month-end" / "month-end-2026-09-01.pdf"
     earlier_pdf.parent.mkdir(parents=True)
     earlier_pdf.write_bytes(b"%PDF-1.7 an earlier report\n%%EOF\n")
-    add_to_index({**EARLIER, "path": str(earlier_pdf)})
+    add_to_index(IndexEntry(**EARLIER, path=str(earlier_pdf)))
     before = reports_index().read_text()
     hostile_review(home, ("\ufeff" + BANK).encode("utf-8")[:-40] + "Caf\xe9\n".encode("latin-1"))
     assert main(["review", "run", "hostile", "--as-of", "2026-10-30"]) == 1
     reason = capsys.readouterr().err
     assert "hostile.csv is not UTF-8 text" in reason
     earlier, failed = read_index()
-    assert json.loads(before)[0] == {k: v for k, v in earlier.items() if k != "missing"}  # untouched
+    stored_earlier, stored_failed = json.loads(reports_index().read_text())
+    assert stored_earlier == json.loads(before)[0] == {"id": 1, **EARLIER, "path": str(earlier_pdf)}  # untouched
+    assert earlier == IndexEntry(id=1, **EARLIER, path=str(earlier_pdf)) and not earlier.missing
     (run,) = RunQueue().recent()
-    assert failed["state"] == "failed" and failed["run"] == run.id and failed["review"] == "hostile"
-    assert failed["as_of"] == "2026-10-30" and failed["period"] == "October 2026"
-    assert failed["start"] == "2026-10-01" and failed["end"] == "2026-10-31"
-    assert failed["reason"] == run.error and "hostile.csv is not UTF-8 text" in failed["reason"]
-    assert "\n" not in failed["reason"] and failed["created"].startswith(str(date.today().year))
-    assert "path" not in failed and not failed["missing"]
+    assert failed.failed and failed.run == run.id and failed.review == "hostile"
+    assert failed.as_of == "2026-10-30" and failed.period == "October 2026"
+    assert failed.start == "2026-10-01" and failed.end == "2026-10-31"
+    assert failed.reason == run.error and "hostile.csv is not UTF-8 text" in failed.reason
+    assert "\n" not in failed.reason and failed.created.startswith(str(date.today().year))
+    assert failed.path is None and not failed.missing
+    assert stored_failed["state"] == "failed" and not set(stored_failed) & {"path", "findings", "missing"}
 
     assert main(["reports", "list"]) == 0
     first, second = capsys.readouterr().out.splitlines()
@@ -52,8 +60,21 @@ def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home,
     assert f"FAILED (run {run.id}, as of 2026-10-30): " in second and "is not UTF-8 text" in second
     assert main(["reports", "open", "--print-only"]) == 0  # the latest report: the failed run has none
     assert capsys.readouterr().out.strip() == str(earlier_pdf)
-    assert main(["reports", "open", str(failed["id"]), "--print-only"]) == 1
-    assert f"entry {failed['id']} is a failed run, with no report: " in capsys.readouterr().err
+    assert main(["reports", "open", str(failed.id), "--print-only"]) == 1
+    assert f"entry {failed.id} is a failed run, with no report: " in capsys.readouterr().err
+
+
+def test_an_index_in_the_first_format_is_read_and_kept_as_it_was(home, capsys):
+    reports_index().parent.mkdir(parents=True, exist_ok=True)
+    reports_index().write_text(json.dumps([FIRST_FORMAT]))
+    add_failure("month-end", "no file", 2)
+    (first, failed) = read_index()
+    assert (first.state, first.run, first.name, first.unverified_numbers, first.seconds) == (
+        "done", None, "month-end", 0, None)  # fmt: skip
+    assert first.path == FIRST_FORMAT["path"] and first.missing and failed.id == 2
+    assert json.loads(reports_index().read_text())[0] == FIRST_FORMAT
+    assert main(["reports", "list"]) == 0
+    assert "2 findings (0 high)  /nowhere/month-end-2026-08-01.pdf  (file missing)" in capsys.readouterr().out
 
 
 def test_a_run_whose_review_is_gone_is_recorded_by_name(home):
@@ -61,8 +82,8 @@ def test_a_run_whose_review_is_gone_is_recorded_by_name(home):
     run = queue.claim(queue.enqueue("vanished"), 1)
     assert execute(queue, run).state == "failed"
     (entry,) = read_index()
-    assert entry["review"] == "vanished" and entry["period"] is None and entry["as_of"] is None
-    assert "no review named 'vanished'" in entry["reason"]
+    assert entry.review == "vanished" and entry.period is None and entry.as_of is None
+    assert "no review named 'vanished'" in entry.reason
 
 
 def test_interrupted_runs_get_no_entry(home):
@@ -76,7 +97,7 @@ def test_the_dashboard_shows_a_failed_run_apart_from_the_reports(home):
     from nightshift.app.tui.app import Dashboard
     from tests.test_tui import cells, text, until
 
-    add_to_index({**EARLIER, "path": str(home / "gone.pdf")})
+    add_to_index(IndexEntry(**EARLIER, path=str(home / "gone.pdf")))
     add_failure("month-end", "source 'bank': no file at /data/bank.csv; fix `path` in the schedule", 7,
                 "Month-end review", date(2026, 10, 30), window_containing("month", date(2026, 10, 30)))  # fmt: skip
 

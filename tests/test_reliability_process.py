@@ -78,8 +78,8 @@ def test_a_kill_while_the_pdf_is_written_leaves_no_partial_report_and_the_run_is
     assert not list(reports.glob(".*"))  # no temporary file left
     assert all(run.state in ("done", "interrupted") for run in runs)
     entries = read_index()  # the killed run left no entry; its retry's report did, once
-    assert all(entry["state"] == "done" for entry in entries) and killed not in {e["run"] for e in entries}
-    assert [entry["path"] for entry in entries if entry["run"] == retry.id] == [retry.report]
+    assert all(entry.state == "done" for entry in entries) and killed not in {e.run for e in entries}
+    assert [entry.path for entry in entries if entry.run == retry.id] == [retry.report]
 
 
 @pytest.fixture
@@ -121,4 +121,4 @@ def test_a_full_disk_fails_the_run_clearly_and_keeps_earlier_reports(home, tiny_
     (run,) = RunQueue().recent()
     assert run.state == "failed" and "No space left on device" in run.error
     (entry,) = read_index()
-    assert entry["state"] == "failed" and "No space left on device" in entry["reason"]
+    assert entry.failed and "No space left on device" in entry.reason

@@ -15,7 +15,7 @@ import pytest
 from nightshift.app.review.charts import bar_chart
 from nightshift.app.review.narrative import split_narrative
 from nightshift.app.review.report import REPORTS_DIR, local_only_fetcher, render_html, write_pdf
-from nightshift.app.review.runner import build_report_context, run_checks_for
+from nightshift.app.review.runner import Provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import load_schedules
 from nightshift.app.review.verify import known_values, mark_numbers
 from nightshift.engine import GenerationStats
@@ -90,11 +90,10 @@ def month_end_html():
     schedule = schedules["month-end"]
     checked = run_checks_for(schedule, schedule.as_of)
     narrative = split_narrative(NARRATIVE, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
-    provenance = {"model": "/models/m", "max_tokens": 160, "temp": 0.0, "seed": 0, "prompt_tokens": 400,
-                  "generated_tokens": 60, "time_to_first_token": 20.0, "elapsed": 30.0, "prefill_tokens_per_s": 20.0,
-                  "decode_tokens_per_s": 6.0, "peak_memory_bytes": 10**8, "finish_reason": "length",
-                  "drive_bytes": {"ssd0": 123456789}, "cache_hits": 1234, "prefetch_recall": 0.87, "files": [], "templates": [], "schedule": str(schedule.file),
-                  "schedule_sha256": "abc", "host": "test"}  # fmt: skip
+    stats = GenerationStats(prompt_tokens=400, generated_tokens=60, time_to_first_token=20.0, elapsed=30.0,
+                            peak_memory_bytes=10**8, finish_reason="length", drive_bytes={"ssd0": 123456789},
+                            cache_hits=1234, prefetch_recall=0.87)  # fmt: skip
+    provenance = Provenance("/models/m", 160, 0.0, 0, stats, [], [], str(schedule.file), "abc", "test")
     created = datetime(2026, 10, 30, 22, 5, tzinfo=UTC)
     context = build_report_context(schedule, checked, "", narrative, provenance, created)
     return render_html(schedule.report_template, context), context
@@ -108,6 +107,7 @@ def test_model_text_is_escaped_and_unverified_numbers_highlighted(month_end_html
     assert '<span class="verified">1,480.00</span>' in html
     assert "Check INV-5010 &amp; its duplicate." in html
     assert "ssd0: 123,456,789" in html and "1,234 hits; prefetch recall 87 %" in html
+    assert "prefill 20.0 tok/s, decode 5.9 tok/s" in html and "60 generated (length)" in html  # the stats' own
 
 
 @pytest.mark.slow

@@ -50,8 +50,8 @@ def cells(app: Dashboard, selector: str) -> list[list[str]]:
 
 
 def run_state(app: Dashboard, review: str) -> str | None:
-    runs = [run for run in (app.service.runs if app.service else []) if run["review"] == review]
-    return runs[0]["state"] if runs else None
+    runs = [run for run in (app.service.jobs.runs if app.service else []) if run.review == review]
+    return runs[0].state if runs else None
 
 
 async def select(pilot, selector: str, key: str) -> None:
@@ -110,7 +110,7 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             assert text(app, "#job .title").startswith("run 1: long (manual")
             figures = app.screen.query_one("JobPanel").figures.text
             assert "/7000 tokens" in figures and "tok/s" in figures and "TTFT" in figures and "ETA" in figures
-            assert app.screen.query_one("JobPanel").text.text == app.service.current["progress"]["text"]
+            assert app.screen.query_one("JobPanel").text.text == app.service.jobs.current.progress.text
 
             # Cancel asks first: "no" keeps it running, "yes" ends it.
             await pilot.press("2")
@@ -130,10 +130,10 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             # Pause and resume a schedule.
             await select(pilot, "#schedules", "short")
             await pilot.press("p")
-            await until(pilot, lambda: app.service.next_runs.get("short") is None, 30, "the pause")
+            await until(pilot, lambda: app.service.jobs.next_runs.get("short") is None, 30, "the pause")
             await until(pilot, lambda: ["short", "paused"] in cells(app, "#schedules"), 30)
             await pilot.press("p")
-            await until(pilot, lambda: app.service.next_runs.get("short") is not None, 30, "the resume")
+            await until(pilot, lambda: app.service.jobs.next_runs.get("short") is not None, 30, "the resume")
 
             # A short run writes a report; the Reports screen lists it and opens it in the viewer.
             await pilot.press("n")
@@ -142,10 +142,10 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: isinstance(app.screen, ReportsScreen), 30, "the ReportsScreen")
             await until(pilot, lambda: len(cells(app, "#reports")) == 1, 30)
             report = app.service.reports[0]
-            assert cells(app, "#reports")[0][2:] == ["short", report["period"], str(report["findings"]), "ok"]
-            assert f"{report['findings']} findings" in text(app, "#summary") and report["path"] in text(app, "#summary")
+            assert cells(app, "#reports")[0][2:] == ["short", report.period, str(report.findings), "ok"]
+            assert f"{report.findings} findings" in text(app, "#summary") and report.path in text(app, "#summary")
             await pilot.press("o")
-            await until(pilot, lambda: opened.exists() and opened.read_text() == report["path"], 30, "the viewer")
+            await until(pilot, lambda: opened.exists() and opened.read_text() == report.path, 30, "the viewer")
 
             # Runs: nothing benchmarked in this data dir yet, and it says so; help lists this screen's keys too.
             await pilot.press("4")

@@ -12,6 +12,9 @@ import math
 
 import pytest
 
+from nightshift.app.daemon.control import Jobs
+from nightshift.app.daemon.runs import Run as QueueRun
+from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.app import Dashboard
 from nightshift.app.tui.feed import CatalogueView, DriveRow, Memory, ServiceState, Snapshot
 from nightshift.app.tui.widgets.plot import History
@@ -22,25 +25,29 @@ TEXT = ("The month closed with two unmatched bank lines and one posting entered 
         "F1: the card settlement of 4 812.50 has no ledger entry yet; F2: rent was posted twice on the 3rd.")  # fmt: skip
 
 RUNS = [
-    {"id": 7, "review": "month-end", "origin": "manual", "state": "running", "created": "2026-11-30T22:00:00+00:00",
-     "started": "2026-11-30T22:00:01+00:00", "finished": None, "report": None, "error": None,
-     "progress": {"prompt_tokens": 812, "generated_tokens": 96, "time_to_first_token": 4.21, "elapsed": 17.9,
-                  "decode_tokens_per_s": 6.87, "max_tokens": 160, "text": TEXT,
-                  "drive_bytes": {"nvme0": 9_400_000_000, "usb1": 1_200_000_000}, "cache_hits": 1830,
-                  "prefetch_recall": 0.874}},
-    {"id": 6, "review": "weekly", "origin": "schedule", "state": "queued", "created": "2026-11-30T21:59:00+00:00",
-     "started": None, "finished": None, "report": None, "error": None, "progress": None},
-    {"id": 5, "review": "daily", "origin": "schedule", "state": "done", "created": "2026-11-30T18:30:00+00:00",
-     "started": "2026-11-30T18:30:01+00:00", "finished": "2026-11-30T18:31:05+00:00",
-     "report": "/home/u/.local/share/nightshift/reports/daily/daily-2026-11-30.pdf", "error": None, "progress": None},
-    {"id": 4, "review": "daily", "origin": "retry", "state": "failed", "created": "2026-11-29T18:30:00+00:00",
-     "started": "2026-11-29T18:30:01+00:00", "finished": "2026-11-29T18:30:02+00:00", "report": None,
-     "error": "bank-statement.csv: no such file", "progress": None},
+    QueueRun.from_dict({"as_of": None, "due": None, "pid": None, **run})
+    for run in [
+        {"id": 7, "review": "month-end", "origin": "manual", "state": "running", "created": "2026-11-30T22:00:00+00:00",
+         "started": "2026-11-30T22:00:01+00:00", "finished": None, "report": None, "error": None,
+         "progress": {"prompt_tokens": 812, "generated_tokens": 96, "time_to_first_token": 4.21, "elapsed": 17.9,
+                      "decode_tokens_per_s": 6.87, "max_tokens": 160, "text": TEXT,
+                      "drive_bytes": {"nvme0": 9_400_000_000, "usb1": 1_200_000_000}, "cache_hits": 1830,
+                      "prefetch_recall": 0.874}},
+        {"id": 6, "review": "weekly", "origin": "schedule", "state": "queued", "created": "2026-11-30T21:59:00+00:00",
+         "started": None, "finished": None, "report": None, "error": None, "progress": None},
+        {"id": 5, "review": "daily", "origin": "schedule", "state": "done", "created": "2026-11-30T18:30:00+00:00",
+         "started": "2026-11-30T18:30:01+00:00", "finished": "2026-11-30T18:31:05+00:00",
+         "report": "/home/u/.local/share/nightshift/reports/daily/daily-2026-11-30.pdf", "error": None, "progress": None},
+        {"id": 4, "review": "daily", "origin": "retry", "state": "failed", "created": "2026-11-29T18:30:00+00:00",
+         "started": "2026-11-29T18:30:01+00:00", "finished": "2026-11-29T18:30:02+00:00", "report": None,
+         "error": "bank-statement.csv: no such file", "progress": None},
+    ]
 ]  # fmt: skip
 REPORTS = [
-    {"id": n, "review": review, "title": title, "period": period, "created": created, "findings": findings,
-     "by_severity": {"high": high, "medium": findings - high, "low": 0}, "unverified_numbers": unverified,
-     "seconds": seconds, "path": f"/home/u/.local/share/nightshift/reports/{review}/{review}-{n}.pdf", "missing": missing}
+    IndexEntry(id=n, review=review, title=title, period=period, created=created, findings=findings,
+               by_severity={"high": high, "medium": findings - high, "low": 0}, unverified_numbers=unverified,
+               seconds=seconds, path=f"/home/u/.local/share/nightshift/reports/{review}/{review}-{n}.pdf",
+               missing=missing)
     for n, review, title, period, created, findings, high, unverified, seconds, missing in [
         (1, "month-end", "Month-end review", "October 2026", "2026-10-30T22:04:11+00:00", 6, 2, 0, 212.4, False),
         (2, "weekly", "Weekly review", "week 44, 2026", "2026-11-06T17:02:40+00:00", 3, 0, 1, 98.0, True),
@@ -64,8 +71,7 @@ SNAPSHOT = Snapshot(
     service=ServiceState(
         True,
         4242,
-        RUNS,
-        {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None, "daily": "2026-12-01T18:30:00+00:00"},
+        Jobs(RUNS, {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None, "daily": "2026-12-01T18:30:00+00:00"}),
         REPORTS,
     ),
     catalogue=CatalogueView(BENCH_RUNS),

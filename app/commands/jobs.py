@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nightshift.app.daemon.control import Jobs
+    from nightshift.app.daemon.runs import Run, RunProgress
+    from nightshift.engine import GenerationStats
 
 
-def _progress(run: dict[str, Any]) -> str:
-    progress = run.get("progress") or {}
-    if run["state"] != "running" or not progress:
-        return ""
-    if not progress["generated_tokens"]:
-        return f"reading the {progress['prompt_tokens']}-token prompt"
-    return (f"{progress['generated_tokens']} tokens, {progress['decode_tokens_per_s']:.1f} tok/s, "
-            f"{progress['elapsed']:.0f} s")  # fmt: skip
+def progress_line(figures: GenerationStats | RunProgress) -> str:
+    """A generation's progress on one line: the prompt being read, then tokens, rate and time."""
+    if not figures.generated_tokens:
+        return f"reading the {figures.prompt_tokens}-token prompt"
+    return f"{figures.generated_tokens} tokens, {figures.decode_tokens_per_s:.1f} tok/s, {figures.elapsed:.0f} s"
 
 
-def format_runs(runs: list[dict[str, Any]]) -> list[str]:
+def format_runs(runs: list[Run]) -> list[str]:
     lines = []
     for run in runs:
-        detail = run.get("report") or run.get("error") or _progress(run)
-        when = run.get("due") or run.get("created")
-        lines.append(f"{run['id']:>4}  {run['state']:<11} {run['review']:<14} {run['origin']:<8} {when}  {detail}")
+        live = progress_line(run.progress) if run.state == "running" and run.progress else ""
+        detail = run.report or run.error or live
+        when = run.due.isoformat() if run.due else run.created
+        lines.append(f"{run.id:>4}  {run.state:<11} {run.review:<14} {run.origin:<8} {when}  {detail}")
     return lines
 
 
@@ -36,20 +39,26 @@ def scheduled_without_service() -> dict[str, str | None]:
             for name, s in schedules.items()}  # fmt: skip
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    from nightshift.app.daemon.control import request
+def jobs_without_service(limit: int) -> Jobs:
+    """The queue from the data dir, with next runs from the schedule files: what the service would report."""
+    from nightshift.app.daemon.control import Jobs
     from nightshift.app.daemon.runs import RunQueue
 
-    reply = request("jobs", limit=args.limit)
-    if reply is None:
+    return Jobs(RunQueue().recent(limit), scheduled_without_service())
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from nightshift.app.daemon.control import jobs
+
+    queue = jobs(args.limit)
+    if queue is None:
         print("service: not running (start it with `nightshift serve`)")
-        runs, next_runs = [run.as_dict() for run in RunQueue().recent(args.limit)], scheduled_without_service()
+        queue = jobs_without_service(args.limit)
     else:
         print("service: running")
-        runs, next_runs = reply["runs"], reply["next_runs"]
-    for name, when in sorted(next_runs.items(), key=lambda item: item[1] or ""):
+    for name, when in sorted(queue.next_runs.items(), key=lambda item: item[1] or ""):
         print(f"   -  scheduled   {name:<14} next     {when}")
-    for line in format_runs(runs):
+    for line in format_runs(queue.runs):
         print(line)
     return 0
 

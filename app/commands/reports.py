@@ -7,19 +7,21 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
-from nightshift.app.review.index import is_failed
 from nightshift.engine import NightshiftError
 
+if TYPE_CHECKING:
+    from nightshift.app.review.index import IndexEntry
 
-def _reports() -> list[dict[str, Any]]:
-    from nightshift.app.daemon.control import request
+
+def _reports() -> list[IndexEntry]:
+    from nightshift.app.daemon.control import reports
     from nightshift.app.review.index import read_index
 
-    reply = request("reports")
-    return reply["reports"] if reply is not None else read_index()
+    entries = reports()
+    return entries if entries is not None else read_index()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -27,39 +29,38 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not reports:
         say("no reports yet; run one with `nightshift review run month-end --now`")
     for report in reports:
-        start = f"{report['id']:>4}  {report['created']}  {report['review']:<12} {report['period'] or '-':<14} "
-        if is_failed(report):
-            print(f"{start}FAILED (run {report.get('run')}, as of {report.get('as_of') or '-'}): {report['reason']}")
+        start = f"{report.id:>4}  {report.created}  {report.review:<12} {report.period or '-':<14} "
+        if report.failed:
+            print(f"{start}FAILED (run {report.run}, as of {report.as_of or '-'}): {report.reason}")
             continue
-        severity = report["by_severity"]
-        gone = "  (file missing)" if report.get("missing") else ""
-        print(f"{start}{report['findings']:>3} findings ({severity['high']} high)  {report['path']}{gone}")
+        gone = "  (file missing)" if report.missing else ""
+        print(f"{start}{report.findings:>3} findings ({report.by_severity['high']} high)  {report.path}{gone}")
     return 0
 
 
 def cmd_open(args: argparse.Namespace) -> int:
     entries = _reports()
-    reports = [r for r in entries if not is_failed(r)]
+    reports = [r for r in entries if not r.failed]
     if not reports:
         raise NightshiftError("no reports yet; run one with `nightshift review run month-end --now`")
     wanted = args.report
     if wanted == "latest":
         report = reports[-1]
     else:
-        matches = [r for r in entries if str(r["id"]) == wanted] or [r for r in reports if r["review"] == wanted]
+        matches = [r for r in entries if str(r.id) == wanted] or [r for r in reports if r.review == wanted]
         if not matches:
             raise NightshiftError(f"no report {wanted!r}; give an id or review name from `nightshift reports list`")
         report = matches[-1]
-    if is_failed(report):
-        raise NightshiftError(f"entry {report['id']} is a failed run, with no report: {report['reason']}")
-    if report.get("missing"):
-        raise NightshiftError(f"report {report['id']} was at {report['path']}, which no longer exists")
-    print(report["path"])
+    if report.failed:
+        raise NightshiftError(f"entry {report.id} is a failed run, with no report: {report.reason}")
+    if report.missing:
+        raise NightshiftError(f"report {report.id} was at {report.path}, which no longer exists")
+    print(report.path)
     opener = "open" if sys.platform == "darwin" else "xdg-open"
     has_display = sys.platform == "darwin" or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
     if args.print_only or not has_display or not shutil.which(opener):
         return 0
-    subprocess.Popen([opener, report["path"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.Popen([opener, report.path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return 0
 
 

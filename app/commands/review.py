@@ -7,9 +7,14 @@ import os
 import sys
 import time
 from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
+from nightshift.app.commands.jobs import progress_line
 from nightshift.engine import GenerationStats, NightshiftError
+
+if TYPE_CHECKING:
+    from nightshift.app.daemon.runs import RunProgress
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0
@@ -33,12 +38,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(stats: GenerationStats) -> None:
-    if sys.stderr.isatty() and not stats.generated_tokens:
-        print(f"\r  reading the {stats.prompt_tokens}-token prompt", end="", file=sys.stderr, flush=True)
-    elif sys.stderr.isatty():
-        print(f"\r  {stats.generated_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s, {stats.elapsed:.0f} s ",
-              end="", file=sys.stderr, flush=True)  # fmt: skip
+def _show(figures: GenerationStats | RunProgress) -> None:
+    if sys.stderr.isatty():
+        print(f"\r  {progress_line(figures)} ", end="", file=sys.stderr, flush=True)
 
 
 def _as_of(args: argparse.Namespace, name: str) -> date:
@@ -50,7 +52,7 @@ def _as_of(args: argparse.Namespace, name: str) -> date:
 
 def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     """Queue the run in the running service and follow it; None when no service runs."""
-    from nightshift.app.daemon.control import request
+    from nightshift.app.daemon.control import request, run_status
 
     reply = request("run", review=args.name, as_of=as_of.isoformat())
     if reply is None:
@@ -60,20 +62,13 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     if args.no_wait:
         return 0
     while True:
-        run = request("run_status", id=run_id)["run"]
-        if run["state"] in ("done", "failed", "interrupted"):
+        run = run_status(run_id)
+        if run.state in ("done", "failed", "interrupted"):
             break
-        if run["state"] == "running" and run.get("progress"):
-            _show(
-                GenerationStats(
-                    **{
-                        k: run["progress"][k]
-                        for k in ("prompt_tokens", "generated_tokens", "time_to_first_token", "elapsed")
-                    }
-                )
-            )
+        if run.state == "running" and run.progress:
+            _show(run.progress)
         time.sleep(POLL_S)
-    return _outcome(run["state"], run.get("report"), run.get("error"))
+    return _outcome(run.state, run.report, run.error)
 
 
 def _outcome(state: str, report: str | None, error: str | None) -> int:

@@ -2,6 +2,8 @@
 
 The CLI and the dashboard ask the running service through it; when no service
 answers, `request` returns None and the caller works on the data dir directly.
+Replies carry runs and report index entries as JSON; `jobs`, `run_status` and
+`reports` parse them back into the queue's and the index's dataclasses.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nightshift.app.daemon.runs import Run
 from nightshift.app.paths import control_socket
+from nightshift.app.review.index import IndexEntry
 from nightshift.engine import NightshiftError
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -84,3 +89,37 @@ def request(command: str, timeout: float = 10.0, **arguments: Any) -> dict[str, 
     if not reply.get("ok", False):
         raise NightshiftError(f"the service says: {reply.get('error', 'no answer')}")
     return reply
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """The queue: runs (waiting and running first, then the latest finished) and each schedule's next run.
+
+    A schedule's next run is an ISO time, or None while it is paused.
+    """
+
+    runs: list[Run]
+    next_runs: dict[str, str | None]
+
+    @property
+    def current(self) -> Run | None:
+        """The running run, if any."""
+        return next((run for run in self.runs if run.state == "running"), None)
+
+
+def jobs(limit: int = 30, timeout: float = 10.0) -> Jobs | None:
+    """The running service's queue; None when none is running."""
+    reply = request("jobs", timeout, limit=limit)
+    return None if reply is None else Jobs([Run.from_dict(run) for run in reply["runs"]], reply["next_runs"])
+
+
+def run_status(run_id: int, timeout: float = 10.0) -> Run | None:
+    """One run as the running service has it; None when none is running."""
+    reply = request("run_status", timeout, id=run_id)
+    return None if reply is None else Run.from_dict(reply["run"])
+
+
+def reports(timeout: float = 10.0) -> list[IndexEntry] | None:
+    """The report index as the running service reads it; None when none is running."""
+    reply = request("reports", timeout)
+    return None if reply is None else [IndexEntry.from_dict(entry) for entry in reply["reports"]]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -46,32 +46,70 @@ _FINISH = "UPDATE runs SET state = ?, finished = ?, report = ?, error = ? WHERE 
 INTERRUPTED_BY_STOP = "the service stopped during this run; queued again"
 
 
-@dataclass
+@dataclass(frozen=True)
+class RunProgress:
+    """Live figures of a run's generation, stored with the run at most once a second while it runs.
+
+    `nightshift jobs`, `review run` (following a run in the service) and the dashboard show them.
+    The stream figures are those of a streamed store; a model held in memory leaves them empty.
+    All defaults: a run claimed whose model is still loading.
+    """
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    time_to_first_token: float = 0.0
+    elapsed: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    max_tokens: int = 0  # 0: not known yet
+    text: str = ""  # the end of the text written so far
+    drive_bytes: dict[str, int] = field(default_factory=dict)  # bytes read per drive
+    cache_hits: int | None = None  # experts served from the RAM cache
+    prefetch_recall: float | None = None
+    read_amplification: float | None = None  # bytes read while prefilling / unique expert bytes the prompt needed
+    last_landed: str | None = None  # the drive whose read landed last (the barrier) most often in recent passes
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunProgress:
+        """Parse the queue's JSON column (rows written before a figure existed lack it: its default)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
+@dataclass(frozen=True)
 class Run:
+    """One run in the queue, as stored: times are ISO strings in UTC, `progress` is set while it runs."""
+
     id: int
     review: str
     as_of: date | None
     due: datetime | None
-    origin: str
-    state: str
+    origin: str  # schedule | manual | retry
+    state: str  # one of STATES
     created: str
     started: str | None
     finished: str | None
-    report: str | None
-    error: str | None
+    report: str | None  # the PDF's path, once done
+    error: str | None  # why it failed or was interrupted
     pid: int | None
-    progress: dict[str, Any] | None
+    progress: RunProgress | None
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Run:
+        """A run from `to_dict`'s form (the control socket's replies, or a queue row with its JSON parsed)."""
+        return cls(**{
+            **values,
+            "as_of": date.fromisoformat(values["as_of"]) if values["as_of"] else None,
+            "due": datetime.fromisoformat(values["due"]) if values["due"] else None,
+            "progress": RunProgress.from_dict(values["progress"]) if values["progress"] else None,
+        })  # fmt: skip
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Run:
         values = dict(row)
-        values["as_of"] = date.fromisoformat(values["as_of"]) if values["as_of"] else None
-        values["due"] = datetime.fromisoformat(values["due"]) if values["due"] else None
-        values["progress"] = json.loads(values["progress"]) if values["progress"] else None
-        return cls(**values)
+        return cls.from_dict({**values, "progress": json.loads(values["progress"]) if values["progress"] else None})
 
-    def as_dict(self) -> dict[str, Any]:
-        values = dict(self.__dict__)
+    def to_dict(self) -> dict[str, Any]:
+        """The run as JSON-ready values, for the control socket."""
+        values = asdict(self)
         values["as_of"] = self.as_of.isoformat() if self.as_of else None
         values["due"] = self.due.isoformat() if self.due else None
         return values
@@ -134,8 +172,8 @@ class RunQueue:
     def finish(self, run_id: int, state: str, report: str | None = None, error: str | None = None) -> None:
         self._write(_FINISH, (state, clock.now().isoformat(timespec="seconds"), report, error, run_id))
 
-    def set_progress(self, run_id: int, progress: dict[str, Any]) -> None:
-        self._write("UPDATE runs SET progress = ? WHERE id = ?", (json.dumps(progress), run_id))
+    def set_progress(self, run_id: int, progress: RunProgress) -> None:
+        self._write("UPDATE runs SET progress = ? WHERE id = ?", (json.dumps(asdict(progress)), run_id))
 
     def recover(self) -> list[int]:
         """Runs left `running` by a service that died: marked interrupted and queued again. Returns the new ids.

@@ -219,7 +219,7 @@ class Service:
         if command == "ping":
             return {"ok": True, "pid": os.getpid()}
         if command == "jobs":
-            return {"ok": True, "runs": [run.as_dict() for run in self.queue.recent(int(request.get("limit", 30)))],
+            return {"ok": True, "runs": [run.to_dict() for run in self.queue.recent(int(request.get("limit", 30)))],
                     "next_runs": self.next_runs()}  # fmt: skip
         if command == "run":
             review = str(request.get("review"))
@@ -233,9 +233,9 @@ class Service:
             return {"ok": True, "id": run_id}
         if command == "run_status":
             run = self.queue.get(int(request.get("id", 0)))
-            return {"ok": run is not None, "run": run.as_dict() if run else None, "error": "no such run"}
+            return {"ok": run is not None, "run": run.to_dict() if run else None, "error": "no such run"}
         if command == "reports":
-            return {"ok": True, "reports": read_index()}
+            return {"ok": True, "reports": [entry.to_dict() for entry in read_index()]}
         if command == "cancel":
             running = self.running
             if running is None or running[0] != int(request.get("id", 0)):

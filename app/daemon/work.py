@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.lock import engine_lock
-from nightshift.app.daemon.runs import Run, RunQueue
+from nightshift.app.daemon.runs import Run, RunProgress, RunQueue
 from nightshift.app.models import open_for_generation, resolve_model
 from nightshift.app.review.errors import ReviewInterrupted
 from nightshift.app.review.index import add_failure
@@ -26,6 +26,21 @@ PROGRESS_EVERY_S = 1.0
 TEXT_KEPT = 4000  # characters of the text being written kept with the progress (the dashboard shows it)
 
 
+def run_progress(stats: GenerationStats, max_tokens: int, text: str) -> RunProgress:
+    """The figures of a generation so far as the queue keeps them: rounded, with the end of the text."""
+    streamed = bool(stats.drive_bytes)  # a streamed store's figures; a model held in memory has none
+    return RunProgress(
+        prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens,
+        time_to_first_token=round(stats.time_to_first_token, 2), elapsed=round(stats.elapsed, 2),
+        decode_tokens_per_s=round(stats.decode_tokens_per_s, 2), max_tokens=max_tokens, text=text[-TEXT_KEPT:],
+        drive_bytes=dict(stats.drive_bytes),
+        cache_hits=stats.cache_hits if streamed else None,
+        prefetch_recall=round(stats.prefetch_recall, 3) if streamed else None,
+        read_amplification=round(stats.prefill_read_amplification, 3) if streamed else None,
+        last_landed=(stats.last_landed or None) if streamed else None,
+    )  # fmt: skip
+
+
 def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[[GenerationStats, str], None]:
     """Store live figures in the queue at most once a second (the dashboard and `jobs` read them)."""
     last = [0.0]
@@ -35,17 +50,7 @@ def _progress_writer(queue: RunQueue, run_id: int, max_tokens: int) -> Callable[
         if now - last[0] < PROGRESS_EVERY_S and stats.generated_tokens and stats.finish_reason is None:
             return
         last[0] = now
-        queue.set_progress(run_id, {
-            "prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
-            "time_to_first_token": round(stats.time_to_first_token, 2), "elapsed": round(stats.elapsed, 2),
-            "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
-            "max_tokens": max_tokens, "text": text[-TEXT_KEPT:],
-            # a streamed store's figures: bytes read per drive, experts served from the RAM cache, prefetch recall
-            **({"drive_bytes": stats.drive_bytes, "cache_hits": stats.cache_hits,
-                "prefetch_recall": round(stats.prefetch_recall, 3),
-                "read_amplification": round(stats.prefill_read_amplification, 3),
-                "last_landed": stats.last_landed or None} if stats.drive_bytes else {}),
-        })  # fmt: skip
+        queue.set_progress(run_id, run_progress(stats, max_tokens, text))
 
     return write
 
@@ -98,5 +103,5 @@ def execute(
         log.exception("run %s (%s) failed", run.id, run.review)
         _failed(queue, run, f"internal error: {exc!r}; see the log", schedule, as_of)
     else:
-        queue.finish(run.id, "done", report=entry["path"])
+        queue.finish(run.id, "done", report=entry.path)
     return queue.get(run.id)

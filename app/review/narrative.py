@@ -30,10 +30,18 @@ CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 Progress = Callable[[GenerationStats, str], None]  # live statistics and the text written so far
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prompt:
-    messages: list[dict[str, str]]
+    """A review's prompt: the template's system and user blocks, and how many findings it gives the model."""
+
+    system: str
+    user: str
     findings_given: int
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """As chat messages, the form a model's chat template takes."""
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
 
 
 @dataclass
@@ -60,8 +68,7 @@ def build_prompt(template: str, title: str, window_label: str, result: CheckResu
         raise ReviewError(template_problem(PROMPTS_DIR, template, exc)) from None
     if set(blocks) != {"system", "user"}:
         raise ReviewError(f"prompt template {template!r} must define exactly the blocks `system` and `user`")
-    return Prompt([{"role": "system", "content": blocks["system"]}, {"role": "user", "content": blocks["user"]}],
-                  len(findings))  # fmt: skip
+    return Prompt(blocks["system"], blocks["user"], len(findings))
 
 
 def context_length(model: Model) -> int | None:

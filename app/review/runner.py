@@ -19,14 +19,14 @@ from nightshift.app.models import open_for_generation
 from nightshift.app.review.charts import bar_chart
 from nightshift.app.review.checks import SEVERITIES, CheckContext, CheckResult, Step, run_checks
 from nightshift.app.review.errors import ReviewInterrupted
-from nightshift.app.review.index import add_to_index
+from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
 from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Table
 from nightshift.app.review.verify import known_values, mark_numbers, numbers_in
 from nightshift.app.review.window import Window, window_containing
-from nightshift.engine import Model, sha256_of
+from nightshift.engine import GenerationStats, Model, sha256_of
 
 Say = Callable[[str], None]
 
@@ -77,50 +77,85 @@ def run_checks_for(schedule: Schedule, as_of: date, step: Step | None = None) ->
     return Checked(window, previous, tables, result)
 
 
+@dataclass(frozen=True)
+class SourceFile:
+    """A data file a review read: its digest, rows, and rows inside the reviewed period."""
+
+    source: str
+    path: str
+    sha256: str
+    rows: int
+    rows_in_period: int
+
+
+@dataclass(frozen=True)
+class TemplateFile:
+    name: str
+    sha256: str  # the first 12 hex digits
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a report's figures came from: the model and its settings, the generation's figures, every file read.
+
+    The report prints it, so a reader can tell which data, templates and model produced the text.
+    """
+
+    model: str
+    max_tokens: int
+    temp: float
+    seed: int
+    stats: GenerationStats
+    files: list[SourceFile]
+    templates: list[TemplateFile]
+    schedule: str
+    schedule_sha256: str
+    host: str
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The report's first table: findings by severity, the amount they flag, and rows per source in the period."""
+
+    findings: int
+    by_severity: dict[str, int]
+    flagged_amount: float
+    rows: dict[str, int]
+
+
 def _file_digest(path: Path) -> str:
     return sha256_of(path)[:12]
 
 
-def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrative: Narrative) -> dict[str, Any]:
-    stats = narrative.stats
+def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrative: Narrative) -> Provenance:
     settings = schedule.generation
     window = checked.window
     files = [
-        {"source": name, "path": str(table.origin), "sha256": sha256_of(table.origin), "rows": len(table),
-         "rows_in_period": len(table.between(window.start, window.end))}
+        SourceFile(name, str(table.origin), sha256_of(table.origin), len(table),
+                   len(table.between(window.start, window.end)))
         for name, table in checked.tables.items()
     ]  # fmt: skip
     templates = [
-        {"name": f"prompts/{schedule.prompt_template}", "sha256": _file_digest(PROMPTS_DIR / schedule.prompt_template)},
-        {"name": f"reports/{schedule.report_template}", "sha256": _file_digest(REPORTS_DIR / schedule.report_template)},
-        {"name": "reports/report.css", "sha256": _file_digest(REPORTS_DIR / "report.css")},
+        TemplateFile(f"prompts/{schedule.prompt_template}", _file_digest(PROMPTS_DIR / schedule.prompt_template)),
+        TemplateFile(f"reports/{schedule.report_template}", _file_digest(REPORTS_DIR / schedule.report_template)),
+        TemplateFile("reports/report.css", _file_digest(REPORTS_DIR / "report.css")),
     ]  # fmt: skip
-    return {
-        "model": str(model), "max_tokens": settings.max_tokens, "temp": settings.temp, "seed": settings.seed,
-        "prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
-        "time_to_first_token": stats.time_to_first_token, "elapsed": stats.elapsed,
-        "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
-        "peak_memory_bytes": stats.peak_memory_bytes, "finish_reason": stats.finish_reason,
-        # Streamed stores count bytes read per drive (empty for a model held in memory).
-        "drive_bytes": dict(stats.drive_bytes), "cache_hits": stats.cache_hits,
-        "prefetch_recall": stats.prefetch_recall,
-        "files": files, "templates": templates, "schedule": str(schedule.file),
-        "schedule_sha256": _file_digest(schedule.file), "host": platform.node(),
-    }  # fmt: skip
+    return Provenance(str(model), settings.max_tokens, settings.temp, settings.seed, narrative.stats, files,
+                      templates, str(schedule.file), _file_digest(schedule.file), platform.node())  # fmt: skip
 
 
-def _headline(checked: Checked) -> dict[str, Any]:
+def _headline(checked: Checked) -> Headline:
     findings = checked.result.findings
-    return {
-        "findings": len(findings),
-        "by_severity": {severity: sum(f.severity == severity for f in findings) for severity in SEVERITIES},
-        "flagged_amount": sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), 0),
-        "rows": {name: len(table.between(checked.window.start, checked.window.end)) for name, table in checked.tables.items()},
-    }  # fmt: skip
+    return Headline(
+        findings=len(findings),
+        by_severity={severity: sum(f.severity == severity for f in findings) for severity in SEVERITIES},
+        flagged_amount=sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), 0),
+        rows={name: len(table.between(checked.window.start, checked.window.end)) for name, table in checked.tables.items()},
+    )  # fmt: skip
 
 
 def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str, narrative: Narrative,
-                         provenance: dict[str, Any], created: datetime) -> dict[str, Any]:  # fmt: skip
+                         provenance: Provenance, created: datetime) -> dict[str, Any]:  # fmt: skip
     """Everything the report template shows; model text is escaped and its numbers checked here."""
     # The data, as far as the narrative can know it: the prompt, every finding and every table.
     texts = [prompt_text, *(f"{f.title} {f.detail}" for f in checked.result.findings),
@@ -151,7 +186,7 @@ def run_review(
     schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
     cancel: threading.Event | None = None, say: Say = lambda message: None,
     load_model: Callable[[Path], Model] = open_for_generation, run_id: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> IndexEntry:  # fmt: skip
     """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
     started = time.monotonic()
     checked = run_checks_for(schedule, as_of)
@@ -163,23 +198,22 @@ def run_review(
     narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
     if cancel is not None and cancel.is_set():
         raise ReviewInterrupted(f"{schedule.name}: stopped while the model was writing; no report was written")
-    return write_report(schedule, as_of, checked, prompt.messages[1]["content"], narrative, model.path, started, run_id)
+    return write_report(schedule, as_of, checked, prompt.user, narrative, model.path, started, run_id)
 
 
 def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt_text: str, narrative: Narrative,
-                 model: Path | str, started: float, run_id: int | None = None) -> dict[str, Any]:  # fmt: skip
+                 model: Path | str, started: float, run_id: int | None = None) -> IndexEntry:  # fmt: skip
     """The PDF and its index entry, from the checks and the narrative (the checks benchmark calls it with none)."""
     created = datetime.now(UTC).astimezone(schedule.timezone)
     provenance = _provenance(schedule, checked, model, narrative)
     context = build_report_context(schedule, checked, prompt_text, narrative, provenance, created)
     target = schedule.output / f"{schedule.name}-{checked.window.start:%Y-%m-%d}-{created:%Y%m%dT%H%M%S}.pdf"
     write_pdf(render_html(schedule.report_template, context), target)
-    headline = context["headline"]
-    return add_to_index({
-        "state": "done", "run": run_id, "as_of": as_of.isoformat(), "review": schedule.name,
-        "title": schedule.title, "period": checked.window.label,
-        "start": checked.window.start.isoformat(), "end": checked.window.end.isoformat(),
-        "created": created.isoformat(timespec="seconds"), "path": str(target),
-        "findings": headline["findings"], "by_severity": headline["by_severity"],
-        "unverified_numbers": len(context["unverified"]), "seconds": round(time.monotonic() - started, 1),
-    })  # fmt: skip
+    summary: Headline = context["headline"]
+    return add_to_index(IndexEntry(
+        state="done", run=run_id, as_of=as_of.isoformat(), review=schedule.name, title=schedule.title,
+        period=checked.window.label, start=checked.window.start.isoformat(), end=checked.window.end.isoformat(),
+        created=created.isoformat(timespec="seconds"), path=str(target),
+        findings=summary.findings, by_severity=summary.by_severity,
+        unverified_numbers=len(context["unverified"]), seconds=round(time.monotonic() - started, 1),
+    ))  # fmt: skip

@@ -23,6 +23,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
 
+from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
 from nightshift.app.tui.screens import HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.plot import History
@@ -76,7 +77,7 @@ class Dashboard(App):
         self.own_service = None  # app.daemon.service.Service started by this dashboard (s)
         self.tokens_history = History()
         self.drive_histories: dict[str, History] = {}
-        self._last_progress: tuple | None = None
+        self._last_progress: tuple[int, float] | None = None  # the run and elapsed time of the last point
 
     def on_mount(self) -> None:
         if self.feed is None:
@@ -113,14 +114,14 @@ class Dashboard(App):
 
     def _record_tokens(self, service: ServiceState) -> None:
         """One point per new progress record of the running job (the service stores one a second)."""
-        current = service.current
-        progress = (current or {}).get("progress")
-        if not progress or progress.get("generated_tokens", 0) < 2:  # no decode rate before the second token
+        current = service.jobs.current
+        progress = current.progress if current is not None else None
+        if progress is None or progress.generated_tokens < 2:  # no decode rate before the second token
             return
-        key = (current["id"], progress.get("elapsed"))
+        key = (current.id, progress.elapsed)
         if key != self._last_progress:
             self._last_progress = key
-            self.tokens_history.append(progress.get("decode_tokens_per_s", 0.0))
+            self.tokens_history.append(progress.decode_tokens_per_s)
 
     # --- actions -------------------------------------------------------------------------------
 
@@ -166,8 +167,8 @@ class Dashboard(App):
         self.ticks = 0
         self.call_from_thread(self.notify, "scheduler started in this dashboard; it stops when you quit")
 
-    def open_report(self, report: dict[str, Any]) -> None:
-        path = Path(report["path"])
+    def open_report(self, report: IndexEntry) -> None:
+        path = Path(report.path)
         if not path.is_file():
             self.notify(f"{path} is no longer there", severity="error")
             return

@@ -15,11 +15,12 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
+from nightshift.app.daemon.control import Jobs
 from nightshift.app.paths import catalogue_file, drives_file
+from nightshift.app.review.index import IndexEntry
 from nightshift.engine import (
     CEILINGS_FILE,
     Catalogue,
@@ -31,6 +32,7 @@ from nightshift.engine import (
     resolve_device,
 )
 
+RUNS_SHOWN = 30
 RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
 CPU_WINDOW_S = 2.0
 
@@ -51,19 +53,13 @@ class DriveRow:
 
 @dataclass(frozen=True)
 class ServiceState:
-    """The queue as the service (or, with none running, the data dir) reports it."""
+    """The queue and the report index as the service (or, with none running, the data dir) reports them."""
 
     running: bool
     pid: int | None
-    runs: list[dict[str, Any]]
-    next_runs: dict[str, str | None]
-    reports: list[dict[str, Any]]
+    jobs: Jobs
+    reports: list[IndexEntry]
     error: str | None = None  # the service answered with an error, or the data dir could not be read
-
-    @property
-    def current(self) -> dict[str, Any] | None:
-        """The running job, if any."""
-        return next((run for run in self.runs if run["state"] == "running"), None)
 
 
 @dataclass(frozen=True)
@@ -108,21 +104,19 @@ def _ceilings() -> dict[str, float]:
 
 def service_state() -> ServiceState:
     """Ask the service; with none answering, read the data dir the same way `nightshift jobs` does."""
-    from nightshift.app.commands.jobs import scheduled_without_service
-    from nightshift.app.daemon.control import request
-    from nightshift.app.daemon.runs import RunQueue
+    from nightshift.app.commands.jobs import jobs_without_service
+    from nightshift.app.daemon.control import jobs, reports, request
     from nightshift.app.review.index import read_index
 
     try:
         pong = request("ping", timeout=2.0)
         if pong is not None:
-            jobs = request("jobs", timeout=2.0, limit=30)
-            reports = request("reports", timeout=2.0)["reports"]
-            return ServiceState(True, pong["pid"], jobs["runs"], jobs["next_runs"], reports)
-        runs = [run.as_dict() for run in RunQueue().recent(30)]
-        return ServiceState(False, None, runs, scheduled_without_service(), read_index())
+            queue, entries = jobs(RUNS_SHOWN, timeout=2.0), reports(timeout=2.0)
+            if queue is not None and entries is not None:  # else the service stopped since the ping
+                return ServiceState(True, pong["pid"], queue, entries)
+        return ServiceState(False, None, jobs_without_service(RUNS_SHOWN), read_index())
     except (NightshiftError, OSError, ValueError) as exc:
-        return ServiceState(False, None, [], {}, [], error=str(exc))
+        return ServiceState(False, None, Jobs([], {}), [], error=str(exc))
 
 
 def catalogue_view() -> CatalogueView:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nightshift.app.daemon.runs import Run
 
 
 def gib(n: int | None) -> str:
@@ -31,11 +35,10 @@ def stamp(iso: str | None) -> str:
         return iso
 
 
-def duration(run: dict) -> str:
+def duration(run: Run) -> str:
     """How long a run took, or has taken so far (from its progress) when still running."""
-    if run.get("started") and run.get("finished"):
-        start, end = datetime.fromisoformat(run["started"]), datetime.fromisoformat(run["finished"])
-        return seconds((end - start).total_seconds())
-    if run["state"] == "running" and run.get("progress"):
-        return seconds(run["progress"].get("elapsed"))
+    if run.started and run.finished:
+        return seconds((datetime.fromisoformat(run.finished) - datetime.fromisoformat(run.started)).total_seconds())
+    if run.state == "running" and run.progress:
+        return seconds(run.progress.elapsed)
     return "—"

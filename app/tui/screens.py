@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Static
 
-from nightshift.app.review.index import is_failed
+from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.feed import ServiceState, Snapshot
 from nightshift.app.tui.format import duration, gib, seconds, stamp
 from nightshift.app.tui.widgets.drives import DrivePanel
@@ -84,7 +84,7 @@ class LiveScreen(DashboardScreen):
         )
         self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note)
         if service is not None:
-            self.query_one(JobPanel).show(service.current)
+            self.query_one(JobPanel).show(service.jobs.current)
 
 
 class QueueScreen(DashboardScreen):
@@ -108,12 +108,12 @@ class QueueScreen(DashboardScreen):
             return
         self.query_one("#schedules", Table).fill([
             (name, (name, stamp(when) if when else ("paused" if service.running else "—")))
-            for name, when in sorted(service.next_runs.items())
+            for name, when in sorted(service.jobs.next_runs.items())
         ])  # fmt: skip
         self.query_one("#runs", Table).fill([
-            (str(run["id"]), (str(run["id"]), run["state"], run["review"], stamp(run["created"]),
-                              duration(run), run.get("error") or (run.get("report") or "").rsplit("/", 1)[-1]))
-            for run in service.runs
+            (str(run.id), (str(run.id), run.state, run.review, stamp(run.created),
+                           duration(run), run.error or (run.report or "").rsplit("/", 1)[-1]))
+            for run in service.jobs.runs
         ])  # fmt: skip
 
     def _review(self) -> str | None:
@@ -127,23 +127,23 @@ class QueueScreen(DashboardScreen):
         review = self._review()
         service = self.app.service
         if review and service is not None:
-            paused = service.running and service.next_runs.get(review) is None
+            paused = service.running and service.jobs.next_runs.get(review) is None
             verb = "resume" if paused else "pause"
             self.app.ask_service(verb, f"{review}: {verb}d", review=review)
 
     def action_cancel(self) -> None:
         service = self.app.service
-        current = service.current if service is not None else None
+        current = service.jobs.current if service is not None else None
         if current is None:
             self.notify("no job is running", severity="warning")
             return
 
         def confirmed(yes: bool | None) -> None:
             if yes:
-                self.app.ask_service("cancel", f"run {current['id']} cancelled", id=current["id"])
+                self.app.ask_service("cancel", f"run {current.id} cancelled", id=current.id)
 
         self.app.push_screen(
-            ConfirmScreen(f"Cancel run {current['id']} ({current['review']})? The text written so far is lost "
+            ConfirmScreen(f"Cancel run {current.id} ({current.review})? The text written so far is lost "
                           "and no report is written."), confirmed)  # fmt: skip
 
 
@@ -158,7 +158,7 @@ class ReportsScreen(DashboardScreen):
         yield Line(id="summary")
         yield Footer()
 
-    def _reports(self) -> list[dict[str, Any]]:
+    def _reports(self) -> list[IndexEntry]:
         service = self.app.service
         return list(reversed(service.reports)) if service is not None else []
 
@@ -166,16 +166,15 @@ class ReportsScreen(DashboardScreen):
         if service is None:
             return
         self.query_one("#reports", Table).fill([
-            (str(r["id"]), (str(r["id"]), stamp(r["created"]), r["review"], r["period"] or "—",
-                            "—" if is_failed(r) else str(r["findings"]),
-                            "failed" if is_failed(r) else "missing" if r.get("missing") else "ok"))
+            (str(r.id), (str(r.id), stamp(r.created), r.review, r.period or "—", "—" if r.failed else str(r.findings),
+                         "failed" if r.failed else "missing" if r.missing else "ok"))
             for r in self._reports()
         ])  # fmt: skip
         self._summarise()
 
-    def _report(self) -> dict[str, Any] | None:
+    def _report(self) -> IndexEntry | None:
         key = self.query_one("#reports", Table).selected()
-        return next((r for r in self._reports() if str(r["id"]) == key), None)
+        return next((r for r in self._reports() if str(r.id) == key), None)
 
     def _summarise(self) -> None:
         report = self._report()
@@ -183,18 +182,18 @@ class ReportsScreen(DashboardScreen):
         if report is None:
             summary.set("no reports yet: run a review from the Queue screen (2, then n)")
             return
-        if is_failed(report):
+        if report.failed:
             summary.set(
-                f"{report.get('title', report['review'])}, {report['period'] or 'as of ' + str(report['as_of'])}: "
-                f"run {report.get('run')} FAILED at {stamp(report['created'])}, no report\n{report['reason']}"
+                f"{report.name}, {report.period or 'as of ' + str(report.as_of)}: "
+                f"run {report.run} FAILED at {stamp(report.created)}, no report\n{report.reason}"
             )
             return
-        severity = ", ".join(f"{n} {level}" for level, n in report["by_severity"].items())
+        severity = ", ".join(f"{n} {level}" for level, n in report.by_severity.items())
         summary.set(
-            f"{report.get('title', report['review'])}, {report['period']}: {report['findings']} findings ({severity}); "
-            f"{report.get('unverified_numbers', 0)} number(s) in the narrative not found in the data; "
-            f"written in {seconds(report.get('seconds'))}\n{report['path']}"
-            + ("\n(the PDF is no longer there)" if report.get("missing") else "")
+            f"{report.name}, {report.period}: {report.findings} findings ({severity}); "
+            f"{report.unverified_numbers} number(s) in the narrative not found in the data; "
+            f"written in {seconds(report.seconds)}\n{report.path}"
+            + ("\n(the PDF is no longer there)" if report.missing else "")
         )  # fmt: skip
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -205,8 +204,8 @@ class ReportsScreen(DashboardScreen):
 
     def action_open(self) -> None:
         report = self._report()
-        if report is not None and is_failed(report):
-            self.notify(f"run {report.get('run')} failed; there is no report: {report['reason']}", severity="error")
+        if report is not None and report.failed:
+            self.notify(f"run {report.run} failed; there is no report: {report.reason}", severity="error")
         elif report is not None:
             self.app.open_report(report)
 

@@ -2,46 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import ProgressBar
 
+from nightshift.app.daemon.runs import Run, RunProgress
 from nightshift.app.tui.format import seconds, stamp
 from nightshift.app.tui.widgets.plot import History, RatePlot
 from nightshift.app.tui.widgets.text import Line
 
-# Figures a streamed store adds to a run's progress (a dense model has none: "—"): the prompt's read
-# amplification, and the drive whose read landed last (the barrier) most often in recent passes.
-ENGINE_FIGURES = (("cache_hits", "cache hits", "{}"), ("prefetch_recall", "prefetch recall", "{:.0%}"),
-                  ("read_amplification", "prefill read amp", "{:.2f}x"), ("last_landed", "last to land", "{}"))  # fmt: skip
 
-
-def eta(progress: dict[str, Any]) -> float | None:
+def eta(progress: RunProgress) -> float | None:
     """Seconds left at the measured decode rate, if the run goes to its token limit."""
-    rate, done, limit = (
-        progress.get("decode_tokens_per_s"),
-        progress.get("generated_tokens"),
-        progress.get("max_tokens"),
-    )
-    if not rate or done is None or not limit:
+    if not progress.decode_tokens_per_s or not progress.max_tokens:
         return None
-    return max(0, limit - done) / rate
+    return max(0, progress.max_tokens - progress.generated_tokens) / progress.decode_tokens_per_s
 
 
-def figures(progress: dict[str, Any]) -> str:
+def figures(progress: RunProgress) -> str:
     """Two lines: the generation's rates and times, then what the engine says about its reads."""
-    limit = progress.get("max_tokens") or "?"
-    if not progress.get("generated_tokens"):
-        first = f"reading the {progress.get('prompt_tokens', 0)}-token prompt; up to {limit} tokens to write"
+    limit = progress.max_tokens or "?"
+    if not progress.generated_tokens:
+        first = f"reading the {progress.prompt_tokens}-token prompt; up to {limit} tokens to write"
     else:
-        first = (f"{progress['generated_tokens']}/{limit} tokens  {progress.get('decode_tokens_per_s', 0):.1f} tok/s  "
-                 f"TTFT {progress.get('time_to_first_token', 0):.2f} s  prompt {progress.get('prompt_tokens', 0)}  "
+        first = (f"{progress.generated_tokens}/{limit} tokens  {progress.decode_tokens_per_s:.1f} tok/s  "
+                 f"TTFT {progress.time_to_first_token:.2f} s  prompt {progress.prompt_tokens}  "
                  f"ETA {seconds(eta(progress))}")  # fmt: skip
+    # A streamed store's figures (a model held in memory has none: "—"): the prompt's read amplification,
+    # and the drive whose read landed last (the barrier) most often in recent passes.
+    engine = (("cache hits", progress.cache_hits, "{}"), ("prefetch recall", progress.prefetch_recall, "{:.0%}"),
+              ("prefill read amp", progress.read_amplification, "{:.2f}x"),
+              ("last to land", progress.last_landed, "{}"))  # fmt: skip
     second = "  ".join(
-        f"{label} {template.format(progress[key]) if progress.get(key) is not None else '—'}"
-        for key, label, template in ENGINE_FIGURES
+        f"{label} {'—' if value is None else template.format(value)}" for label, value, template in engine
     )
     return f"{first}\n{second}"
 
@@ -65,18 +58,18 @@ class JobPanel(Vertical):
         yield self.plot
         yield self.scroll
 
-    def show(self, run: dict[str, Any] | None) -> None:
-        progress = (run or {}).get("progress") or {}
+    def show(self, run: Run | None) -> None:
         for part in (self.bar, self.figures, self.scroll):
             part.display = run is not None
         self.plot.redraw()
         if run is None:
             self.title.set("no job running")
             return
-        self.title.set(f"run {run['id']}: {run['review']} ({run['origin']}, started {stamp(run.get('started'))})")
-        self.bar.update(total=progress.get("max_tokens") or None, progress=progress.get("generated_tokens", 0))
+        self.title.set(f"run {run.id}: {run.review} ({run.origin}, started {stamp(run.started)})")
+        progress = run.progress or RunProgress()
+        self.bar.update(total=progress.max_tokens or None, progress=progress.generated_tokens)
         self.figures.set(figures(progress))
-        text = progress.get("text") or "(waiting for the first token)"
+        text = progress.text or "(waiting for the first token)"
         if text != self.text.text:
             self.text.set(text)
             self.scroll.scroll_end(animate=False)
