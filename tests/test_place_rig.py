@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from bench.trunk_bits import PROMPT
 from nightshift.engine import (
     NoSpaceError,
     import_checkpoint,
@@ -16,7 +17,6 @@ from nightshift.engine import (
 )
 from nightshift.engine.bench.rig import RigSpec, rig_up
 from nightshift.engine.store.loader import load_store
-from nightshift.engine.store.measure import PROMPT
 from nightshift.engine.store.placement import drive_device
 from tests.rig_helpers import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.trunk_bits import greedy_tokens
 from nightshift.engine import ExpertReadError, import_checkpoint, load_drives
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.loader import load_store
-from nightshift.engine.store.measure import greedy_tokens
 from tests.rig_helpers import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nightshift.app.review.benchmark import review_without_model
+from bench.review_checks import review_without_model
 
 
 @pytest.mark.slow

@@ -1,12 +1,12 @@
 """Soak: scheduled runs back to back through the real service with a stepped clock; every one finishes and
-the process's open descriptors and memory do not grow. (The 200-run figures: `python -m nightshift.app.review.soak`.)"""
+the process's open descriptors and memory do not grow. (The 200-run figures: `bench/soak.py`.)"""
 
 from __future__ import annotations
 
 import pytest
 
+from bench.soak import WARM_UP, soak
 from nightshift.app.daemon.runs import RunQueue
-from nightshift.app.review.soak import WARM_UP, soak
 
 
 @pytest.mark.slow

@@ -15,10 +15,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model
 
+from bench.trunk_bits import PROMPT, greedy_tokens
 from nightshift.engine import Drive, ImportOptions, import_checkpoint, open_model, read_manifest, synthesize
 from nightshift.engine.models import get_classes
 from nightshift.engine.store.loader import load_store
-from nightshift.engine.store.measure import PROMPT, greedy_tokens
 from nightshift.engine.store.safetensors_io import read_header
 
 FAMILIES = ["kimi_k3", "deepseek_v3", "kimi_k2", "qwen3_moe", "mixtral", "gpt_oss"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
@@ -20,7 +21,6 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
-from nightshift.engine.store.measure import greedy_tokens
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 QUICK = ["kimi_k3", "deepseek_v3", "qwen3_moe"]

@@ -5,8 +5,7 @@
   layer), `manifest` (the store's manifest and expert file layout), `loader` (store -> model
   with every expert in RAM), `placement` (which drives hold which experts), `upkeep`
   (verify, measure routing, re-place), `synth` (synthetic checkpoints), `families` (what the
-  store needs from an mlx-lm model family), `safetensors_io` (one tensor at a time),
-  `measure` (the figures in docs/results.md).
-- `moefy`, `moefy_study`: the sparse default model (MoEfication of the dense one).
+  store needs from an mlx-lm model family), `safetensors_io` (one tensor at a time).
+- `moefy`: the sparse default model (MoEfication of the dense one; bench/moefy_study.py measures its cost).
 - `data/`: shipped texts (calibration and evaluation for MoEfication, routing prompts for placement).
 """

@@ -6,7 +6,7 @@ down). Neurons that fire together on calibration text go into the same group
 squares to predict, from the FFN's input, the log of each group's output norm.
 The experts' outputs are added with weight 1, so with all experts active the
 result is the dense FFN; with the top k active it is an approximation whose cost
-is measured in docs/moefication.md (engine/store/moefy_study.py).
+is measured in docs/moefication.md (bench/moefy_study.py).
 
 Precision: gate/up rows are sliced out of their quantized tensors untouched
 (quantization groups run along a row, so this is exact). down's columns are its

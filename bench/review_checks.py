@@ -1,8 +1,8 @@
 """Benchmark: reconciliation checks on a million rows, numpy against plain Python, side by side;
 or (--review) a whole review without the model, every check and the PDF, with its peak memory.
 
-    python -m nightshift.app.review.benchmark --rows 1000000
-    python -m nightshift.app.review.benchmark --review --rows 10000000
+    .venv/bin/python bench/review_checks.py --rows 1000000
+    .venv/bin/python bench/review_checks.py --review --rows 10000000
 
 Writes a synthetic bank statement and ledger (CSV) of ROWS rows each into a
 temporary folder, with a known number of planted unmatched rows, times loading
@@ -185,7 +185,7 @@ def review_without_model(folder: Path, rows: int, missing: int) -> dict[str, Any
     prompt, t_prompt = timed(lambda: build_prompt(schedule.prompt_template, schedule.title, window.label,
                                                   checked.result, schedule.generation.prompt_findings))  # fmt: skip
     step("prompt", t_prompt)
-    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt.messages[1]["content"],
+    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt.user,
                                                  Narrative(""), "none (narrative skipped)", started))  # fmt: skip
     step("report (HTML, PDF, index)", t_report)
     return {
@@ -193,7 +193,7 @@ def review_without_model(folder: Path, rows: int, missing: int) -> dict[str, Any
         "steps": [{"step": name, "seconds": round(value, 2), "rss_mb": round(rss), "peak_rss_mb": round(peak)}
                   for name, value, rss, peak in steps],
         "checks_with_loading_s": t_checks, "review_s": time.monotonic() - started,
-        "findings": len(checked.result.findings), "pdf_bytes": Path(entry["path"]).stat().st_size,
+        "findings": len(checked.result.findings), "pdf_bytes": Path(entry.path).stat().st_size,
         "peak_rss_mb": peak_rss_mb(),
     }  # fmt: skip
 

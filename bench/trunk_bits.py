@@ -1,12 +1,14 @@
-"""Measurements behind docs/results.md (store section); printed as Markdown, never asserted.
+"""What --trunk-bits 16/8/4 does to logits and greedy tokens (docs/results.md, store section); printed, never asserted.
 
-python -m nightshift.engine.store.measure trunk DIR    what --trunk-bits 16/8/4 does to logits and greedy tokens
-                                             (tiny synthetic checkpoints of each family, against mlx-lm)
+    .venv/bin/python bench/trunk_bits.py SCRATCH_DIR
+
+Tiny synthetic checkpoints of each family, imported at each trunk width, against mlx-lm.
+`PROMPT` and `greedy_tokens` are also the tests' reference decode of a store against its checkpoint.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import mlx.core as mx
@@ -55,15 +57,13 @@ def trunk_effect(root: Path) -> list[str]:
     return rows
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "trunk":
-        print(__doc__, file=sys.stderr)
-        return 2
-    root = Path(argv[1])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scratch", type=Path, help="folder for the synthetic checkpoints and stores (created)")
+    root = parser.parse_args().scratch
     root.mkdir(parents=True, exist_ok=True)
     print("\n".join(trunk_effect(root)))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main()
