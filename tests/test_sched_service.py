@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sqlite3
 import time
-from datetime import UTC, datetime, timedelta
+from contextlib import closing
+from datetime import UTC, date, datetime, timedelta
 
 import apscheduler.schedulers.base
 import pytest
 
-from nightshift.app.daemon import clock
+from nightshift.app.daemon import clock, control
 from nightshift.app.daemon.lock import ServiceRunningError
-from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
+from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
 
 UTC = UTC
@@ -162,5 +167,40 @@ def test_a_schedule_added_while_serving_is_read_when_it_is_asked_for(home, wall)
         assert service.next_runs()["mine"] == "2026-10-28T18:30:00+00:00"
         assert service.handle({"command": "run", "review": "nope"}) == {
             "ok": False, "error": "no review named 'nope' in this service"}  # fmt: skip
+    finally:
+        service.stop()
+
+
+def test_runs_and_reports_cross_the_control_socket_as_they_are_stored(home, wall, bundled):
+    add_to_index(IndexEntry(run=9, review="daily", title="Daily review", created="2026-10-27T18:31:05+00:00",
+                            path=str(home / "gone.pdf"), findings=2, by_severity={"high": 1}))  # fmt: skip
+    add_failure("weekly", "source 'bank': no file", 10)
+    assert control.jobs() is None and control.reports() is None and control.service_pid() is None
+    service = start(bundled, ["daily"])  # it does not work on runs: the one claimed below stays running
+    try:
+        queue = RunQueue()
+        streamed = queue.claim(queue.enqueue("daily", as_of=date(2026, 10, 27)), pid=1).id
+        progress = RunProgress(prompt_tokens=812, generated_tokens=96, time_to_first_token=4.21, elapsed=17.9,
+                               decode_tokens_per_s=6.87, max_tokens=160, text="The month closed",
+                               drive_bytes={"nvme0": 9_400_000}, cache_hits=1830, prefetch_recall=0.874,
+                               read_amplification=1.03, last_landed="nvme0")  # fmt: skip
+        queue.set_progress(streamed, progress)
+        # A row as the first versions stored a dense model's progress: no stream figures at all.
+        first_format = {"prompt_tokens": 700, "generated_tokens": 40, "time_to_first_token": 2.5, "elapsed": 7.4,
+                        "decode_tokens_per_s": 8.0, "max_tokens": 160, "text": "Rent"}  # fmt: skip
+        dense = queue.enqueue("weekly", due=datetime(2026, 10, 23, 17, 0, tzinfo=UTC), origin="schedule")
+        with closing(sqlite3.connect(queue.path)) as db, db:
+            db.execute("UPDATE runs SET progress = ? WHERE id = ?", (json.dumps(first_format), dense))
+        assert queue.get(streamed).progress == progress
+        assert queue.get(dense).progress == RunProgress(**first_format) and queue.get(dense).progress.cache_hits is None
+
+        assert control.service_pid() == os.getpid()
+        jobs = control.jobs()
+        assert jobs.runs == queue.recent() and jobs.current.id == streamed and jobs.current.progress == progress
+        assert jobs.next_runs == {"daily": "2026-10-28T18:30:00+00:00"}
+        assert control.run_status(dense) == queue.get(dense) and control.run_status(dense).due.tzinfo is not None
+        assert control.reports() == read_index() and [e.failed for e in read_index()] == [False, True]
+        queued_id = control.queue_run("daily", date(2026, 10, 30))
+        assert queue.get(queued_id).as_of == date(2026, 10, 30) and queue.get(queued_id).origin == "manual"
     finally:
         service.stop()

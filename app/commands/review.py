@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
 from nightshift.app.commands.jobs import progress_line
-from nightshift.engine import GenerationStats, NightshiftError
+from nightshift.engine import NightshiftError
 
 if TYPE_CHECKING:
     from nightshift.app.daemon.runs import RunProgress
+    from nightshift.engine import GenerationStats
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0
@@ -52,12 +53,11 @@ def _as_of(args: argparse.Namespace, name: str) -> date:
 
 def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     """Queue the run in the running service and follow it; None when no service runs."""
-    from nightshift.app.daemon.control import request, run_status
+    from nightshift.app.daemon.control import queue_run, run_status
 
-    reply = request("run", review=args.name, as_of=as_of.isoformat())
-    if reply is None:
+    run_id = queue_run(args.name, as_of)
+    if run_id is None:
         return None
-    run_id = reply["id"]
     say(f"queued as run {run_id} in the running service")
     if args.no_wait:
         return 0

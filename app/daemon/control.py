@@ -2,8 +2,9 @@
 
 The CLI and the dashboard ask the running service through it; when no service
 answers, `request` returns None and the caller works on the data dir directly.
-Replies carry runs and report index entries as JSON; `jobs`, `run_status` and
-`reports` parse them back into the queue's and the index's dataclasses.
+Replies carry runs and report index entries as JSON; the functions below
+`request` ask for one thing each and parse the reply back into the queue's and
+the index's dataclasses.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socketserver
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,18 @@ class Jobs:
     def current(self) -> Run | None:
         """The running run, if any."""
         return next((run for run in self.runs if run.state == "running"), None)
+
+
+def service_pid(timeout: float = 10.0) -> int | None:
+    """The running service's process id; None when none is running."""
+    reply = request("ping", timeout)
+    return None if reply is None else reply["pid"]
+
+
+def queue_run(review: str, as_of: date | None = None, timeout: float = 10.0) -> int | None:
+    """Queue a run of `review` in the running service; its run id, or None when no service is running."""
+    reply = request("run", timeout, review=review, as_of=as_of.isoformat() if as_of else None)
+    return None if reply is None else reply["id"]
 
 
 def jobs(limit: int = 30, timeout: float = 10.0) -> Jobs | None:

@@ -105,15 +105,15 @@ def _ceilings() -> dict[str, float]:
 def service_state() -> ServiceState:
     """Ask the service; with none answering, read the data dir the same way `nightshift jobs` does."""
     from nightshift.app.commands.jobs import jobs_without_service
-    from nightshift.app.daemon.control import jobs, reports, request
+    from nightshift.app.daemon.control import jobs, reports, service_pid
     from nightshift.app.review.index import read_index
 
     try:
-        pong = request("ping", timeout=2.0)
-        if pong is not None:
+        pid = service_pid(timeout=2.0)
+        if pid is not None:
             queue, entries = jobs(RUNS_SHOWN, timeout=2.0), reports(timeout=2.0)
             if queue is not None and entries is not None:  # else the service stopped since the ping
-                return ServiceState(True, pong["pid"], queue, entries)
+                return ServiceState(True, pid, queue, entries)
         return ServiceState(False, None, jobs_without_service(RUNS_SHOWN), read_index())
     except (NightshiftError, OSError, ValueError) as exc:
         return ServiceState(False, None, Jobs([], {}), [], error=str(exc))
