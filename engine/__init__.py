@@ -32,7 +32,15 @@ from nightshift.engine.runtime import Chunk, GenerationStats, Model, open_model
 from nightshift.engine.speculative import DraftError, DraftStats, record_best_depth
 from nightshift.engine.store.drafter import make_drafter
 from nightshift.engine.prefill import DEFAULT_CHUNK
-from nightshift.engine.moe.settings import CACHE_POLICIES, DISPATCH_POLICIES, StreamSettings
+from nightshift.engine.moe.settings import (
+    CACHE_POLICIES,
+    DISPATCH_POLICIES,
+    FIRST_REPLICA,
+    FREQUENCY,
+    LEAST_COMPLETION,
+    LRU,
+    StreamSettings,
+)
 from nightshift.engine.moe.reader import ExpertReadError
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.bench.draft import best_depth, draft_sweep
@@ -55,6 +63,10 @@ __all__ = [
     "DEFAULT_EXPERTS",
     "DEFAULT_K",
     "DISPATCH_POLICIES",
+    "FIRST_REPLICA",
+    "FREQUENCY",
+    "LEAST_COMPLETION",
+    "LRU",
     "QUEUE_DEPTHS",
     "READ_SIZES",
     "SYNTH_FAMILIES",

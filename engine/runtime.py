@@ -1,8 +1,8 @@
 """Open a model directory and generate from it: the engine's face to the app.
 
 Generation streams `Chunk`s, each with the text decoded so far for that token and
-live statistics, so callers (the CLI, later the scheduler and the dashboard) can
-show progress while a long generation runs, and stop it through a cancel event.
+live statistics, so callers (the CLI, the review runner, the daemon) can show
+progress while a long generation runs, and stop it through a cancel event.
 """
 
 from __future__ import annotations
@@ -138,20 +138,9 @@ class Model:
         """Token ids of `messages` formatted with the model's chat template, ready to answer."""
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
-    def generate(
-        self,
-        messages: list[Message],
-        max_tokens: int = 256,
-        temp: float = 0.0,
-        seed: int = 0,
-        cancel: threading.Event | None = None,
-        prefill_chunk: int = DEFAULT_CHUNK,
-        draft_depth: int | None = None,
-    ) -> Iterator[Chunk]:
-        """Stream the answer to `messages`; greedy when `temp` is 0. Stops early if `cancel` is set."""
-        yield from self.generate_tokens(
-            self.chat_tokens(messages), max_tokens, temp, seed, cancel, prefill_chunk, draft_depth
-        )
+    def generate(self, messages: list[Message], **options) -> Iterator[Chunk]:
+        """Stream the answer to `messages`, chat-formatted; `options` are `generate_tokens`' (greedy by default)."""
+        yield from self.generate_tokens(self.chat_tokens(messages), **options)
 
     def generate_tokens(
         self,
@@ -254,9 +243,9 @@ class Model:
         if self.stream is None:
             return
         figures = self.stream.figures()
-        stats.drive_bytes = {name: d["bytes"] for name, d in figures["drives"].items()}
-        stats.cache_hits = figures["cache_hits"]
-        stats.prefetch_recall = figures["prefetch_recall"]
+        stats.drive_bytes = {name: d.bytes for name, d in figures.drives.items()}
+        stats.cache_hits = figures.cache_hits
+        stats.prefetch_recall = figures.prefetch_recall
         barriers = self.stream.trace.barrier_counts()
         stats.last_landed = max(barriers, key=barriers.get) if barriers else ""
 

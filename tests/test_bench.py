@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import fields
 
 import pytest
 
 from nightshift.app.cli import main
+from nightshift.app.commands.bench import add_stream_arguments, settings_from
+from nightshift.engine import StreamSettings
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 
@@ -29,45 +33,20 @@ def test_decode_records_floors_roofline_and_counters(store, home, capsys):
     assert run["command"].startswith("nightshift ")
 
 
+def ab(store, mechanism: str) -> int:
+    """`nightshift bench ab` of `mechanism` on `store`: 3 tokens, a short bandwidth measurement."""
+    return main(
+        ["bench", "ab", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.2", "--mechanism", mechanism]
+    )
+
+
 def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
     # The store has one replica per expert: split reads cannot happen, so nothing is recorded.
-    assert (
-        main(
-            [
-                "bench",
-                "ab",
-                "--model",
-                str(store),
-                "--tokens",
-                "3",
-                "--bandwidth-seconds",
-                "0.2",
-                "--mechanism",
-                "split",
-            ]
-        )
-        == 1
-    )
+    assert ab(store, "split") == 1
     assert "not recorded" in capsys.readouterr().err
     assert main(["runs", "list"]) == 0
     assert "no runs recorded yet" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "bench",
-                "ab",
-                "--model",
-                str(store),
-                "--tokens",
-                "3",
-                "--bandwidth-seconds",
-                "0.2",
-                "--mechanism",
-                "prefetch",
-            ]
-        )
-        == 0
-    )
+    assert ab(store, "prefetch") == 0
     assert main(["runs", "list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 2 and "baseline" in listed[1] and ("win" in listed[0] or "loss" in listed[0])
@@ -75,6 +54,37 @@ def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
     assert "config prefetch\tFalse\tTrue" in capsys.readouterr().out
     assert main(["runs", "export", "--format", "csv"]) == 0
     assert capsys.readouterr().out.startswith("kind,")
+
+
+def test_every_setting_is_a_flag_under_its_documented_name():
+    parser = argparse.ArgumentParser()
+    add_stream_arguments(parser)
+    assert settings_from(parser.parse_args(["--model", "m"])) == StreamSettings()
+    flags = [  # every setting's flag as the docs name it, the field it sets and the value
+        ("--demand-threads 8", "demand_threads", 8),
+        ("--prefetch-threads 3", "prefetch_threads", 3),
+        ("--shared-pool", "shared_pool", True),
+        ("--dispatch first_replica", "dispatch", "first_replica"),
+        ("--split-reads", "split_reads", True),
+        ("--no-prefetch", "prefetch", False),
+        ("--prefetch-off 3,4", "prefetch_off", frozenset({3, 4})),
+        ("--prefetch-limit 2", "prefetch_limit", 2),
+        ("--no-prefetch-fill", "prefetch_fill", False),
+        ("--no-prefill-prefetch", "prefill_prefetch", False),
+        ("--no-prefetch-tail", "prefetch_tail", False),
+        ("--no-overlap", "overlap", False),
+        ("--cache-mb 30", "cache_bytes", 30_000_000),
+        ("--cache-policy lru", "cache_policy", "lru"),
+        ("--verify-checksums first", "verify_checksums", "first"),
+        ("--trace", "trace", True),
+        ("--use-drives d0,d1", "use_drives", ("d0", "d1")),
+    ]
+    assert {name for _, name, _ in flags} == {f.name for f in fields(StreamSettings)}
+    settings = settings_from(parser.parse_args(["--model", "m", *" ".join(flag for flag, _, _ in flags).split()]))
+    assert {name: getattr(settings, name) for _, name, _ in flags} == {name: value for _, name, value in flags}
+    for wrong in (["--prefetch-off", "3,x"], ["--dispatch", "nearest"], ["--cache-policy", "random"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--model", "m", *wrong])
 
 
 def test_verify_passes_for_streaming_and_fails_on_a_different_record(store, home, capsys):

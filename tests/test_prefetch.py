@@ -22,37 +22,37 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
     tokens, on = figures(store, StreamSettings(prefetch=True))
     same, off = figures(store, StreamSettings(prefetch=False, prefill_prefetch=False))
     assert tokens == same
-    reads = on["reads"]
-    assert reads["joined_prefetch"] > 0 and reads["prefetch_reads"] > 0
+    reads = on.reads
+    assert reads.joined_prefetch > 0 and reads.prefetch_reads > 0
     # every expert a demand used came from exactly one read: its own or a prefetch it joined
-    used = reads["demand_reads"] + reads["joined_prefetch"]
-    assert used == off["reads"]["demand_reads"]
-    issued = reads["demand_reads"] + reads["prefetch_reads"] - reads["cancelled_prefetch"]
-    assert sum(d["reads"] for d in on["drives"].values()) == issued
-    assert 0 < on["prefetch_recall"] <= 1
-    assert set(on["recall_per_layer"]) == {1, 2}  # the first MoE layer has no layer before it to predict it
-    assert off["reads"]["prefetch_reads"] == 0 and off["recall_per_layer"] == {}
+    used = reads.demand_reads + reads.joined_prefetch
+    assert used == off.reads.demand_reads
+    issued = reads.demand_reads + reads.prefetch_reads - reads.cancelled_prefetch
+    assert sum(d.reads for d in on.drives.values()) == issued
+    assert 0 < on.prefetch_recall <= 1
+    assert set(on.recall_per_layer) == {1, 2}  # the first MoE layer has no layer before it to predict it
+    assert off.reads.prefetch_reads == 0 and off.recall_per_layer == {}
 
 
 def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):
     _, prefill_only = figures(store, StreamSettings(prefetch=False, prefill_prefetch=True))
-    reads = prefill_only["reads"]
-    assert reads["prefetch_reads"] > 0 and reads["joined_prefetch"] > 0
+    reads = prefill_only.reads
+    assert reads.prefetch_reads > 0 and reads.joined_prefetch > 0
     # the prompt's one pass per predicting layer (2 of 3 MoE layers) predicts at most all 8 experts each
-    assert reads["prefetch_reads"] <= 2 * 8
+    assert reads.prefetch_reads <= 2 * 8
 
 
 def test_prefetch_can_be_turned_off_for_one_layer(store):
     _, some = figures(store, StreamSettings(prefetch=True, prefetch_off=frozenset({2})))
-    assert set(some["recall_per_layer"]) == {1}
+    assert set(some.recall_per_layer) == {1}
 
 
 def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(store):
     _, all_k = figures(store, StreamSettings(prefetch=True))
     _, one = figures(store, StreamSettings(prefetch=True, prefetch_limit=1))
-    assert 0 < one["reads"]["prefetch_reads"] < all_k["reads"]["prefetch_reads"]
-    predicting_calls = one["calls"]["calls"] * 2 // 3  # 3 MoE layers: the first two predict the next one
-    assert one["reads"]["prefetch_reads"] <= predicting_calls  # at most one read ahead per predicting call
+    assert 0 < one.reads.prefetch_reads < all_k.reads.prefetch_reads
+    predicting_calls = one.calls.calls * 2 // 3  # 3 MoE layers: the first two predict the next one
+    assert one.reads.prefetch_reads <= predicting_calls  # at most one read ahead per predicting call
 
 
 def test_predict_orders_the_union_of_rows_by_confidence():

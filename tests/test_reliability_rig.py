@@ -45,7 +45,7 @@ def test_a_drive_stalled_mid_generation_is_routed_around(rig_place, tmp_path):
         model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
 
         def bytes_read() -> dict[str, int]:
-            return {name: figures["bytes"] for name, figures in stream.figures()["drives"].items()}
+            return {name: figures.bytes for name, figures in stream.figures().drives.items()}
 
         def stall_when_reading() -> None:
             while bytes_read()[stalled.name] == 0:
@@ -80,7 +80,7 @@ def test_a_real_io_error_falls_back_to_replicas_or_stops_naming_drive_and_file(r
         model, _, stream = load_streaming(store, StreamSettings(dispatch="first_replica"))
         try:
             assert greedy_tokens(model, 8) == expected  # every expert read again from the other disk
-            assert stream.figures()["reads"]["fallbacks"] > 0
+            assert stream.figures().reads.fallbacks > 0
         finally:
             stream.close()
         model, _, stream = load_streaming(store, StreamSettings(use_drives=(broken.name,)))

@@ -16,12 +16,20 @@ import pytest
 from mlx_lm.utils import load_model
 
 from bench.trunk_bits import PROMPT, greedy_tokens
-from nightshift.engine import Drive, ImportOptions, import_checkpoint, open_model, read_manifest, synthesize
+from nightshift.engine import (
+    SYNTH_FAMILIES,
+    Drive,
+    ImportOptions,
+    import_checkpoint,
+    open_model,
+    read_manifest,
+    synthesize,
+)
 from nightshift.engine.models import get_classes
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.safetensors_io import read_header
 
-FAMILIES = ["kimi_k3", "deepseek_v3", "kimi_k2", "qwen3_moe", "mixtral", "gpt_oss"]
+FAMILIES = list(SYNTH_FAMILIES)
 
 
 def tiny_checkpoint(root: Path, arch: str, skew: float = 0.0) -> Path:

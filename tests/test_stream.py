@@ -18,7 +18,7 @@ from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reader import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.moe.stream import ExpertStream, StreamFigures
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
@@ -65,7 +65,7 @@ def streamed(
 
 def streamed_tokens(
     store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
-) -> tuple[list[int], dict]:
+) -> tuple[list[int], StreamFigures]:
     tokens, stream = streamed(store, settings, steps, devices)
     return tokens, stream.figures()
 
@@ -76,8 +76,8 @@ def test_streamed_greedy_tokens_equal_the_model_in_ram(arch, overlap, stores, in
     tokens, stream = streamed(stores[arch], StreamSettings(prefetch=True, overlap=overlap))
     assert tokens == in_ram_tokens[arch]
     figures = stream.figures()
-    assert sum(d["bytes"] for d in figures["drives"].values()) > 0  # the experts did come from the drives
-    assert figures["reads"]["demand_reads"] > 0
+    assert sum(d.bytes for d in figures.drives.values()) > 0  # the experts did come from the drives
+    assert figures.reads.demand_reads > 0
     decode_steps = [p for p in stream.trace.passes() if p.rows == 1]
     # With overlap each decode step's experts ran one by one inside the pass; stacked, all ran after it.
     assert all((p.expert_s > 0) == overlap for p in decode_steps)
@@ -105,9 +105,9 @@ def test_every_mechanism_on_keeps_tokens_identical(sources, in_ram_tokens, tmp_p
     # Both drives sit on this machine's one disk: call them two devices so halves are split between them.
     tokens, figures = streamed_tokens(store, settings, devices={"d0": 1, "d1": 2})
     assert tokens == in_ram_tokens["kimi_k3"]
-    assert figures["reads"]["split_reads"] > 0
-    assert figures["cache_hits"] > 0
-    assert figures["prefetch_recall"] > 0
+    assert figures.reads.split_reads > 0
+    assert figures.cache_hits > 0
+    assert figures.prefetch_recall > 0
 
 
 def test_a_bad_replica_falls_back_to_another(sources, in_ram_tokens, tmp_path):
@@ -120,8 +120,8 @@ def test_a_bad_replica_falls_back_to_another(sources, in_ram_tokens, tmp_path):
             path.write_bytes(b"")
     tokens, figures = streamed_tokens(store, StreamSettings(dispatch="first_replica"))
     assert tokens == in_ram_tokens["qwen3_moe"]
-    assert figures["reads"]["fallbacks"] > 0
-    assert figures["drives"]["d1"]["bytes"] > 0 and figures["drives"]["d0"]["bytes"] == 0
+    assert figures.reads.fallbacks > 0
+    assert figures.drives["d1"].bytes > 0 and figures.drives["d0"].bytes == 0
 
 
 def test_corrupt_replica_is_caught_by_checksums_and_skipped(sources, in_ram_tokens, tmp_path):
@@ -137,9 +137,9 @@ def test_corrupt_replica_is_caught_by_checksums_and_skipped(sources, in_ram_toke
     for mode in ("always", "first"):  # "first": each file hashed once per process, a corrupt one never used
         tokens, figures = streamed_tokens(store, StreamSettings(dispatch="first_replica", verify_checksums=mode))
         assert tokens == in_ram_tokens["qwen3_moe"]
-        assert figures["reads"]["fallbacks"] > 0
+        assert figures.reads.fallbacks > 0
     # "off" reads the corrupt d0 copies as they are: only the checks above stand between them and the model
-    assert streamed_tokens(store, StreamSettings(dispatch="first_replica"))[1]["reads"]["fallbacks"] == 0
+    assert streamed_tokens(store, StreamSettings(dispatch="first_replica"))[1].reads.fallbacks == 0
 
 
 def test_an_unknown_checksum_mode_is_refused():
@@ -201,7 +201,7 @@ def test_overlap_counts_only_experts_run_while_reads_were_landing(stores):
     all_cached = [p for p in stream.trace.passes() if p.rows == 1 and all(r.source == "cache" for r in p.reads)]
     assert all_cached, "the cache should hold every expert of some decode steps"
     assert all(p.overlapped == 0 and p.expert_s > 0 for p in all_cached)
-    assert stream.figures()["calls"]["overlapped"] == sum(p.overlapped for p in stream.trace.passes())
+    assert stream.figures().calls.overlapped == sum(p.overlapped for p in stream.trace.passes())
 
 
 def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):

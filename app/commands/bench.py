@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
+from typing import get_args, get_origin, get_type_hints
 
 from nightshift.app.commands import say
 from nightshift.app.commands.runs import catalogue
+from nightshift.engine import FIRST_REPLICA, FREQUENCY, LEAST_COMPLETION, LRU
 
 # mechanism -> (baseline settings, variant settings, counter that proves the variant fired)
 MECHANISMS = {
     "split": ({"split_reads": False}, {"split_reads": True}, "split_reads"),
     "pools": ({"shared_pool": True}, {"shared_pool": False}, "prefetch_reads"),
-    "dispatch": ({"dispatch": "first_replica"}, {"dispatch": "least_completion"}, "replica_choices"),
+    "dispatch": ({"dispatch": FIRST_REPLICA}, {"dispatch": LEAST_COMPLETION}, "replica_choices"),
     "prefetch": ({"prefetch": False}, {"prefetch": True}, "joined_prefetch"),
     "prefetch-fill": (
         {"prefetch": True, "prefetch_fill": False},
@@ -29,93 +32,72 @@ MECHANISMS = {
     "overlap": ({"overlap": False}, {"overlap": True}, "overlapped_experts"),
     "prefetch-tail": ({"prefetch_tail": False}, {"prefetch_tail": True}, "tail_prefetch"),
     "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --cache-mb (must be > 0)
-    "cache-policy": ({"cache_policy": "lru"}, {"cache_policy": "frequency"}, "cache_hits"),
+    "cache-policy": ({"cache_policy": LRU}, {"cache_policy": FREQUENCY}, "cache_hits"),
 }
 
 
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
-    """The streaming settings, as flags (shared with `nightshift verify`)."""
+    """The store and where to read it, then one flag per StreamSettings field (shared with `nightshift verify`).
+
+    The settings' flags are made from the fields: their names, defaults, choices and help are written once,
+    in engine/moe/settings.py. A bool is `--name/--no-name`; a set or tuple, comma-separated values.
+    """
+    from nightshift.engine import StreamSettings
+
     parser.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     parser.add_argument("--drives", help="drives.toml whose roots replace the store's (e.g. the rig's)")
     parser.add_argument("--ceilings", help="drive_ceilings.json from `drives probe` (dispatcher's starting estimates)")
-    parser.add_argument("--demand-threads", type=int, default=4, help="demand reader threads per drive (4)")
-    parser.add_argument("--prefetch-threads", type=int, default=2, help="prefetch reader threads per drive (2)")
-    parser.add_argument(
-        "--shared-pool", action="store_true", help="demand and prefetch reads share one queue per drive"
-    )
-    parser.add_argument("--dispatch", choices=("least_completion", "first_replica"), default="least_completion")
-    parser.add_argument("--split-reads", action="store_true", help="read experts as two halves from two devices")
-    parser.add_argument(
-        "--prefetch",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="read the next layer's predicted experts during this layer's compute (default: on)",
-    )
-    parser.add_argument("--prefetch-off", default="", help="comma-separated layers not prefetched")
-    parser.add_argument(
-        "--prefetch-limit",
-        type=int,
-        default=0,
-        help="most predicted experts read ahead per layer pass, most confident first (0: all top-k)",
-    )
-    parser.add_argument(
-        "--no-prefetch-fill",
-        dest="prefetch_fill",
-        action="store_false",
-        help="decode read-ahead not capped at what fits in the measured compute window",
-    )
-    parser.add_argument(
-        "--no-prefill-prefetch",
-        dest="prefill_prefetch",
-        action="store_false",
-        help="no read-ahead of the next layer's predicted experts in passes of many rows",
-    )
-    parser.add_argument(
-        "--prefetch-tail",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="drives done with a decode layer's reads start on the next layer's guesses (default: on)",
-    )
-    parser.add_argument(
-        "--overlap",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="in decode, run each expert as it lands while the rest are read (default: on)",
-    )
-    parser.add_argument("--cache-mb", type=float, default=0, help="RAM expert cache budget in MB (0: off)")
-    parser.add_argument(
-        "--cache-policy",
-        choices=("lru", "frequency"),
-        default="frequency",
-        help="what the RAM cache evicts (frequency: measured best)",
-    )
-    parser.add_argument("--use-drives", default="", help="comma-separated drive names to read from (default: all)")
+    kinds = get_type_hints(StreamSettings)
+    for setting in fields(StreamSettings):
+        option, kind = setting.metadata["option"], kinds[setting.name]
+        flag = "--" + _flag_name(setting)
+        default = setting.default if setting.default is not MISSING else setting.default_factory()
+        if kind is bool:
+            on_off = "on" if default else "off"
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=f"{option.help} (default: {on_off})"
+            )
+        elif get_origin(kind) in (frozenset, tuple):  # empty by default: the help says what none means
+            parser.add_argument(flag, type=comma_list(get_args(kind)[0]), default=default, help=option.help)
+        else:
+            scaled = option.scale != 1
+            value = default / option.scale if scaled else default
+            parser.add_argument(
+                flag,
+                type=float if scaled else kind,
+                default=value,
+                choices=option.choices or None,
+                help=f"{option.help} (default: {value:g})" if scaled else f"{option.help} (default: {value})",
+            )
+
+
+def _flag_name(setting: Field) -> str:
+    return setting.metadata["option"].flag or setting.name.replace("_", "-")
+
+
+def comma_list(item: type) -> Callable[[str], tuple]:
+    """An argparse type: comma-separated values of `item` (int or str: only whole numbers can be mistyped)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(item(part.strip()) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"give whole numbers separated by commas, e.g. 3,4; got {text!r}"
+            ) from None
+
+    return parse
 
 
 def settings_from(args: argparse.Namespace):
-    from nightshift.engine import NightshiftError, StreamSettings
+    """The StreamSettings the flags of `add_stream_arguments` name (a scaled flag back in its setting's unit)."""
+    from nightshift.engine import StreamSettings
 
-    try:
-        off = frozenset(int(x) for x in args.prefetch_off.split(",") if x.strip())
-    except ValueError:
-        raise NightshiftError(f"--prefetch-off takes layer numbers, e.g. 3,4; got {args.prefetch_off!r}") from None
-    return StreamSettings(
-        demand_threads=args.demand_threads,
-        prefetch_threads=args.prefetch_threads,
-        shared_pool=args.shared_pool,
-        dispatch=args.dispatch,
-        split_reads=args.split_reads,
-        prefetch=args.prefetch,
-        prefetch_off=off,
-        prefetch_limit=args.prefetch_limit,
-        prefill_prefetch=args.prefill_prefetch,
-        prefetch_fill=args.prefetch_fill,
-        prefetch_tail=args.prefetch_tail,
-        overlap=args.overlap,
-        cache_bytes=int(args.cache_mb * 1e6),
-        cache_policy=args.cache_policy,
-        use_drives=tuple(d.strip() for d in args.use_drives.split(",") if d.strip()),
-    )
+    values = {}
+    for setting in fields(StreamSettings):
+        value, scale = getattr(args, _flag_name(setting).replace("-", "_")), setting.metadata["option"].scale
+        values[setting.name] = int(value * scale) if scale != 1 else value
+    return StreamSettings(**values)
 
 
 def sources_from(args: argparse.Namespace):
@@ -236,10 +218,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
 
 
 def _depths(text: str) -> list[int]:
-    try:
-        depths = [int(d) for d in text.split(",") if d.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"give draft depths as whole numbers, e.g. 0,1,2,4; got {text!r}") from None
+    depths = list(comma_list(int)(text))
     if not depths or min(depths) < 0:
         raise argparse.ArgumentTypeError(f"draft depths must be 0 or more, at least one; got {text!r}")
     return depths
@@ -360,6 +339,15 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bandwidth_seconds(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bandwidth-seconds",
+        type=float,
+        default=2.0,
+        help="how long to measure the drives' aggregate read bandwidth before the run (2)",
+    )
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser(
         "bench", help="run the engine benchmarks (recorded in `nightshift runs`)", description=__doc__.split("\n\n")[0]
@@ -372,29 +360,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     for parser, run in ((decode, cmd_decode), (ab, cmd_ab), (ladder, cmd_ladder)):
         add_stream_arguments(parser)
         parser.add_argument("--tokens", type=int, default=16, help="tokens to decode (16)")
-        parser.add_argument(
-            "--bandwidth-seconds",
-            type=float,
-            default=2.0,
-            help="how long to measure the drives' aggregate read bandwidth before decoding (2)",
-        )
+        _add_bandwidth_seconds(parser)
         parser.set_defaults(run=run)
     prefill = sub.add_parser("prefill", help="a long prompt's time to first token vs its floors; read amplification")
     add_stream_arguments(prefill)
     prefill.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (512)")
     prefill.add_argument("--chunk", type=int, default=512, help="prompt rows per forward pass (512)")
-    prefill.add_argument(
-        "--row-tokens",
-        type=int,
-        default=0,
-        help="also prefill the first N tokens row by row (chunk 1), for comparison (0: skip)",
-    )
-    prefill.add_argument(
-        "--bandwidth-seconds",
-        type=float,
-        default=2.0,
-        help="how long to measure the drives' aggregate read bandwidth first (2)",
-    )
+    prefill.add_argument("--row-tokens", type=int, default=0, help="also prefill N tokens row by row, to compare (0)")
+    _add_bandwidth_seconds(prefill)
     prefill.add_argument("--no-compute-floor", action="store_true", help="skip the in-RAM run")
     prefill.set_defaults(run=cmd_prefill)
     draft = sub.add_parser("draft", help="sweep speculative draft depth: acceptance, union per verify, tok/s")
@@ -402,12 +375,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     draft.add_argument("--drafter", required=True, help="drafter model (name or directory) sharing the tokenizer")
     draft.add_argument("--depths", type=_depths, default=[0, 1, 2, 3, 4, 5, 6], help="comma-separated (0,1,...,6)")
     draft.add_argument("--tokens", type=int, default=32, help="tokens to decode per depth (32)")
-    draft.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="runs per depth, in alternating order; each depth keeps its median tok/s (1)",
-    )
+    draft.add_argument("--repeats", type=int, default=1, help="runs per depth, alternating; each keeps its median (1)")
     draft.set_defaults(run=cmd_draft)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")

@@ -217,7 +217,7 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         description="Write a Hugging Face-layout checkpoint with seeded random weights: tiny (seconds), "
         "small (~150 MB) or bench (a scaled-down Kimi K3 with 2.5 GB of MXFP4 experts).",
     )
-    synth.add_argument("--arch", required=True, help="kimi_k3, deepseek_v3, kimi_k2, qwen3_moe, mixtral or gpt_oss")
+    synth.add_argument("--arch", required=True, help="model family to imitate, e.g. kimi_k3 (an unknown one lists all)")
     synth.add_argument("--preset", choices=("tiny", "small", "bench"), default="tiny")
     synth.add_argument(
         "--skew",

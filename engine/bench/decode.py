@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -28,6 +28,7 @@ from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.stream import StreamFigures
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import Manifest, read_manifest
 
@@ -94,14 +95,20 @@ def needed_bytes(passes: list[PassTrace], since: float) -> int:
     return sum(r.nbytes for p in passes if p.began >= since for r in p.reads if r.source != CACHE)
 
 
-def counters_of(figures: dict) -> dict[str, float]:
-    """The stream's figures flattened to the counters config assertions check."""
+def counters_of(figures: StreamFigures) -> dict[str, float]:
+    """The stream's figures flattened to the counters config assertions check (as the catalogue records them)."""
     return {
-        **figures["reads"],
-        "cache_hits": figures["cache_hits"],
-        "prefetch_recall_pct": round(100 * figures["prefetch_recall"], 1),
-        "overlapped_experts": figures["calls"]["overlapped"],
+        **asdict(figures.reads),
+        "replica_choices": figures.replica_choices,
+        "cache_hits": figures.cache_hits,
+        "prefetch_recall_pct": round(100 * figures.prefetch_recall, 1),
+        "overlapped_experts": figures.calls.overlapped,
     }
+
+
+def drives_of(figures: StreamFigures) -> dict[str, dict[str, int]]:
+    """Bytes and reads per drive, as the catalogue records them."""
+    return {name: asdict(drive) for name, drive in figures.drives.items()}
 
 
 def decode_bench(
@@ -133,7 +140,7 @@ def decode_bench(
     finally:
         stream.close()
         del model
-    decode_bytes = sum(d["bytes"] - before.get(n, 0) for n, d in figures["drives"].items())
+    decode_bytes = sum(d.bytes - before.get(n, 0) for n, d in figures.drives.items())
     bytes_per_token = decode_bytes / tokens
     needed_per_token = needed_bytes(stream.trace.passes(), decode_began[0]) / tokens
     disk_floor = needed_per_token / bandwidth
@@ -146,7 +153,7 @@ def decode_bench(
         "bandwidth_bytes_per_s": bandwidth,
         "disk_floor_ms": 1000 * disk_floor,
         "disk_floor_fraction": disk_floor / streamed.seconds_per_token,  # 1.0: as fast as the drives allow
-        "prefetch_recall": figures["prefetch_recall"],
+        "prefetch_recall": figures.prefetch_recall,
     }
     if compute_floor:
         resident, _ = load_store(Path(store))
@@ -161,7 +168,7 @@ def decode_bench(
     return {
         "figures": out,
         "counters": counters_of(figures),
-        "drives": figures["drives"],
+        "drives": drives_of(figures),
         "trace": trace,
         "tokens": streamed.tokens,
     }

@@ -26,7 +26,7 @@ def _reads(model: Model) -> tuple[int, int, int]:
     if model.stream is None:
         return 0, 0, 0
     calls = model.stream.calls
-    return sum(d["bytes"] for d in model.stream.figures()["drives"].values()), calls.calls, calls.unique
+    return model.stream.figures().bytes_read, calls.calls, calls.unique
 
 
 def generate_once(model: Model, prompt: list[int], tokens: int, depth: int) -> dict:

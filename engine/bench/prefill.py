@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from nightshift.engine.bench.decode import counters_of, measure_bandwidth
+from nightshift.engine.bench.decode import counters_of, drives_of, measure_bandwidth
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming, with_drives
@@ -85,7 +85,7 @@ def prefill_bench(
         "bandwidth_bytes_per_s": bandwidth,
         "disk_floor_s": disk_floor,
         "disk_floor_fraction": disk_floor / seconds,
-        "prefetch_recall": figures["prefetch_recall"],
+        "prefetch_recall": figures.prefetch_recall,
     }
     if rows is not None:
         row_seconds, _, row_reads = rows
@@ -115,4 +115,4 @@ def prefill_bench(
         "prefill_unique_bytes": reads.unique_bytes,
         "prefill_bytes_read": reads.bytes_read,
     }
-    return {"figures": out, "counters": counters, "drives": figures["drives"], "trace": trace}
+    return {"figures": out, "counters": counters, "drives": drives_of(figures), "trace": trace}

@@ -12,13 +12,15 @@ import threading
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
+from nightshift.engine.moe.settings import FREQUENCY, LRU
+
 Key = tuple[int, int]  # (layer, expert)
 V = TypeVar("V")
 DECAY_EVERY = 4096
 
 
 class ExpertCache(Generic[V]):
-    def __init__(self, budget_bytes: int, policy: str = "lru"):
+    def __init__(self, budget_bytes: int, policy: str = LRU):
         self.budget = budget_bytes
         self.policy = policy
         self.used = 0
@@ -47,7 +49,7 @@ class ExpertCache(Generic[V]):
                 return key in self._items
             while self.used + nbytes > self.budget:
                 victim = self._victim()
-                if self.policy == "frequency" and self._counts.get(victim, 0) > self._counts.get(key, 0):
+                if self.policy == FREQUENCY and self._counts.get(victim, 0) > self._counts.get(key, 0):
                     return False
                 self.used -= self._items.pop(victim)[1]
             self._items[key] = (value, nbytes)
@@ -62,7 +64,7 @@ class ExpertCache(Generic[V]):
         return len(self._items)
 
     def _victim(self) -> Key:
-        if self.policy == "lru":
+        if self.policy == LRU:
             return next(iter(self._items))
         return min(self._items, key=lambda k: self._counts.get(k, 0))  # ties: least recent (dict order)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.moe.settings import FIRST_REPLICA, LEAST_COMPLETION
 
 DEFAULT_BANDWIDTH = 1e9  # bytes/s, until measured
 DEFAULT_LATENCY = 1e-4  # s
@@ -55,7 +56,7 @@ class Dispatcher:
     def __init__(
         self,
         estimates: dict[str, DriveEstimate],
-        policy: str = "least_completion",
+        policy: str = LEAST_COMPLETION,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.policy = policy
@@ -77,7 +78,7 @@ class Dispatcher:
         """The drive to read `nbytes` from, now counted in flight there until `finished`."""
         with self._lock:
             self.choices += len(candidates) > 1
-            if self.policy == "first_replica":
+            if self.policy == FIRST_REPLICA:
                 drive = candidates[0]
             else:
                 drive = min(candidates, key=lambda d: self.expected_completion(d, nbytes))

@@ -1,4 +1,9 @@
-"""How the streaming engine reads experts: every knob a benchmark may A/B, in one place."""
+"""How the streaming engine reads experts: every knob a benchmark may A/B, in one place.
+
+Each setting carries its command-line option in its field metadata (`Option`): the bench and verify
+commands build their flags from `dataclasses.fields(StreamSettings)`, so a name, default, choice or
+help text is written here once.
+"""
 
 from __future__ import annotations
 
@@ -6,56 +11,109 @@ from dataclasses import asdict, dataclass, field
 
 from nightshift.engine.errors import NightshiftError
 
-DISPATCH_POLICIES = ("least_completion", "first_replica")
-CACHE_POLICIES = ("lru", "frequency")
+LEAST_COMPLETION, FIRST_REPLICA = "least_completion", "first_replica"
+DISPATCH_POLICIES = (LEAST_COMPLETION, FIRST_REPLICA)
+LRU, FREQUENCY = "lru", "frequency"
+CACHE_POLICIES = (LRU, FREQUENCY)
 CHECKSUM_MODES = ("off", "first", "always")
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one setting appears as a command-line flag.
+
+    flag: the flag's name where it is not the field's name with dashes (`--cache-mb` for `cache_bytes`).
+    scale: what one unit of the flag is in the setting's unit (1e6 bytes per MB).
+    """
+
+    help: str
+    choices: tuple[str, ...] = ()
+    flag: str = ""
+    scale: float = 1
+
+
+def option(help: str, choices: tuple[str, ...] = (), flag: str = "", scale: float = 1) -> dict[str, Option]:
+    """Field metadata holding the setting's `Option`."""
+    return {"option": Option(help, choices, flag, scale)}
 
 
 @dataclass(frozen=True)
 class StreamSettings:
     """Settings of one streaming configuration; `fingerprint()` in the catalogue keys on them.
 
-    demand_threads, prefetch_threads: reader threads per drive for each queue (reads in flight per drive).
-    shared_pool: demand and prefetch reads go to one queue per drive (the A/B against separate pools).
-    split_reads: every read as two halves from replicas on two devices.
-    prefetch_off: layers whose next-layer prediction is not issued (where it does not pay).
-    prefetch_limit: most predicted experts read ahead per pass, most confident first (0: all top-k).
-    prefetch_fill: in a one-row (decode) pass, read ahead only as many as the drives can deliver in the
-        measured compute window before the next layer asks (its bandwidth x window / expert bytes).
-    prefetch_tail: in a one-row pass, the next layer's guesses (most confident first) are also read by
-        drives that have finished their share of this layer while another drive still reads its own.
-    overlap: in a one-row (decode) pass, run each expert as soon as it is here (cached, or its read landed)
-        while the others are still being read; the layer still sums the experts in slot order, and one
-        expert run alone gives the same bits as in the stack, so output is unchanged.
-    prefill_prefetch: read the next layer's predicted union ahead during passes of many rows (a prefill
-        chunk, a speculative verify) even with `prefetch` off: such a pass computes long enough to hide it.
+    Each field's option help says what it does; why the defaults are what they are is noted beside them.
+    overlap keeps output unchanged: the layer still sums the experts in slot order, and one expert run
+    alone gives the same bits as in the stack. prefill_prefetch reads ahead even with `prefetch` off
+    because a pass of many rows (a prefill chunk, a speculative verify) computes long enough to hide it.
     """
 
-    demand_threads: int = 4
-    prefetch_threads: int = 2
-    shared_pool: bool = False
-    dispatch: str = "least_completion"
-    split_reads: bool = False
+    demand_threads: int = field(default=4, metadata=option("demand reader threads per drive (reads in flight)"))
+    prefetch_threads: int = field(default=2, metadata=option("prefetch reader threads per drive"))
+    shared_pool: bool = field(
+        default=False, metadata=option("demand and prefetch reads share one queue per drive (the A/B against two)")
+    )
+    dispatch: str = field(
+        default=LEAST_COMPLETION,
+        metadata=option(
+            "which replica a read goes to (least_completion: the drive expected to finish first)", DISPATCH_POLICIES
+        ),
+    )
+    split_reads: bool = field(
+        default=False, metadata=option("read every expert as two halves from replicas on two devices")
+    )
     # On by default since prefetch fill: on the bench model (disk floor 3.6x compute), before overlap, decode
     # went from 0.75 of the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is
     # short, it measured -2.5 % to +3.5 %, within the noise (docs/results.md, third round).
-    prefetch: bool = True
-    prefetch_off: frozenset[int] = field(default_factory=frozenset)
-    prefetch_limit: int = 0
-    prefetch_fill: bool = True
-    prefill_prefetch: bool = True
+    prefetch: bool = field(
+        default=True, metadata=option("read the next layer's predicted experts during this layer's compute")
+    )
+    prefetch_off: frozenset[int] = field(
+        default_factory=frozenset,
+        metadata=option("layers whose next-layer prediction is not issued, comma-separated (where it does not pay)"),
+    )
+    prefetch_limit: int = field(
+        default=0,
+        metadata=option("most predicted experts read ahead per layer pass, most confident first (0: all top-k)"),
+    )
+    prefetch_fill: bool = field(
+        default=True,
+        metadata=option(
+            "in decode, read ahead only what the drives deliver in the measured compute window before the next "
+            "layer asks (bandwidth x window / expert bytes)"
+        ),
+    )
+    prefill_prefetch: bool = field(
+        default=True,
+        metadata=option("read the next layer's predicted union ahead in passes of many rows, even with prefetch off"),
+    )
     # On: +10.8 % on the bench model at 3 drives (0.888 -> 0.986 of the disk floor), -0.2 % at 4, where a
     # layer's 16 experts divide evenly and the tail is short (docs/results.md, fourth round, runs 36-39).
-    prefetch_tail: bool = True
-    overlap: bool = True
-    cache_bytes: int = 0
+    prefetch_tail: bool = field(
+        default=True,
+        metadata=option("in decode, drives done with a layer's reads start on the next layer's guesses"),
+    )
+    overlap: bool = field(
+        default=True, metadata=option("in decode, run each expert as it lands while the rest are still read")
+    )
+    cache_bytes: int = field(
+        default=0, metadata=option("RAM expert cache budget in MB (0: off)", flag="cache-mb", scale=1e6)
+    )
     # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).
-    cache_policy: str = "frequency"
-    # "first": each replica file is checked against the manifest's sha256 the first time this process
-    # reads it (catches a corrupt copy for the cost of one hash per file); "always": every read.
-    verify_checksums: str = "off"
-    trace: bool = False
-    use_drives: tuple[str, ...] = ()  # read only from these drives (empty: all); the drive ladder's knob
+    cache_policy: str = field(
+        default=FREQUENCY, metadata=option("what the RAM cache evicts (frequency: measured best)", CACHE_POLICIES)
+    )
+    # "first" catches a corrupt copy for the cost of one hash per file.
+    verify_checksums: str = field(
+        default="off",
+        metadata=option(
+            "check replica files against the manifest's sha256: the first time this process reads each, or always",
+            CHECKSUM_MODES,
+        ),
+    )
+    trace: bool = field(default=False, metadata=option("keep the barrier trace of every pass, not only recent ones"))
+    use_drives: tuple[str, ...] = field(
+        default=(), metadata=option("drive names to read from, comma-separated (default: all); the ladder's knob")
+    )
 
     def __post_init__(self):
         if self.prefetch_limit < 0:

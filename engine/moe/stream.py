@@ -1,10 +1,22 @@
-"""Everything behind one model's streaming layers: reads, cache, next-layer prefetch, trace, figures."""
+"""Everything behind one model's streaming layers: reads, cache, next-layer prefetch, trace, figures.
+
+One layer call (`ExpertStream.experts`) takes these steps, in this order:
+
+1. read back the router's choice (the MLX stall, and in decode the compute window a read-ahead can fill);
+2. count what the pass needs (the prompt's unique experts, the recall of this layer's prediction);
+3. look the experts up in the RAM cache and place demand reads of the rest;
+4. guess the next layer's experts and hold the most confident for drives that finish early (the tail);
+5. land the experts, running each as it lands while the others are still being read;
+6. prefetch the next layer's guesses, now that the drives are idle;
+7. keep what was read in the cache, and record the pass.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,9 +28,9 @@ from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.dispatch import Dispatcher, estimates_from
 from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
-from nightshift.engine.moe.reader import ExpertReader, LoadedExpert, Tensors, as_stored
+from nightshift.engine.moe.reader import ExpertReader, LoadedExpert, ReadCounts, Tensors, as_stored
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.store.manifest import Manifest
+from nightshift.engine.store.manifest import Manifest, MoeLayer
 
 WINDOW_SMOOTHING = 0.2
 
@@ -68,7 +80,88 @@ class CallCounts:
     overlapped: int = 0  # experts run while others of their pass were still being read (the overlap proof)
 
 
+@dataclass(frozen=True)
+class DriveFigures:
+    """What one drive has delivered so far."""
+
+    bytes: int
+    reads: int
+
+
+@dataclass(frozen=True)
+class StreamFigures:
+    """A stream's counters at one moment, typed for the caller (made JSON only where a record is written).
+
+    drives: bytes and reads completed per drive name.
+    reads: what the reader did (demand, prefetch, joined, split, fallbacks, ...): config assertions check these.
+    replica_choices: reads that had more than one replica to choose from (where the dispatch policy mattered).
+    cache_hits, cache_misses: lookups in the RAM expert cache (0 without one).
+    prefetch_recall: of the experts predicted layers needed, the share their prediction had named.
+    recall_per_layer: the same per predicted layer, rounded to 4 places.
+    calls: streaming layer calls, the rows they carried, their unique and overlapped experts.
+    """
+
+    drives: dict[str, DriveFigures]
+    reads: ReadCounts
+    replica_choices: int
+    cache_hits: int
+    cache_misses: int
+    prefetch_recall: float
+    recall_per_layer: dict[int, float]
+    calls: CallCounts
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read from all drives together."""
+        return sum(d.bytes for d in self.drives.values())
+
+
+@dataclass
+class Landing:
+    """One pass's experts as they come: `found` holds the cached ones, then each read as it lands.
+
+    With a `landed` callback each expert runs the moment it is here, timed into the trace, while the other
+    reads are still in flight (the overlap); without one, the pass only waits and the layer runs them stacked.
+    """
+
+    record: PassTrace
+    unique: list[int]  # the pass's experts, sorted; `landed` is told each one's place in this list
+    found: dict[int, Tensors]
+    spec: MoeLayer
+    landed: Callable[[int, Tensors], None] | None
+    missing: list[int] = field(init=False)  # not cached: read from the drives, in `unique` order
+    loaded: list[LoadedExpert] = field(default_factory=list)  # the reads of `missing`, once all have landed
+    start: float = 0.0  # when the wait began (perf_counter)
+    _place: dict[int, int] = field(init=False, repr=False)  # expert -> its place in `unique`
+
+    def __post_init__(self) -> None:
+        self.missing = [e for e in self.unique if e not in self.found]
+        self._place = {e: i for i, e in enumerate(self.unique)}
+
+    def run_cached(self, pending: list[tuple[Future[LoadedExpert], str]]) -> None:
+        """Run the cached experts first: their compute overlaps every read still in flight."""
+        for expert in list(self.found):
+            self._run(expert, sum(not future.done() for future, _ in pending))
+
+    def arrived(self, i: int, loaded: LoadedExpert, still_reading: int) -> None:
+        """The reader's callback as the `i`th missing expert lands: view it in its stored dtypes and run it."""
+        self.record.wait_s = time.perf_counter() - self.start
+        self.found[self.missing[i]] = as_stored(loaded.tensors, self.spec)
+        self._run(self.missing[i], still_reading)
+
+    def _run(self, expert: int, still_reading: int) -> None:
+        began = time.perf_counter()
+        self.landed(self._place[expert], self.found[expert])
+        self.record.expert_s += time.perf_counter() - began
+        self.record.overlapped += still_reading > 0
+
+
 class ExpertStream:
+    """One model's streamed experts: the reader and its drives, the RAM cache, next-layer guesses, trace and counts.
+
+    Every streaming MoE layer of the model calls `experts` once per forward pass (see the module docstring).
+    """
+
     def __init__(self, manifest: Manifest, settings: StreamSettings, ceilings: Ceilings | None = None):
         self.manifest = manifest
         self.settings = settings
@@ -101,64 +194,23 @@ class ExpertStream:
         it is here: cached ones first, then each read as it lands, so the caller can run it while the rest
         are still being read.
         """
+        # Mirrors the steps in the module docstring; each helper's docstring says why it runs where it does.
         record = self.trace.begin(layer)
-        start = time.perf_counter()
-        host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
-        record.readback_s = time.perf_counter() - start
+        host = self._read_back(indices, record)
         unique = np.unique(host).tolist()
-        record.rows = host.size // host.shape[-1]
-        if record.rows == 1:  # the compute window a decode step's read-ahead can fill (see _window_fill)
-            w = record.readback_s
-            self._window = w if self._window is None else self._window + WINDOW_SMOOTHING * (w - self._window)
-        if self._prefill_needed is not None:
-            self._prefill_needed.update((layer, e) for e in unique)
-        self._score(layer, unique)
-        found = {e: t for e in unique if (t := self._cached(layer, e)) is not None}
-        missing = [e for e in unique if e not in found]
-        spec = self.reader.layers[layer]
-        pending = self.reader.demand(layer, missing)
+        self._count_needed(layer, unique)
+        landing = Landing(record, unique, self._look_up(layer, unique), self.reader.layers[layer], landed)
+        pending = self.reader.demand(layer, landing.missing)
         guess = self._guess_next(layer, x, host.shape[-1], record)
-        tail = guess is not None and record.rows == 1 and self.settings.prefetch_tail
-        if tail:
-            held = self._uncached(guess.layer, guess.experts)[: self.settings.prefetch_limit or None]
-            self.reader.hold_tail(guess.layer, held)
-        start = time.perf_counter()
-        place = {e: i for i, e in enumerate(unique)}
-
-        def run(expert: int, still_reading: int) -> None:
-            began = time.perf_counter()
-            landed(place[expert], found[expert])
-            record.expert_s += time.perf_counter() - began
-            record.overlapped += still_reading > 0
-
-        def arrived(i: int, loaded: LoadedExpert, still_reading: int) -> None:
-            record.wait_s = time.perf_counter() - start
-            found[missing[i]] = as_stored(loaded.tensors, spec)
-            run(missing[i], still_reading)
-
-        if landed is not None:
-            for expert in list(found):
-                run(expert, sum(not future.done() for future, _ in pending))
-        try:
-            landed_all = self.reader.wait(layer, missing, pending, arrived if landed is not None else None)
-        finally:
-            read_in_tail = self.reader.end_tail() if tail else []
-        if landed is None:
-            record.wait_s = time.perf_counter() - start
+        tail = self._hold_tail(guess, record)
+        read_in_tail = self._land(layer, landing, pending, tail)
         # Only now: the drives are idle until the next layer asks, so its predicted reads take no
         # bandwidth from this layer's own (before the wait or here measured the same on small2).
         if guess is not None:
-            self._prefetch_next(guess, {e for _, e in read_in_tail}, record)
-        for expert, (loaded, _) in zip(missing, landed_all):
-            if expert not in found:
-                found[expert] = as_stored(loaded.tensors, spec)
-            record.reads.append(loaded.read)
-            if self.cache is not None:
-                self.cache.put((layer, expert), found[expert], loaded.nbytes)
-        record.reads += [ExpertRead(e, CACHE) for e in unique if e not in missing]
-        self._count(record, unique)
-        self.trace.add(record)
-        return unique, host, [found[e] for e in unique]
+            self._prefetch_next(guess, read_in_tail, record)
+        self._keep(layer, landing)
+        self._record(landing)
+        return unique, host, [landing.found[e] for e in unique]
 
     def begin_prefill(self) -> None:
         """Start counting what a prompt needs and what reading it costs (read amplification)."""
@@ -173,56 +225,60 @@ class ExpertStream:
     def _bytes_read(self) -> int:
         return sum(s.bytes for s in self.counters.snapshot())
 
-    def figures(self) -> dict:
-        """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall."""
+    def figures(self) -> StreamFigures:
+        """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall, calls (copies)."""
         drives = {
-            name: {"bytes": s.bytes, "reads": s.reads} for name, s in zip(self.counters.names, self.counters.snapshot())
+            name: DriveFigures(s.bytes, s.reads) for name, s in zip(self.counters.names, self.counters.snapshot())
         }
         needed = sum(r.needed for r in self.recall.values())
         hits = sum(r.predicted_hits for r in self.recall.values())
-        return {
-            "drives": drives,
-            "reads": {**vars(self.reader.counts), "replica_choices": self.dispatcher.choices},
-            "cache_hits": self.cache.hits if self.cache else 0,
-            "cache_misses": self.cache.misses if self.cache else 0,
-            "prefetch_recall": hits / needed if needed else 0.0,
-            "recall_per_layer": {layer: round(r.recall, 4) for layer, r in sorted(self.recall.items())},
-            "calls": vars(self.calls).copy(),
-        }
+        return StreamFigures(
+            drives=drives,
+            reads=replace(self.reader.counts),
+            replica_choices=self.dispatcher.choices,
+            cache_hits=self.cache.hits if self.cache else 0,
+            cache_misses=self.cache.misses if self.cache else 0,
+            prefetch_recall=hits / needed if needed else 0.0,
+            recall_per_layer={layer: round(r.recall, 4) for layer, r in sorted(self.recall.items())},
+            calls=replace(self.calls),
+        )
 
     def close(self) -> None:
         self.reader.close()
 
-    def _count(self, record: PassTrace, unique: list[int]) -> None:
-        self.calls.calls += 1
-        self.calls.rows += record.rows
-        self.calls.unique += len(unique)
-        self.calls.overlapped += record.overlapped
+    def _read_back(self, indices: mx.array, record: PassTrace) -> np.ndarray:
+        """The router's choice on the host, timed: evaluating it is where MLX computes up to this router.
 
-    def _cached(self, layer: int, expert: int) -> Tensors | None:
-        return self.cache.get((layer, expert)) if self.cache is not None else None
+        In a one-row (decode) pass that stall is the compute between one layer's reads landing and this
+        router: the window a read-ahead can fill, smoothed over recent passes (see `_window_fill`).
+        """
+        start = time.perf_counter()
+        host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
+        record.readback_s = time.perf_counter() - start
+        record.rows = host.size // host.shape[-1]
+        if record.rows == 1:
+            w = record.readback_s
+            self._window = w if self._window is None else self._window + WINDOW_SMOOTHING * (w - self._window)
+        return host
 
-    def _score(self, layer: int, needed: list[int]) -> None:
-        """Recall of the prediction made for this layer, if one was."""
+    def _count_needed(self, layer: int, unique: list[int]) -> None:
+        """Count the experts this pass needs: toward the prompt's unique bytes while prefilling, and against
+        the prediction made for this layer, if one was (its recall)."""
+        if self._prefill_needed is not None:
+            self._prefill_needed.update((layer, e) for e in unique)
         predicted = self._predicted.pop(layer, None)
         if predicted is None:
             return
         recall = self.recall.setdefault(layer, Recall())
-        recall.needed += len(needed)
+        recall.needed += len(unique)
         recall.predicted += len(predicted)
-        recall.predicted_hits += len(predicted.intersection(needed))
+        recall.predicted_hits += len(predicted.intersection(unique))
 
-    def _window_fill(self, layer: int) -> int | None:
-        """How many of `layer`'s experts the drives can read while the model computes up to its router.
-
-        The window is the readback time of recent one-row passes (the compute between one layer's reads
-        landing and the next layer's router); beyond what fits in it, a wrong guess only takes bandwidth
-        from the demands that follow. None until a window has been measured.
-        """
-        if self._window is None:
-            return None
-        in_use = set(self.settings.use_drives or self.manifest.drives)
-        return max(1, int(self._window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
+    def _look_up(self, layer: int, unique: list[int]) -> dict[int, Tensors]:
+        """The experts of `unique` the RAM cache holds (each lookup counts as a hit or a miss)."""
+        if self.cache is None:
+            return {}
+        return {e: t for e in unique if (t := self.cache.get((layer, e))) is not None}
 
     def _guess_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> Guess | None:
         """The next MoE layer's experts as predicted from `x`, or None where this pass does not read ahead."""
@@ -239,6 +295,33 @@ class ExpertStream:
         record.predict_s = time.perf_counter() - start
         return Guess(nxt.layer, experts)
 
+    def _hold_tail(self, guess: Guess | None, record: PassTrace) -> bool:
+        """In a one-row pass, hold the guessed experts not cached (within the prefetch limit) for drives done
+        with their share of this layer while another still reads; True when held (`_land` ends the tail)."""
+        if guess is None or record.rows != 1 or not self.settings.prefetch_tail:
+            return False
+        held = self._uncached(guess.layer, guess.experts)[: self.settings.prefetch_limit or None]
+        self.reader.hold_tail(guess.layer, held)
+        return True
+
+    def _land(
+        self, layer: int, landing: Landing, pending: list[tuple[Future[LoadedExpert], str]], tail: bool
+    ) -> set[int]:
+        """Wait for the pass's reads, running each expert as it lands when the caller gave `landed`; then
+        end the tail (even when a read failed). Returns the next layer's experts the tail read."""
+        overlap = landing.landed is not None
+        landing.start = time.perf_counter()
+        if overlap:
+            landing.run_cached(pending)
+        try:
+            loaded = self.reader.wait(layer, landing.missing, pending, landing.arrived if overlap else None)
+        finally:
+            read_in_tail = self.reader.end_tail() if tail else []
+        if not overlap:
+            landing.record.wait_s = time.perf_counter() - landing.start
+        landing.loaded = [expert for expert, _ in loaded]
+        return {e for _, e in read_in_tail}
+
     def _uncached(self, layer: int, experts: list[int]) -> list[int]:
         return [e for e in experts if self.cache is None or (layer, e) not in self.cache]
 
@@ -251,3 +334,34 @@ class ExpertStream:
         ahead = rest[: min(caps)] if caps else rest
         self._predicted[guess.layer] = set(ahead) | read_in_tail
         self.reader.prefetch(guess.layer, self._uncached(guess.layer, ahead))
+
+    def _window_fill(self, layer: int) -> int | None:
+        """How many of `layer`'s experts the drives can read while the model computes up to its router.
+
+        The window is the readback time of recent one-row passes (the compute between one layer's reads
+        landing and the next layer's router); beyond what fits in it, a wrong guess only takes bandwidth
+        from the demands that follow. None until a window has been measured.
+        """
+        if self._window is None:
+            return None
+        in_use = set(self.settings.use_drives or self.manifest.drives)
+        return max(1, int(self._window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
+
+    def _keep(self, layer: int, landing: Landing) -> None:
+        """Every read expert in its stored dtypes (those not already run as they landed), and in the cache."""
+        for expert, loaded in zip(landing.missing, landing.loaded):
+            if expert not in landing.found:
+                landing.found[expert] = as_stored(loaded.tensors, landing.spec)
+            if self.cache is not None:
+                self.cache.put((layer, expert), landing.found[expert], loaded.nbytes)
+
+    def _record(self, landing: Landing) -> None:
+        """The pass into the trace (its reads in demand order, then the cache hits) and into the call counts."""
+        record = landing.record
+        record.reads += [loaded.read for loaded in landing.loaded]
+        record.reads += [ExpertRead(e, CACHE) for e in landing.unique if e not in landing.missing]
+        self.calls.calls += 1
+        self.calls.rows += record.rows
+        self.calls.unique += len(landing.unique)
+        self.calls.overlapped += record.overlapped
+        self.trace.add(record)
