@@ -56,12 +56,7 @@ class Recall:
 
     needed: int = 0
     predicted_hits: int = 0
-    predicted: int = 0
 
     @property
     def recall(self) -> float:
         return self.predicted_hits / self.needed if self.needed else 0.0
-
-    @property
-    def precision(self) -> float:
-        return self.predicted_hits / self.predicted if self.predicted else 0.0

@@ -271,7 +271,6 @@ class ExpertStream:
             return
         recall = self.recall.setdefault(layer, Recall())
         recall.needed += len(unique)
-        recall.predicted += len(predicted)
         recall.predicted_hits += len(predicted.intersection(unique))
 
     def _look_up(self, layer: int, unique: list[int]) -> dict[int, Tensors]:
