@@ -1,5 +1,9 @@
 """`nightshift ...`: sub-commands grouped by what users do, one module each in app/commands/.
 
+Only the chosen command's module is imported, and it imports the engine, MLX, Textual or
+WeasyPrint inside the functions that need them: `nightshift --help`, `review list` or `jobs`
+start in a fraction of a second instead of loading the whole engine (bench/startup.py measures it).
+
 Errors users can meet (`NightshiftError`) print one clear message and exit 1;
 anything else is a bug and keeps its traceback.
 """
@@ -8,50 +12,56 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Collection
+from importlib import import_module
 
-from nightshift.app.commands import (
-    bench,
-    dashboard,
-    drives,
-    generate,
-    jobs,
-    model,
-    reports,
-    review,
-    rig,
-    runs,
-    say,
-    serve,
-    verify,
-)
+from nightshift.app.commands import say
 from nightshift.app.paths import data_dir
 from nightshift.engine import NightshiftError
 
-# Command groups, in the order `--help` lists them.
-GROUPS = [model, generate, drives, rig, review, serve, jobs, reports, dashboard, bench, runs, verify]
+# Command -> its one-line help, in the order `--help` lists them. Each is app/commands/<command>.py,
+# whose `register(parser)` fills in its description, arguments and actions.
+COMMANDS: dict[str, str] = {
+    "model": "prepare and list models",
+    "generate": "answer a prompt with a model, streaming tokens",
+    "drives": "show drives and measure their read ceilings",
+    "rig": "a throttled multi-drive test rig on one disk (root)",
+    "review": "list and run day-, week- and month-end reviews",
+    "serve": "run the scheduler service for scheduled reviews",
+    "jobs": "list scheduled, queued, running and finished review runs",
+    "reports": "list and open review reports",
+    "dashboard": "open the live Textual dashboard",
+    "bench": "run the engine benchmarks (recorded in `nightshift runs`)",
+    "runs": "list, compare and export recorded benchmark runs",
+    "verify": "promotion gate: a configuration must reproduce the tokens of record",
+}
 
 EXIT_ERROR = 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(registered: Collection[str] = COMMANDS) -> argparse.ArgumentParser:
+    """Every command listed with its help; the `registered` ones also get their arguments (their modules imported)."""
     parser = argparse.ArgumentParser(
         prog="nightshift",
         description="Unattended reviews of your own numbers by a large MoE model streamed from your SSDs. "
         f"Data dir: {data_dir()} (set NIGHTSHIFT_HOME to move it).",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for group in GROUPS:
-        group.register(commands)
+    for name, help_line in COMMANDS.items():
+        command = commands.add_parser(name, help=help_line)
+        if name in registered:
+            import_module(f"nightshift.app.commands.{name}").register(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    # `nightshift` alone, in a terminal: the dashboard.
+    asked = argv or (["dashboard"] if sys.stdin.isatty() and sys.stdout.isatty() else [])
+    chosen = next((word for word in asked if not word.startswith("-")), None)
+    parser = build_parser([chosen] if chosen in COMMANDS else [])
+    args = parser.parse_args(asked)
     args.invocation = argv  # what was asked, as typed: benchmarks record it as the command that reproduces them
-    if args.command is None and sys.stdin.isatty() and sys.stdout.isatty():
-        args = parser.parse_args(["dashboard"])  # `nightshift` alone, in a terminal: the dashboard
     if not getattr(args, "run", None):
         parser.print_help()
         return 0

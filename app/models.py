@@ -7,10 +7,14 @@ same thing by a model name and all stream a store's experts from its drives.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nightshift.app.default_model import require_default_model
 from nightshift.app.paths import models_dir
-from nightshift.engine import Model, NightshiftError, StreamSettings, is_store, open_model
+from nightshift.engine import NightshiftError, is_store
+
+if TYPE_CHECKING:
+    from nightshift.engine import Model
 
 
 def resolve_model(name: str | None) -> Path:
@@ -30,5 +34,7 @@ def resolve_model(name: str | None) -> Path:
 def open_for_generation(path: Path, in_ram: bool = False, drafter: Path | None = None) -> Model:
     """Open `path` to generate: a store streams its experts from its drives unless `in_ram`;
     `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
+    from nightshift.engine import StreamSettings, open_model  # MLX and mlx-lm: only when a model is opened
+
     streamed = StreamSettings(verify_checksums="first") if is_store(path) and not in_ram else None
     return open_model(path, stream=streamed, drafter=drafter)

@@ -1,140 +1,113 @@
-"""nightshift's engine: the public API the app uses (and nothing else from engine/)."""
+"""nightshift's engine: the public API the app uses (and nothing else from engine/).
+
+Names load on first use (PEP 562 `__getattr__`), so `from nightshift.engine import NightshiftError`
+costs nothing while `open_model` brings in MLX and mlx-lm only when a command needs them.
+"""
+
+import importlib
 
 # First, before anything imports MLX: route its float matmuls to the system BLAS where there is one.
-from nightshift.engine.cpu_blas import BLAS_IN_USE  # noqa: I001
+# Every MLX import in nightshift sits in a module under this package, and Python runs a package's
+# __init__ before any of its modules, so importing cpu_blas here (eagerly, it is cheap) keeps it first.
+from nightshift.engine.cpu_blas import BLAS_IN_USE
 
-from nightshift.engine.errors import (
-    ModelFormatError,
-    ModelNotFoundError,
-    NightshiftError,
-    NoSpaceError,
-    UnsupportedModelError,
-)
-from nightshift.engine.bench.fio import FioError, compare_with_fio
-from nightshift.engine.bench.probe import QUEUE_DEPTHS, READ_SIZES, probe_drive
-from nightshift.engine.bench.rig import (
-    RigError,
-    RigSpec,
-    RigState,
-    inside_rig,
-    rig_command,
-    rig_down,
-    rig_limit,
-    rig_status,
-    rig_up,
-)
-from nightshift.engine.instruments.monitor import DriveMonitor
-from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings
-from nightshift.engine.io.counters import DriveReadCounters
-from nightshift.engine.io.devices import DeviceNotFoundError, resolve_device
-from nightshift.engine.io.drives import Drive, DrivesFileError, load_drives
-from nightshift.engine.runtime import Chunk, GenerationStats, Model, open_model
-from nightshift.engine.speculative import DraftError, DraftStats, record_best_depth
-from nightshift.engine.store.drafter import make_drafter
-from nightshift.engine.prefill import DEFAULT_CHUNK
-from nightshift.engine.moe.settings import (
-    CACHE_POLICIES,
-    DISPATCH_POLICIES,
-    FIRST_REPLICA,
-    FREQUENCY,
-    LEAST_COMPLETION,
-    LRU,
-    StreamSettings,
-)
-from nightshift.engine.moe.reader import ExpertReadError
-from nightshift.engine.bench.layout import replicate_everywhere
-from nightshift.engine.bench.draft import best_depth, draft_sweep
-from nightshift.engine.bench.prefill import prefill_bench
-from nightshift.engine.bench.decode import decode_bench, first_difference, greedy_of_record, ladder as decode_ladder
-from nightshift.engine.instruments.assertions import AssertionFailed, Proof, require as require_proofs
-from nightshift.engine.instruments.catalogue import Catalogue, CatalogueError, Run, compare as compare_runs
-from nightshift.engine.store.gguf_import import convert_gguf, is_converted_from, require_free_space, sha256_of
-from nightshift.engine.store.importer import ImportOptions, Progress, import_checkpoint
-from nightshift.engine.store.moefy import DEFAULT_EXPERTS, DEFAULT_K, moefy
-from nightshift.engine.store.manifest import Manifest, is_store, read_manifest
-from nightshift.engine.store.synth import FAMILIES as SYNTH_FAMILIES, synthesize
-from nightshift.engine.store.upkeep import BadFile, calibration_prompts, measure_routing, place_store, verify_store
+# public name -> "module under engine/" or "module:attribute" where the public name differs.
+_EXPORTS: dict[str, str] = {
+    "CACHE_POLICIES": "moe.settings",
+    "CEILINGS_FILE": "io.ceilings",
+    "DEFAULT_CHUNK": "prefill",
+    "DEFAULT_EXPERTS": "store.moefy_defaults",
+    "DEFAULT_K": "store.moefy_defaults",
+    "DISPATCH_POLICIES": "moe.settings",
+    "FIRST_REPLICA": "moe.settings",
+    "FREQUENCY": "moe.settings",
+    "LEAST_COMPLETION": "moe.settings",
+    "LRU": "moe.settings",
+    "QUEUE_DEPTHS": "bench.probe",
+    "READ_SIZES": "bench.probe",
+    "SYNTH_FAMILIES": "store.synth:FAMILIES",
+    "AssertionFailed": "instruments.assertions",
+    "BadFile": "store.upkeep",
+    "Catalogue": "instruments.catalogue",
+    "CatalogueError": "instruments.catalogue",
+    "Ceilings": "io.ceilings",
+    "Chunk": "runtime",
+    "DeviceNotFoundError": "io.devices",
+    "DraftError": "speculative",
+    "DraftStats": "speculative",
+    "Drive": "io.drives",
+    "DriveMonitor": "instruments.monitor",
+    "DriveReadCounters": "io.counters",
+    "DrivesFileError": "io.drives",
+    "ExpertReadError": "moe.reader",
+    "FioError": "bench.fio",
+    "GenerationStats": "runtime",
+    "ImportOptions": "store.importer",
+    "Manifest": "store.manifest",
+    "Model": "runtime",
+    "ModelFormatError": "errors",
+    "ModelNotFoundError": "errors",
+    "NightshiftError": "errors",
+    "NoSpaceError": "errors",
+    "Progress": "store.importer",
+    "Proof": "instruments.assertions",
+    "RigError": "bench.rig",
+    "RigSpec": "bench.rig",
+    "RigState": "bench.rig",
+    "Run": "instruments.catalogue",
+    "StreamSettings": "moe.settings",
+    "UnsupportedModelError": "errors",
+    "best_depth": "bench.draft",
+    "calibration_prompts": "store.upkeep",
+    "compare_runs": "instruments.catalogue:compare",
+    "compare_with_fio": "bench.fio",
+    "convert_gguf": "store.gguf_import",
+    "decode_bench": "bench.decode",
+    "decode_ladder": "bench.decode:ladder",
+    "draft_sweep": "bench.draft",
+    "first_difference": "bench.decode",
+    "greedy_of_record": "bench.decode",
+    "import_checkpoint": "store.importer",
+    "inside_rig": "bench.rig",
+    "is_converted_from": "store.gguf_import",
+    "is_store": "store.manifest",
+    "load_drives": "io.drives",
+    "make_drafter": "store.drafter",
+    "measure_routing": "store.upkeep",
+    "moefy": "store.moefy",
+    "open_model": "runtime",
+    "place_store": "store.upkeep",
+    "prefill_bench": "bench.prefill",
+    "probe_drive": "bench.probe",
+    "read_manifest": "store.manifest",
+    "record_best_depth": "speculative",
+    "replicate_everywhere": "bench.layout",
+    "require_free_space": "store.gguf_import",
+    "require_proofs": "instruments.assertions:require",
+    "resolve_device": "io.devices",
+    "rig_command": "bench.rig",
+    "rig_down": "bench.rig",
+    "rig_limit": "bench.rig",
+    "rig_status": "bench.rig",
+    "rig_up": "bench.rig",
+    "sha256_of": "store.gguf_import",
+    "synthesize": "store.synth",
+    "verify_store": "store.upkeep",
+}
 
-__all__ = [
-    "BLAS_IN_USE",
-    "CACHE_POLICIES",
-    "CEILINGS_FILE",
-    "DEFAULT_CHUNK",
-    "DEFAULT_EXPERTS",
-    "DEFAULT_K",
-    "DISPATCH_POLICIES",
-    "FIRST_REPLICA",
-    "FREQUENCY",
-    "LEAST_COMPLETION",
-    "LRU",
-    "QUEUE_DEPTHS",
-    "READ_SIZES",
-    "SYNTH_FAMILIES",
-    "AssertionFailed",
-    "BadFile",
-    "Catalogue",
-    "CatalogueError",
-    "Ceilings",
-    "Chunk",
-    "DeviceNotFoundError",
-    "DraftError",
-    "DraftStats",
-    "Drive",
-    "DriveMonitor",
-    "DriveReadCounters",
-    "DrivesFileError",
-    "ExpertReadError",
-    "FioError",
-    "GenerationStats",
-    "ImportOptions",
-    "Manifest",
-    "Model",
-    "ModelFormatError",
-    "ModelNotFoundError",
-    "NightshiftError",
-    "NoSpaceError",
-    "Progress",
-    "Proof",
-    "RigError",
-    "RigSpec",
-    "RigState",
-    "Run",
-    "StreamSettings",
-    "UnsupportedModelError",
-    "best_depth",
-    "calibration_prompts",
-    "compare_runs",
-    "compare_with_fio",
-    "convert_gguf",
-    "decode_bench",
-    "decode_ladder",
-    "draft_sweep",
-    "first_difference",
-    "greedy_of_record",
-    "import_checkpoint",
-    "inside_rig",
-    "is_converted_from",
-    "is_store",
-    "load_drives",
-    "make_drafter",
-    "measure_routing",
-    "moefy",
-    "open_model",
-    "place_store",
-    "prefill_bench",
-    "probe_drive",
-    "read_manifest",
-    "record_best_depth",
-    "replicate_everywhere",
-    "require_free_space",
-    "require_proofs",
-    "resolve_device",
-    "rig_command",
-    "rig_down",
-    "rig_limit",
-    "rig_status",
-    "rig_up",
-    "sha256_of",
-    "synthesize",
-    "verify_store",
-]
+__all__ = ["BLAS_IN_USE", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    """Import the module that defines `name` on first use, and keep the value here for the next."""
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attribute = target.partition(":")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute or name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

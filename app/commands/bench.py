@@ -348,11 +348,9 @@ def _add_bandwidth_seconds(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser(
-        "bench", help="run the engine benchmarks (recorded in `nightshift runs`)", description=__doc__.split("\n\n")[0]
-    )
-    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[0]
+    sub = parser.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     decode = sub.add_parser("decode", help="streamed decode vs its disk and compute floors")
     ab = sub.add_parser("ab", help="A/B one mechanism; the variant is recorded only if its counter proves it fired")
     ab.add_argument("--mechanism", choices=sorted(MECHANISMS), required=True)

@@ -12,12 +12,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    dashboard = commands.add_parser(
-        "dashboard", help="open the live Textual dashboard",
-        description="Live tokens/s, per-drive read throughput, memory and the running job with its text; the job "
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Live tokens/s, per-drive read throughput, memory and the running job with its text; the job "
         "queue (run a review now, pause or resume a schedule, cancel the running job); reports; benchmark runs. "
         "It attaches to `nightshift serve` when one runs, and offers to start the scheduler in-process otherwise. "
-        "Press ? inside for the keys. Set NIGHTSHIFT_PDF_VIEWER to choose the program that opens reports.",
-    )  # fmt: skip
-    dashboard.set_defaults(run=cmd_dashboard)
+        "Press ? inside for the keys. Set NIGHTSHIFT_PDF_VIEWER to choose the program that opens reports."
+    )
+    parser.set_defaults(run=cmd_dashboard)

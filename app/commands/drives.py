@@ -131,13 +131,9 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    drives = commands.add_parser(
-        "drives",
-        help="show drives and measure their read ceilings",
-        description="The drives listed in drives.toml: the devices under them and their direct-I/O read ceilings.",
-    )
-    actions = drives.add_subparsers(dest="drives_command", metavar="ACTION", required=True)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "The drives listed in drives.toml: the devices under them and their direct-I/O read ceilings."
+    actions = parser.add_subparsers(dest="drives_command", metavar="ACTION", required=True)
     show = actions.add_parser(
         "show",
         help="each drive's mount, file system, device and disk",

@@ -80,39 +80,37 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    generate = commands.add_parser(
-        "generate",
-        help="answer a prompt with a model, streaming tokens",
-        description="Answer PROMPT (chat-formatted) and print tokens as they come; "
-        "tokens/s and time to first token at the end. Greedy unless --temp is set. Offline.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Answer PROMPT (chat-formatted) and print tokens as they come; "
+        "tokens/s and time to first token at the end. Greedy unless --temp is set. Offline."
     )
-    generate.add_argument("prompt", metavar="PROMPT", help="what to ask")
-    generate.add_argument("--model", help="model name (see `model list`) or directory; default: the default model")
-    generate.add_argument("--system", help="system message (default: the model's own)")
-    generate.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (256)")
-    generate.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
-    generate.add_argument("--seed", type=int, default=0, help="random seed for sampling (0)")
-    generate.add_argument(
+    parser.add_argument("prompt", metavar="PROMPT", help="what to ask")
+    parser.add_argument("--model", help="model name (see `model list`) or directory; default: the default model")
+    parser.add_argument("--system", help="system message (default: the model's own)")
+    parser.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (256)")
+    parser.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (0)")
+    parser.add_argument(
         "--prefill-chunk",
         type=_positive_int,
         default=DEFAULT_CHUNK,
         help=f"prompt rows per forward pass ({DEFAULT_CHUNK}); each chunk reads an expert once",
     )
-    generate.add_argument(
+    parser.add_argument(
         "--in-ram",
         action="store_true",
         help="load a store's experts into RAM instead of streaming them from its drives",
     )
-    generate.add_argument(
+    parser.add_argument(
         "--drafter",
         metavar="MODEL",
         help="small model sharing the tokenizer (name or directory), held in RAM: speculative decoding",
     )
-    generate.add_argument(
+    parser.add_argument(
         "--draft-depth",
         type=_non_negative_int,
         metavar="N",
         help="tokens drafted per verify pass (default: the best `bench draft` measured, else 2; 0: no drafting)",
     )
-    generate.set_defaults(run=cmd_generate)
+    parser.set_defaults(run=cmd_generate)

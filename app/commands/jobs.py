@@ -63,11 +63,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    jobs = commands.add_parser(
-        "jobs", help="list scheduled, queued, running and finished review runs",
-        description="Scheduled reviews with their next run, then runs: queued, running (with live tokens/s), "
-        "done (with the report), failed (with the reason) or interrupted. Works with or without the service.",
-    )  # fmt: skip
-    jobs.add_argument("--limit", type=int, default=30, help="how many runs to show (30)")
-    jobs.set_defaults(run=cmd_jobs)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Scheduled reviews with their next run, then runs: queued, running (with live tokens/s), "
+        "done (with the report), failed (with the reason) or interrupted. Works with or without the service."
+    )
+    parser.add_argument("--limit", type=int, default=30, help="how many runs to show (30)")
+    parser.set_defaults(run=cmd_jobs)

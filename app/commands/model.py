@@ -156,9 +156,9 @@ def cmd_place(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    model = commands.add_parser("model", help="prepare and list models", description="Prepare and list models.")
-    actions = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Prepare and list models."
+    actions = parser.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     default = actions.add_parser(
         "default",
         help="prepare the bundled default model (once; later calls do nothing)",

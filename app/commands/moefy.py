@@ -7,11 +7,12 @@ from pathlib import Path
 
 from nightshift.app.commands import say
 from nightshift.app.paths import models_dir
-from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, moefy
+from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError
 
 
 def cmd_moefy(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
+    from nightshift.engine import moefy
 
     source = resolve_model(args.source)
     k = DEFAULT_K * args.experts // DEFAULT_EXPERTS if args.k is None else args.k

@@ -64,9 +64,9 @@ def cmd_open(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    reports = commands.add_parser("reports", help="list and open review reports", description="List and open reports.")
-    actions = reports.add_subparsers(dest="reports_command", metavar="ACTION", required=True)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "List and open reports."
+    actions = parser.add_subparsers(dest="reports_command", metavar="ACTION", required=True)
     listing = actions.add_parser(
         "list",
         help="list reports and failed runs, oldest first",

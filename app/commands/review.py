@@ -107,12 +107,9 @@ def _date(text: str) -> date:
         raise argparse.ArgumentTypeError(f"{text!r} is not a date; write YYYY-MM-DD") from None
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    review = commands.add_parser(
-        "review", help="list and run day-, week- and month-end reviews",
-        description="Reviews are schedules (TOML) in schedules/ and in the data dir's schedules/.",
-    )  # fmt: skip
-    actions = review.add_subparsers(dest="review_command", metavar="ACTION", required=True)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Reviews are schedules (TOML) in schedules/ and in the data dir's schedules/."
+    actions = parser.add_subparsers(dest="review_command", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="list reviews and their next run", description="List reviews.")
     listing.set_defaults(run=cmd_list)
     run = actions.add_parser(

@@ -94,14 +94,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if worst <= 0.10 else 1
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    rig = commands.add_parser(
-        "rig",
-        help="a throttled multi-drive test rig on one disk (root)",
-        description="Loop devices on sparse files (direct I/O), ext4, mounted under the data dir, each read-"
-        "throttled by one cgroup (v1 blkio or v2 io.max). Needs root.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Loop devices on sparse files (direct I/O), ext4, mounted under the data dir, each read-"
+        "throttled by one cgroup (v1 blkio or v2 io.max). Needs root."
     )
-    actions = rig.add_subparsers(dest="rig_command", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(dest="rig_command", metavar="ACTION", required=True)
     up = actions.add_parser(
         "up",
         help="build the rig and write its drives.toml",

@@ -60,14 +60,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    runs = commands.add_parser(
-        "runs",
-        help="list, compare and export recorded benchmark runs",
-        description="The run catalogue: every timed run with its configuration, "
-        "figures, proving counters and verdict; runs that lost are kept.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "The run catalogue: every timed run with its configuration, "
+        "figures, proving counters and verdict; runs that lost are kept."
     )
-    sub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    sub = parser.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="recorded runs, newest first")
     listing.add_argument("--kind", help="only runs of this kind (decode, ab, ladder, verify)")
     listing.add_argument("--limit", type=int, default=50, help="most runs to list (50)")

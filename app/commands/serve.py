@@ -48,14 +48,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser(
-        "serve",
-        help="run the scheduler service for scheduled reviews",
-        description="Fire the schedules in schedules/ and the data dir's schedules/, queue their runs and work "
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Fire the schedules in schedules/ and the data dir's schedules/, queue their runs and work "
         "through them one at a time. Runs missed while the machine was off run once on return, within each "
-        "schedule's grace. One service per data dir.",
+        "schedule's grace. One service per data dir."
     )
-    serve.add_argument("--install", action="store_true",
-                       help="write a systemd user unit (Linux) or launchd agent (macOS) and say how to enable it")  # fmt: skip
-    serve.set_defaults(run=cmd_serve)
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help="write a systemd user unit (Linux) or launchd agent (macOS) and say how to enable it",
+    )
+    parser.set_defaults(run=cmd_serve)

@@ -65,12 +65,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    verify = commands.add_parser(
-        "verify",
-        help="promotion gate: a configuration must reproduce the tokens of record",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
-    )
-    add_stream_arguments(verify)
-    verify.add_argument("--record", action="store_true", help="record the reference tokens again (in RAM)")
-    verify.set_defaults(run=cmd_verify)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[1].replace("\n", " ")
+    add_stream_arguments(parser)
+    parser.add_argument("--record", action="store_true", help="record the reference tokens again (in RAM)")
+    parser.set_defaults(run=cmd_verify)

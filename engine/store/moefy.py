@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +32,12 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import dequantize_model, load_model
 
 from nightshift.engine.errors import ModelFormatError, NightshiftError, UnsupportedModelError
+from nightshift.engine.store.moefy_defaults import DEFAULT_EXPERTS, DEFAULT_K
 
 DATA_DIR = Path(__file__).parent / "data"
 CALIBRATION_TEXT = DATA_DIR / "calibration.txt"
 EVALUATION_TEXT = DATA_DIR / "evaluation.txt"
 
-DEFAULT_EXPERTS = 16
-# The smallest k whose perplexity on EVALUATION_TEXT is within 10 % of dense (docs/moefication.md).
-DEFAULT_K = 15
 # Token windows for calibration and evaluation: short enough to look like ordinary prompts.
 WINDOW_TOKENS = 512
 # Ridge strength for the router fit, relative to the mean diagonal of X^T X.
@@ -106,14 +105,16 @@ class DenseReference:
         tokens = self.tokenizer.encode(text)
         return [mx.array(tokens[i : i + WINDOW_TOKENS])[None] for i in range(0, len(tokens), WINDOW_TOKENS)]
 
-    def mlp_inputs(self, windows: list[mx.array]) -> list[np.ndarray]:
-        """For each layer, the (tokens, hidden) inputs its FFN receives over `windows`."""
+    def mlp_inputs(self, windows: list[mx.array], say: Say | None = None) -> list[np.ndarray]:
+        """For each layer, the (tokens, hidden) inputs its FFN receives over `windows` (`say` hears of each pass)."""
         sinks: list[list] = [[] for _ in self.layers]
         originals = [layer.mlp for layer in self.layers]
         for layer, sink in zip(self.layers, sinks):
             layer.mlp = _Recorder(layer.mlp, sink)
         try:
-            for window in windows:
+            for number, window in enumerate(windows, 1):
+                if say:
+                    say(f"calibration pass {number}/{len(windows)}: {window.shape[1]} tokens")
                 mx.eval(self.model.model(window))  # the trunk only: no logits needed
         finally:
             for layer, mlp in zip(self.layers, originals):
@@ -265,22 +266,27 @@ def moefy(
         raise NightshiftError(f"the number of experts must be at least 1, got {experts}")
     if not 1 <= k <= experts:
         raise NightshiftError(f"k must be between 1 and the number of experts ({experts}), got {k}")
+    start = time.monotonic()
     reference = DenseReference(dense_dir)
     neurons = reference.config["intermediate_size"]
     if neurons % experts:
         raise NightshiftError(f"the FFN's {neurons} neurons do not split into {experts} equal experts; pick a divisor")
     text = CALIBRATION_TEXT.read_text() if calibration is None else calibration
     say(f"calibrating on {len(text.split())} words of text")
-    inputs = reference.mlp_inputs(reference.windows(text))
+    inputs = reference.mlp_inputs(reference.windows(text), say)
     dense = mx.load(str(reference.path / MODEL_FILE))
     weights = {name: tensor for name, tensor in dense.items() if ".mlp." not in name}
     for index, (layer, x) in enumerate(zip(reference.layers, inputs)):
-        say(f"layer {index + 1}/{len(inputs)}: {experts} experts of {neurons // experts} neurons")
+        say(
+            f"layer {index + 1}/{len(inputs)}: {experts} experts of {neurons // experts} neurons, "
+            f"{time.monotonic() - start:.0f} s so far"
+        )
         split = split_layer(layer.mlp, x, experts, seed=index)
         weights.update(expert_tensors(dense, _mlp_prefix(index), split, reference.config.get("quantization")))
     config = {**reference.config, "model_type": "llama_moe", "num_experts": experts, "num_experts_per_tok": k}
     calibrated_on = CALIBRATION_TEXT.name if calibration is None else "text given by the caller"
     marker = {"source": str(reference.path), "moefy": {"experts": experts, "k": k, "calibration": calibrated_on}}
+    say(f"writing {out_dir}")
     _write_checkpoint(reference.path, Path(out_dir), weights, config, marker)
     return Path(out_dir)
 
