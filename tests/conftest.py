@@ -1,31 +1,84 @@
-"""Shared fixtures: an isolated data dir per test, and the real default model (prepared once)."""
+"""Shared fixtures: an isolated data dir per test, and the real default model (prepared once, in the tests' own
+data dir: never in the user's)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from nightshift.app.default_model import default_gguf_path, prepare_default_model, prepare_sparse_default_model
-from nightshift.app.paths import data_dir
+from nightshift.app.default_model import (
+    DEFAULT_MODEL,
+    default_gguf_path,
+    prepare_default_model,
+    prepare_sparse_default_model,
+)
+from nightshift.app.paths import cache_dir, data_dir
 from nightshift.engine import NightshiftError, convert_gguf
 from nightshift.engine.bench.rig import STATE_FILE, RigState, rig_down
 from tests.gguf_files import write_tiny_llama
 from tests.rig_helpers import RigPlace, leftovers
 
-# The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere.
+# The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere; tests only read from it.
 REAL_DATA_DIR = data_dir()
+# The tests' own data dir for the real default model, kept across runs so it is prepared once.
+MODEL_HOME = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nightshift-tests"
+
+
+@contextmanager
+def data_dir_at(home: Path) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NIGHTSHIFT_HOME", str(home))
+        yield
+
+
+def seed_downloads(real: Path, home: Path) -> None:
+    """Give `home`'s cache the default model's wheel and GGUF that `real` has already downloaded, so a test
+    run after `nightshift model default` downloads nothing. Hard links where they can be (a copy across file
+    systems): preparing a model only ever replaces these files, never writes into them."""
+    with data_dir_at(real):
+        downloads = [default_gguf_path(), *cache_dir().glob(DEFAULT_MODEL.wheel_glob)]
+    (home / "cache").mkdir(parents=True, exist_ok=True)
+    for source in downloads:
+        target = home / "cache" / source.name
+        if source.is_file() and not target.exists():
+            try:
+                os.link(source, target)
+            except OSError:
+                partial = target.with_name(target.name + ".partial")
+                shutil.copyfile(source, partial)
+                partial.replace(target)
+
+
+@contextmanager
+def preparing_at(home: Path) -> Iterator[None]:
+    """NIGHTSHIFT_HOME at `home`, holding its lock so two test runs do not prepare a model there at once."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock, data_dir_at(home):
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
-def default_model_dir() -> Path:
-    """The real default model in the user's data dir; prepared (downloaded once) if missing."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
+def model_home() -> Path:
+    """MODEL_HOME, its cache seeded from the real data dir's downloads."""
+    with preparing_at(MODEL_HOME):
+        seed_downloads(REAL_DATA_DIR, MODEL_HOME)
+    return MODEL_HOME
+
+
+@pytest.fixture(scope="session")
+def default_model_dir(model_home) -> Path:
+    """The real default model in the tests' data dir; prepared (downloaded, if it was not seeded) if missing."""
+    with preparing_at(model_home):
         try:
             return prepare_default_model(say=lambda message: None)
         except NightshiftError as exc:
@@ -33,22 +86,28 @@ def default_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_gguf(default_model_dir) -> Path:
-    """The GGUF the default model was converted from (kept in the real data dir's cache)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
+def default_gguf(model_home, default_model_dir) -> Path:
+    """The GGUF the default model was converted from (kept in the tests' data dir's cache)."""
+    with data_dir_at(model_home):
         return default_gguf_path()
 
 
 @pytest.fixture(scope="session")
-def sparse_store(default_model_dir) -> tuple[Path, Path]:
-    """The sparse default model (a store) and the real data dir, as `nightshift model default` leaves them.
+def sparse_store(model_home, default_model_dir) -> tuple[Path, Path]:
+    """The sparse default model (a store) and the tests' data dir, as `nightshift model default` leaves them.
 
-    Built here (a few minutes) only if that command has not run yet, like `default_model_dir`.
+    Built there (a few minutes) on the first run only, like `default_model_dir`.
     """
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NIGHTSHIFT_HOME", str(REAL_DATA_DIR))
-        return prepare_sparse_default_model(say=lambda message: None), REAL_DATA_DIR
+    with preparing_at(model_home):
+        return prepare_sparse_default_model(say=lambda message: None), model_home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_dir_outside_the_users(tmp_path_factory) -> Iterator[None]:
+    """NIGHTSHIFT_HOME for the whole run: a test that does not ask for `home` still writes nothing in the
+    user's data dir."""
+    with data_dir_at(tmp_path_factory.mktemp("data-dir")):
+        yield
 
 
 @pytest.fixture

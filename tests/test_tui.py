@@ -63,7 +63,6 @@ async def select(pilot, selector: str, key: str) -> None:
     await pilot.pause()
 
 
-@pytest.mark.slow
 @pytest.fixture
 def endless_model(tiny_model, tmp_path) -> Path:
     """The tiny model with an end-of-text token it cannot produce, so a run lasts until cancelled.
@@ -77,6 +76,7 @@ def endless_model(tiny_model, tmp_path) -> Path:
     return model
 
 
+@pytest.mark.slow
 def test_every_screen_against_a_running_service(home, tiny_model, endless_model, tmp_path, monkeypatch):
     user_schedule(home, endless_model, "long", max_tokens=7000)  # runs until cancelled
     user_schedule(home, tiny_model, "short", max_tokens=4)
