@@ -76,7 +76,7 @@ class RunProgress:
 
 @dataclass(frozen=True)
 class Run:
-    """One run in the queue, as stored: times are ISO strings in UTC, `progress` is set while it runs."""
+    """One run in the queue as stored (`created`, `started`, `finished`: ISO times); `progress` is set while it runs."""
 
     id: int
     review: str

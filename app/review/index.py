@@ -35,7 +35,7 @@ def _locked() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-REPORT_FIELDS = ("path", "findings", "by_severity", "unverified_numbers", "seconds")  # a written report's only
+_REPORT_FIELDS = ("path", "findings", "by_severity", "unverified_numbers", "seconds")  # a written report's only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,13 +75,13 @@ class IndexEntry:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> IndexEntry:
-        """Parse an entry as stored or as the control socket sends it (keys an older version did not write: defaults)."""
+        """Parse an entry as stored or as the control socket sends it (keys older versions did not write: defaults)."""
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values: a report's fields, or a failure's reason, never both."""
         values = asdict(self)
-        for name in ("reason",) if not self.failed else REPORT_FIELDS:
+        for name in ("reason",) if not self.failed else _REPORT_FIELDS:
             del values[name]
         return values
 
