@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -168,3 +170,11 @@ def test_down_slices_hold_the_quantized_values_exactly(tiny_dense, tiny_moe):
     neuron_of = [int(np.flatnonzero((gate == row).all(axis=1))[0]) for row in expert_gate]
     assert sorted(neuron_of) == list(range(TINY["ffn"]))
     assert np.array_equal(slices.transpose(1, 0, 2).reshape(TINY["hidden"], -1), exact[:, neuron_of])
+
+
+def test_a_moefied_model_loads_without_a_transformers_warning(tiny_moe):
+    """transformers is told what llama_moe is (engine/models), so loading the tokenizer warns no one about it."""
+    code = "import sys; from nightshift.engine import open_model; open_model(sys.argv[1]).close()"
+    result = subprocess.run([sys.executable, "-c", code, str(tiny_moe)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "llama_moe" not in result.stderr

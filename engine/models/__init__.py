@@ -9,9 +9,23 @@ from __future__ import annotations
 import importlib
 
 from mlx_lm.utils import _get_classes as mlx_lm_classes
+from transformers import AutoConfig, LlamaConfig
 
 # config["model_type"] -> module in this package.
 FAMILIES: dict[str, str] = {"llama_moe": "llama_moe"}
+
+
+class LlamaMoeConfig(LlamaConfig):
+    """transformers' view of a llama_moe checkpoint: a llama (which is all its tokenizer needs to know)."""
+
+    model_type = "llama_moe"
+
+
+# mlx-lm loads every tokenizer through transformers' AutoTokenizer, which first reads config.json for
+# its model type; one transformers does not know makes it fall back to a bare config and warn every user
+# that `llama_moe` may not fit. Known, it needs no fallback, and the tokenizer is the same one.
+# Registered on import: engine/runtime.py, which loads models and their tokenizers, imports this package.
+AutoConfig.register(LlamaMoeConfig.model_type, LlamaMoeConfig, exist_ok=True)
 
 
 def get_classes(config: dict):
