@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nightshift.engine.moe.cache import ExpertCache
+from nightshift.engine.moe.settings import FREQUENCY
 
 
 def test_lru_evicts_the_least_recently_used_within_budget():
@@ -15,18 +16,19 @@ def test_lru_evicts_the_least_recently_used_within_budget():
 
 
 def test_frequency_policy_keeps_often_used_experts_and_refuses_one_off_newcomers():
-    cache = ExpertCache(200, "frequency")
+    cache = ExpertCache(200, FREQUENCY)
     cache.put((0, 0), "hot", 100)
     cache.put((0, 1), "warm", 100)
     for _ in range(5):
         cache.get((0, 0))
     cache.get((0, 1))
-    assert not cache.put((0, 2), "once", 100) or (0, 0) in cache  # never at the hot one's expense
-    assert (0, 0) in cache
-    cache.get((0, 2))
-    cache.get((0, 2))  # now used as often as the warm one: admitted in its place
-    assert cache.put((0, 2), "new", 100)
-    assert (0, 1) not in cache and (0, 0) in cache and cache.used <= 200
+    cache.get((0, 1))
+    assert cache.get((0, 2)) is None  # a newcomer, looked up once (a miss), as the stream does before a read
+    assert not cache.put((0, 2), "once", 100)  # used less than the least used resident: refused
+    assert (0, 2) not in cache and (0, 0) in cache and (0, 1) in cache and cache.used == 200
+    cache.get((0, 2))  # now used as often as the warm one: admitted in its place, never the hot one's
+    assert cache.put((0, 2), "twice", 100)
+    assert (0, 1) not in cache and (0, 0) in cache and cache.get((0, 2)) == "twice" and cache.used == 200
 
 
 def test_hits_and_misses_are_counted_and_oversized_items_are_not_kept():

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
+from bench.trunk_bits import greedy_tokens
+from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
+from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.settings import StreamSettings
 from tests.test_stream import streamed_tokens, tiny_store
 
@@ -67,8 +73,6 @@ def test_predict_orders_the_union_of_rows_by_confidence():
 
 
 def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(store):
-    from nightshift.engine.moe.load import load_streaming
-
     _, _, stream = load_streaming(store, StreamSettings(prefetch=True))
     try:
         layer = stream.manifest.layers[1].layer
@@ -84,6 +88,18 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
         stream.close()
 
 
+def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) -> None:
+    """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
+    read_part = reader._read_part
+
+    def delayed(buffer, ticket, offset, problems):
+        if ticket.drive == drive:
+            wait()
+        return read_part(buffer, ticket, offset, problems)
+
+    reader._read_part = delayed
+
+
 class HeldBack:
     """A mixtral store on two drives, every expert on both, whose drive d1 reads nothing until `release()`."""
 
@@ -91,21 +107,13 @@ class HeldBack:
         import threading
 
         from nightshift.engine.bench.layout import replicate_everywhere
-        from nightshift.engine.moe.load import load_streaming
 
         store = tiny_store(tmp_path_factory, "mixtral")
         replicate_everywhere(store)  # a guess may go to whichever drive is free
         _, _, self.stream = load_streaming(store, StreamSettings(prefetch_tail=True))
         self.reader = self.stream.reader
         self.gate = threading.Event()
-        read_part = self.reader._read_part
-
-        def d1_held_back(buffer, ticket, offset, problems):
-            if ticket.drive == "d1":
-                self.gate.wait(30)
-            return read_part(buffer, ticket, offset, problems)
-
-        self.reader._read_part = d1_held_back
+        delay_reads(self.reader, "d1", lambda: self.gate.wait(30))
         self.layer, self.following = (m.layer for m in self.stream.manifest.layers[:2])
         self.file_bytes = self.reader.layers[self.layer].file_bytes
         for est in self.stream.dispatcher._drives.values():  # what it expects before any read completes
@@ -118,8 +126,6 @@ class HeldBack:
         return pending
 
     def tail_reads_after(self, seconds: float) -> int:
-        import time
-
         deadline = time.monotonic() + seconds
         while self.reader.counts.tail_prefetch < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -173,5 +179,17 @@ def test_no_guess_starts_when_it_would_end_long_after_the_layers_last_read(tmp_p
 
 
 def test_tail_read_ahead_keeps_greedy_tokens(store):
-    tokens, _ = figures(store, StreamSettings(prefetch=True))
-    assert figures(store, StreamSettings(prefetch=True, prefetch_tail=True))[0] == tokens
+    """With d1 slower, d0 is done with its share of a decode layer first and reads guesses in the tail: the
+    tokens are those of the same stream without the tail (the default has it on, so both are named)."""
+
+    def tokens(prefetch_tail: bool) -> tuple[list[int], int]:
+        model, _, stream = load_streaming(store, StreamSettings(prefetch=True, prefetch_tail=prefetch_tail))
+        delay_reads(stream.reader, "d1", lambda: time.sleep(0.01))
+        try:
+            return greedy_tokens(model, 8), stream.figures().reads.tail_prefetch
+        finally:
+            stream.close()
+
+    (without, none), (with_tail, tail_reads) = tokens(False), tokens(True)
+    assert none == 0 and tail_reads > 0
+    assert with_tail == without
