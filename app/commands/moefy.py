@@ -12,6 +12,7 @@ from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError
 
 def cmd_moefy(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
+    from nightshift.app.progress import Heartbeat
     from nightshift.engine import moefy
 
     source = resolve_model(args.source)
@@ -22,7 +23,8 @@ def cmd_moefy(args: argparse.Namespace) -> int:
         raise NightshiftError(f"a model named {name!r} already exists at {target}; pick another --name or pass --force")
     calibration = _read_calibration(args.calibration) if args.calibration else None
     say(f"splitting {source.name} into {args.experts} experts per layer, {k} active per token")
-    print(moefy(source, target, experts=args.experts, k=k, calibration=calibration, say=say))
+    with Heartbeat(say) as beat:
+        print(moefy(source, target, experts=args.experts, k=k, calibration=calibration, say=beat.say))
     return 0
 
 
