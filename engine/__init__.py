@@ -5,14 +5,29 @@ costs nothing while `open_model` brings in MLX and mlx-lm only when a command ne
 """
 
 import importlib
+import sys
 
-# First, before anything imports MLX: route its float matmuls to the system BLAS where there is one.
-# Every MLX import in nightshift sits in a module under this package, and Python runs a package's
-# __init__ before any of its modules, so importing cpu_blas here (eagerly, it is cheap) keeps it first.
-from nightshift.engine.cpu_blas import BLAS_IN_USE
+
+class _SystemBlasBeforeMlx:
+    """Runs cpu_blas (the system BLAS for MLX's float matmuls) just before `mlx` is first imported, by anyone.
+
+    cpu_blas must run before MLX loads. Every MLX import in nightshift sits in a module under this package,
+    so this __init__ has run and put this finder first on sys.meta_path, which the import system asks about
+    `mlx` before loading it. Commands that never use MLX load no BLAS. (A finder by protocol: subclassing
+    importlib.abc.MetaPathFinder would import importlib.abc, ~20 ms.)
+    """
+
+    def find_spec(self, name: str, path=None, target=None) -> None:
+        if name == "mlx":
+            importlib.import_module(f"{__name__}.cpu_blas")
+        return None  # the regular finders load the module
+
+
+sys.meta_path.insert(0, _SystemBlasBeforeMlx())
 
 # public name -> "module under engine/" or "module:attribute" where the public name differs.
 _EXPORTS: dict[str, str] = {
+    "BLAS_IN_USE": "cpu_blas",
     "CACHE_POLICIES": "moe.settings",
     "CEILINGS_FILE": "io.ceilings",
     "DEFAULT_CHUNK": "prefill",
@@ -95,7 +110,7 @@ _EXPORTS: dict[str, str] = {
     "verify_store": "store.upkeep",
 }
 
-__all__ = ["BLAS_IN_USE", *_EXPORTS]
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@ The `mlx[cpu]` wheel bundles the reference BLAS (~6 GFLOP/s on GEMM here); Debia
 OpenBLAS does ~200 on the same 2-core Linux machine (and so does numpy). Loading OpenBLAS with RTLD_GLOBAL
 before MLX makes the dynamic linker resolve MLX's BLAS symbols to it, in-process,
 with no LD_PRELOAD. It must run before anything imports `mlx`, which is why
-`engine/__init__.py` calls it first. `NIGHTSHIFT_BLAS=bundled` keeps the bundled one.
+`engine/__init__.py` runs it just before the first import of `mlx`. `NIGHTSHIFT_BLAS=bundled` keeps the bundled one.
 macOS builds of MLX use Accelerate and need nothing.
 """
 

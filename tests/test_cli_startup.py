@@ -1,4 +1,5 @@
-"""A command loads only what it uses: the light ones never import MLX, mlx-lm, transformers, Textual or WeasyPrint.
+"""A command loads only what it uses: the light ones never import MLX, mlx-lm, transformers, Textual, WeasyPrint
+or numpy.
 
 What loads is checked, not how long it takes (bench/startup.py times it): each command runs in a fresh
 process, as `nightshift` runs it, which then reports its modules.
@@ -16,7 +17,7 @@ import pytest
 import nightshift.engine
 from nightshift.app.cli import COMMANDS, build_parser
 
-HEAVY = ("mlx", "mlx_lm", "transformers", "textual", "weasyprint")
+HEAVY = ("mlx", "mlx_lm", "transformers", "textual", "weasyprint", "numpy")
 LIGHT = [["--help"], ["review", "list"], ["jobs"], ["reports", "list"], ["model", "list"], ["runs", "list"]]
 
 # Runs the command, then prints its exit status and the top-level packages it loaded as the last line.

@@ -18,8 +18,8 @@ from tests.gguf_files import write_tiny_llama
 
 
 def _blas_in_a_fresh_process(**env: str) -> str:
-    # Through a module that imports MLX: the engine package loads the BLAS first, whichever module is asked for.
-    code = "import nightshift.engine.runtime; from nightshift.engine import BLAS_IN_USE; print(BLAS_IN_USE)"
+    # MLX imported directly, after the engine package: the package loads the BLAS just before MLX loads.
+    code = "import nightshift.engine, mlx.core; from nightshift.engine import BLAS_IN_USE; print(BLAS_IN_USE)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()

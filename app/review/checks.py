@@ -13,15 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from nightshift.app.review.errors import ReviewError
-from nightshift.app.review.matching import match
 from nightshift.app.review.money import exact_group_sums, exact_sum, to_decimal
 from nightshift.app.review.sources import Table
 from nightshift.app.review.window import Window
+
+if TYPE_CHECKING:  # numpy is imported by the checks that run: reading schedules (review list, jobs) needs none
+    import numpy as np
 
 SEVERITIES = ("high", "medium", "low")
 ROWS_KEPT = 20  # rows shown per finding; the count says how many there were
@@ -78,11 +78,15 @@ def _rows(table: Table, indices: np.ndarray) -> list[dict[str, Any]]:
 
 
 def _inside(table: Table, window: Window) -> np.ndarray:
+    import numpy as np
+
     return (table.dates >= np.datetime64(window.start, "D")) & (table.dates <= np.datetime64(window.end, "D"))
 
 
 def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Pair two sources by reference, amount and date; report unmatched rows and amount mismatches."""
+    from nightshift.app.review.matching import match
+
     # Counterparts may lie up to the tolerance outside the period (items in transit);
     # only rows dated inside the period are reported.
     tolerance = int(config.get("date_tolerance_days", 3))
@@ -143,6 +147,8 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
 
 def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Rows of one source equal on every key column (by default date, amount and reference)."""
+    import numpy as np
+
     table = context.current(config["source"], "duplicates")
     keys = list(config.get("keys", ["date", "amount", "reference"]))
     if len(table) == 0:
@@ -175,12 +181,16 @@ def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResu
 
 
 def _totals(table: Table, by: str) -> dict[str, int]:
+    import numpy as np
+
     groups, inverse = np.unique(table.column(by).astype(str), return_inverse=True)
     return dict(zip(groups.tolist(), exact_group_sums(table.amounts, inverse.ravel(), len(groups))))
 
 
 def check_totals(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Totals by a column (account, category) for the period; differences against `compare` if given."""
+    import numpy as np
+
     table = context.current(config["source"], "totals")
     by = config.get("by", "account")
     totals = _totals(table, by)
@@ -205,6 +215,8 @@ def check_totals(config: dict[str, Any], context: CheckContext) -> CheckResult:
 
 def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Opening balance + movements in the period = closing balance, per account."""
+    import numpy as np
+
     balances = context.table(config["balances"], "balance")
     movements = context.current(config["movements"], "balance")
     start, end = np.datetime64(context.window.start, "D"), np.datetime64(context.window.end, "D")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from nightshift.app.review.errors import ReviewError
+
+if TYPE_CHECKING:  # numpy is imported where arrays are summed: reading schedules (review list, jobs) needs none
+    import numpy as np
 
 UNITS_LIMIT = 10**18  # an amount's units stay below this: 17 digits with the decimals, held in int64
 INT64_LIMIT = 2**63
@@ -79,6 +81,8 @@ def exact_sum(units: np.ndarray) -> int:
 
 def exact_group_sums(units: np.ndarray, groups: np.ndarray, count: int) -> list[int]:
     """Sums of `units` per group (`groups` holds each row's group number, 0 to count - 1), exact like `exact_sum`."""
+    import numpy as np
+
     totals = [0] * count
     for rows, part, shift in _parts(units):
         sums = np.zeros(count, dtype=np.int64)

@@ -12,16 +12,17 @@ import csv
 import sqlite3
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from nightshift.app.review.errors import ReviewError
 from nightshift.app.review.money import check_units, format_amount, parse_amount, to_decimal
+
+if TYPE_CHECKING:  # numpy is imported where tables are built and cut: reading schedules (review list, jobs) needs none
+    import numpy as np
 
 TEXT_COLUMNS = ("reference", "account", "description")
 COLUMNS = ("date", "amount", *TEXT_COLUMNS)
@@ -38,8 +39,8 @@ class Table:
     scale: int
     dates: np.ndarray  # datetime64[D]
     amounts: np.ndarray  # int64, units of 10**-scale
-    text: dict[str, np.ndarray] = field(default_factory=dict)  # object arrays of str
-    lines: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    text: dict[str, np.ndarray]  # object arrays of str
+    lines: np.ndarray
 
     def __len__(self) -> int:
         return len(self.amounts)
@@ -53,6 +54,8 @@ class Table:
 
     def between(self, start: date, end: date) -> Table:
         """Rows dated from `start` to `end`, both included."""
+        import numpy as np
+
         return self.where((self.dates >= np.datetime64(start, "D")) & (self.dates <= np.datetime64(end, "D")))
 
     def column(self, name: str) -> np.ndarray:
@@ -83,6 +86,8 @@ def build_table(name: str, origin: Path, scale: int, rows: Iterable[tuple[int, d
     Numbers are gathered in typed arrays (8 bytes a value; a list holds a 36-byte int object each),
     and a column's repeated text (accounts, categories) shares one string, so 10**7 rows fit in a few GB.
     """
+    import numpy as np
+
     lines, days, amounts = array("q"), array("q"), array("q")
     texts: dict[str, list[str]] = {key: [] for key in TEXT_COLUMNS}
     shared: dict[str, dict[str, str]] = {key: {} for key in TEXT_COLUMNS}
