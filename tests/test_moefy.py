@@ -1,4 +1,8 @@
-"""MoEfication on a tiny llama: grouping, router fit, exactness with every expert, top-k routing, CLI."""
+"""MoEfication on a tiny llama: grouping, router fit, exactness with every expert, top-k routing, CLI.
+
+The fast forms of the calibration steps are checked bit for bit against plain statements of the
+same algorithms (the oracles below), ties included: a speed-up must not change the model.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,19 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.engine import NightshiftError, UnsupportedModelError, convert_gguf, open_model
-from nightshift.engine.store.moefy import CALIBRATION_TEXT, EVALUATION_TEXT, fit_linear_router, group_neurons, moefy
+from nightshift.engine.store.moefy import (
+    CALIBRATION_TEXT,
+    EVALUATION_TEXT,
+    DenseReference,
+    _balanced_assign,
+    _unit_means,
+    fit_linear_router,
+    group_neurons,
+    layer_splits,
+    moefy,
+    neuron_activations,
+    split_activations,
+)
 from tests.gguf_files import TINY, write_tiny_llama
 
 EXPERTS = 8
@@ -53,6 +69,112 @@ def test_grouping_finds_neurons_that_fire_together():
         magnitude[token, planted[rng.integers(4)]] = rng.uniform(1, 2, size=16)
     found = {frozenset(group) for group in group_neurons(magnitude, 4).tolist()}
     assert found == {frozenset(group) for group in planted.tolist()}
+
+
+def plain_balanced_assign(similarity: np.ndarray, size: int) -> np.ndarray:
+    """Rounds of proposals, a row and a column at a time: each unplaced row proposes to its most
+    similar column with room (the first on ties); each column keeps its most similar proposers
+    (the lowest rows on ties) up to its room."""
+    rows, columns = similarity.shape
+    assignment, room = [-1] * rows, [size] * columns
+    while -1 in assignment:
+        proposals: dict[int, list[int]] = {column: [] for column in range(columns)}
+        for row in (row for row in range(rows) if assignment[row] < 0):
+            best = max((column for column in range(columns) if room[column] > 0), key=lambda c: similarity[row, c])
+            proposals[best].append(row)
+        for column, rows_proposing in proposals.items():
+            for row in sorted(rows_proposing, key=lambda r: -similarity[r, column])[: room[column]]:
+                assignment[row] = column
+                room[column] -= 1
+    return np.array(assignment)
+
+
+def plain_group_neurons(magnitude: np.ndarray, experts: int, seed: int, iterations: int = 20) -> np.ndarray:
+    """Balanced spherical k-means on the neurons' normalized token profiles, centroids as group means."""
+    neurons = magnitude.shape[1]
+    profiles = magnitude.T / (np.linalg.norm(magnitude.T, axis=1, keepdims=True) + 1e-12)
+    centroids = profiles[np.random.default_rng(seed).choice(neurons, experts, replace=False)]
+    for _ in range(iterations):
+        assignment = plain_balanced_assign(profiles @ centroids.T, neurons // experts)
+        centroids = np.stack([profiles[assignment == group].mean(axis=0) for group in range(experts)])
+        centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-12
+    return np.stack([np.flatnonzero(assignment == group) for group in range(experts)])
+
+
+def plain_ffn_inputs(reference: DenseReference, window: mx.array) -> list[np.ndarray]:
+    """Each layer's FFN input on one window, the llama block's parts applied one at a time."""
+    h, inputs = reference.model.model.embed_tokens(window), []
+    for layer in reference.layers:
+        after_attention = h + layer.self_attn(layer.input_layernorm(h), "causal")
+        inputs.append(layer.post_attention_layernorm(after_attention))
+        h = after_attention + layer.mlp(inputs[-1])
+    return [np.array(x[0]) for x in inputs]
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    """A float array's bit patterns, so that equality means bit for bit (0.0 and -0.0 differ)."""
+    return array.view(np.uint32 if array.dtype == np.float32 else np.uint64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_balanced_assignment_is_the_plain_rounds_of_proposals_ties_included(seed):
+    rng = np.random.default_rng(seed)
+    size, columns = int(rng.integers(1, 9)), int(rng.integers(2, 7))
+    # Few distinct values: many rows tie for a column, and columns tie for a row.
+    similarity = rng.integers(0, 3, size=(size * columns, columns)).astype(np.float32)
+    if seed % 2:
+        similarity = rng.normal(size=similarity.shape).astype(np.float32)
+    assignment = _balanced_assign(similarity, size)
+    assert np.array_equal(assignment, plain_balanced_assign(similarity, size))
+    assert np.array_equal(np.bincount(assignment, minlength=columns), np.full(columns, size))
+
+
+@pytest.mark.parametrize(("tokens", "neurons", "experts"), [(120, 48, 4), (90, 60, 6), (300, 160, 8)])
+def test_grouping_is_the_plain_balanced_kmeans_bit_for_bit(tokens, neurons, experts):
+    rng = np.random.default_rng(tokens)
+    # Coarse values and repeated neurons: equal similarities, so every tie-break is exercised.
+    magnitude = np.round(np.abs(rng.normal(size=(tokens, neurons))), 1).astype(np.float32)
+    magnitude[:, neurons // 2 :] = magnitude[:, : neurons - neurons // 2][:, rng.permutation(neurons - neurons // 2)]
+    magnitude[: tokens // 3, ::5] = 0.0
+    for seed in range(3):
+        assert np.array_equal(group_neurons(magnitude, experts, seed), plain_group_neurons(magnitude, experts, seed))
+
+
+@pytest.mark.parametrize(("neurons", "experts"), [(48, 8), (96, 4), (600, 3)])
+def test_centroids_are_the_plain_group_means_bit_for_bit(neurons, experts):
+    rng = np.random.default_rng(neurons)
+    magnitude = np.abs(rng.normal(size=(700, neurons))).astype(np.float32)
+    profiles = magnitude.T / (np.linalg.norm(magnitude.T, axis=1, keepdims=True) + 1e-12)  # as grouping has them
+    assignment = rng.permutation(np.repeat(np.arange(experts), neurons // experts))
+    groups = np.stack([np.flatnonzero(assignment == group) for group in range(experts)])
+    plain = np.stack([profiles[assignment == group].mean(axis=0) for group in range(experts)])
+    plain /= np.linalg.norm(plain, axis=1, keepdims=True) + 1e-12
+    assert np.array_equal(bits(_unit_means(np.ascontiguousarray(profiles), groups)), bits(plain))
+
+
+def test_calibration_inputs_are_those_of_whole_forward_passes(tiny_dense):
+    reference = DenseReference(tiny_dense)
+    windows = reference.windows(SHORT_CALIBRATION)
+    assert len(windows) > 1  # several windows concatenated per layer
+    expected = [np.concatenate(parts) for parts in zip(*(plain_ffn_inputs(reference, w) for w in windows))]
+    got = reference.mlp_inputs(windows)
+    assert len(got) == len(expected) == TINY["layers"]
+    assert all(np.array_equal(bits(a), bits(b)) for a, b in zip(got, expected))
+
+
+def test_overlapped_layer_splits_are_those_of_one_layer_after_another(tiny_dense):
+    reference = DenseReference(tiny_dense)
+    windows = reference.windows(SHORT_CALIBRATION)
+    expected = [
+        split_activations(x, neuron_activations(layer.mlp, x), np.array(layer.mlp.down_proj.weight), EXPERTS, index)
+        for index, (layer, x) in enumerate(zip(reference.layers, reference.mlp_inputs(windows)))
+    ]
+    got = list(layer_splits(reference, windows, EXPERTS))
+    assert len(got) == len(expected)
+    for split, plain in zip(got, expected):
+        assert np.array_equal(split.groups, plain.groups)
+        assert np.array_equal(bits(split.router_weight), bits(plain.router_weight))
+        assert np.array_equal(bits(split.router_bias), bits(plain.router_bias))
 
 
 def test_grouping_rejects_a_count_that_does_not_divide_the_neurons():

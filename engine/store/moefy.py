@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,8 @@ EVALUATION_TEXT = DATA_DIR / "evaluation.txt"
 WINDOW_TOKENS = 512
 # Ridge strength for the router fit, relative to the mean diagonal of X^T X.
 ROUTER_RIDGE = 1e-3
+# Layers whose inputs may wait for grouping while the next layer's are computed.
+SPLITS_AHEAD = 2
 MARKER = "nightshift.json"
 MODEL_FILE = "model.safetensors"
 
@@ -105,21 +109,32 @@ class DenseReference:
         tokens = self.tokenizer.encode(text)
         return [mx.array(tokens[i : i + WINDOW_TOKENS])[None] for i in range(0, len(tokens), WINDOW_TOKENS)]
 
-    def mlp_inputs(self, windows: list[mx.array], say: Say | None = None) -> list[np.ndarray]:
-        """For each layer, the (tokens, hidden) inputs its FFN receives over `windows` (`say` hears of each pass)."""
+    def layer_inputs(self, windows: list[mx.array]) -> Iterator[np.ndarray]:
+        """For each layer in turn, the (tokens, hidden) inputs its FFN receives over `windows`.
+
+        The forward passes over all windows are built lazily and evaluated a layer at a
+        time, so a caller can work on one layer while the next is computed; the values
+        are those of whole passes (same operations on the same arrays), and the last
+        layer's FFN, whose output no FFN sees, is never run.
+        """
         sinks: list[list] = [[] for _ in self.layers]
         originals = [layer.mlp for layer in self.layers]
         for layer, sink in zip(self.layers, sinks):
             layer.mlp = _Recorder(layer.mlp, sink)
         try:
-            for number, window in enumerate(windows, 1):
-                if say:
-                    say(f"calibration pass {number}/{len(windows)}: {window.shape[1]} tokens")
-                mx.eval(self.model.model(window))  # the trunk only: no logits needed
+            for window in windows:
+                self.model.model(window)  # the trunk only: no logits needed
         finally:
             for layer, mlp in zip(self.layers, originals):
                 layer.mlp = mlp
-        return [np.concatenate([np.array(x.reshape(-1, x.shape[-1])) for x in sink]) for sink in sinks]
+        for sink in sinks:
+            mx.eval(sink)
+            yield np.concatenate([np.array(x.reshape(-1, x.shape[-1])) for x in sink])
+            sink.clear()
+
+    def mlp_inputs(self, windows: list[mx.array]) -> list[np.ndarray]:
+        """For each layer, the (tokens, hidden) inputs its FFN receives over `windows`."""
+        return list(self.layer_inputs(windows))
 
 
 def neuron_activations(mlp: nn.Module, x: np.ndarray) -> np.ndarray:
@@ -137,18 +152,21 @@ def _balanced_assign(similarity: np.ndarray, size: int) -> np.ndarray:
     """Each row to a column, every column taking exactly `size` rows, preferring high similarity.
 
     Rounds of proposals: every unplaced row proposes to its most similar column
-    with room left, and each column keeps its most similar proposers.
+    with room left (the first such on ties), and each column keeps its most similar
+    proposers (the lowest rows on ties).
     """
     rows, columns = similarity.shape
     assignment = np.full(rows, -1)
     room = np.full(columns, size)
     while (free := np.flatnonzero(assignment < 0)).size:
         choice = np.where(room > 0, similarity[free], -np.inf).argmax(axis=1)
-        for column in np.unique(choice):
-            bidders = free[choice == column]
-            kept = bidders[np.argsort(-similarity[bidders, column], kind="stable")[: room[column]]]
-            assignment[kept] = column
-            room[column] -= kept.size
+        # Proposals by column, most similar first; lexsort is stable, so ties stay in row order.
+        order = np.lexsort((-similarity[free, choice], choice))
+        column = choice[order]
+        rank = np.arange(order.size) - np.searchsorted(column, column)  # place in its column's queue
+        kept = rank < room[column]
+        assignment[free[order[kept]]] = column[kept]
+        room -= np.bincount(column[kept], minlength=columns)
     return assignment
 
 
@@ -163,13 +181,27 @@ def group_neurons(magnitude: np.ndarray, experts: int, seed: int = 0, iterations
     if neurons % experts:
         raise NightshiftError(f"{neurons} neurons do not split into {experts} equal experts; pick a divisor")
     profiles = magnitude.T / (np.linalg.norm(magnitude.T, axis=1, keepdims=True) + 1e-12)
+    # The same profiles row-major: gathering a group's rows from the transposed view is ~10x slower.
+    rows = np.ascontiguousarray(profiles)
     rng = np.random.default_rng(seed)
     centroids = profiles[rng.choice(neurons, experts, replace=False)]
     for _ in range(iterations):
         assignment = _balanced_assign(profiles @ centroids.T, neurons // experts)
-        centroids = np.stack([profiles[assignment == e].mean(axis=0) for e in range(experts)])
-        centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-12
-    return np.stack([np.flatnonzero(assignment == e) for e in range(experts)])
+        groups = np.argsort(assignment, kind="stable").reshape(experts, -1)  # each group's neurons, ascending
+        centroids = _unit_means(rows, groups)
+    return groups
+
+
+def _unit_means(rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Each group's mean row, scaled to unit length.
+
+    A group's rows are gathered into a row-major (size, tokens) block and averaged down
+    its columns, one row after another: the summation order of the plain
+    `profiles[assignment == e].mean(axis=0)`, so the centroids match it bit for bit.
+    """
+    centroids = np.stack([rows[group].mean(axis=0) for group in groups])
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-12
+    return centroids
 
 
 def fit_linear_router(x: np.ndarray, targets: np.ndarray, ridge: float = ROUTER_RIDGE) -> tuple[np.ndarray, np.ndarray]:
@@ -199,22 +231,47 @@ class LayerSplit:
     router_bias: np.ndarray  # (experts,)
 
 
-def layer_groups(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A float llama MLP's neurons grouped by co-activation on inputs `x`, and each group's output norm there.
+def activation_groups(h: np.ndarray, down: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Neurons grouped by co-activation, from activations `h` (tokens, neurons) and the `down` weight.
 
-    Returns (groups (experts, size), contribution (tokens, experts)).
+    Returns (groups (experts, size), contribution (tokens, experts): each group's output norm).
     """
-    h = neuron_activations(mlp, x)
-    down = np.array(mlp.down_proj.weight)
     groups = group_neurons(np.abs(h) * np.linalg.norm(down, axis=0), experts, seed)
     return groups, np.linalg.norm(group_outputs(h, down, groups), axis=-1)
 
 
-def split_layer(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> LayerSplit:
-    """Group a float llama MLP's neurons by co-activation on inputs `x` and fit a router to their outputs."""
-    groups, contribution = layer_groups(mlp, x, experts, seed)
+def layer_groups(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A float llama MLP's neurons grouped by co-activation on inputs `x`, and each group's output norm there."""
+    return activation_groups(neuron_activations(mlp, x), np.array(mlp.down_proj.weight), experts, seed)
+
+
+def split_activations(x: np.ndarray, h: np.ndarray, down: np.ndarray, experts: int, seed: int = 0) -> LayerSplit:
+    """Group neurons by co-activation and fit a router, on FFN inputs `x` and their activations `h`; numpy only."""
+    groups, contribution = activation_groups(h, down, experts, seed)
     weight, bias = fit_linear_router(x, router_targets(contribution))
     return LayerSplit(groups, weight, bias)
+
+
+def layer_splits(reference: DenseReference, windows: list[mx.array], experts: int) -> Iterator[LayerSplit]:
+    """Each layer's split on `windows`, in order (layer i is seeded with i).
+
+    MLX computes the next layer's inputs on this thread while a worker thread groups
+    and fits the last one with numpy (both release the GIL, so they overlap on two
+    cores); each split is computed exactly as it would be alone. At most
+    SPLITS_AHEAD layers wait for the worker, to bound the arrays held.
+    """
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moefy")
+    pending: deque[Future[LayerSplit]] = deque()
+    try:
+        for index, (layer, x) in enumerate(zip(reference.layers, reference.layer_inputs(windows))):
+            h = neuron_activations(layer.mlp, x)
+            pending.append(pool.submit(split_activations, x, h, np.array(layer.mlp.down_proj.weight), experts, index))
+            while pending and (pending[0].done() or len(pending) > SPLITS_AHEAD):
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def expert_tensors(
@@ -273,15 +330,14 @@ def moefy(
         raise NightshiftError(f"the FFN's {neurons} neurons do not split into {experts} equal experts; pick a divisor")
     text = CALIBRATION_TEXT.read_text() if calibration is None else calibration
     say(f"calibrating on {len(text.split())} words of text")
-    inputs = reference.mlp_inputs(reference.windows(text), say)
     dense = mx.load(str(reference.path / MODEL_FILE))
     weights = {name: tensor for name, tensor in dense.items() if ".mlp." not in name}
-    for index, (layer, x) in enumerate(zip(reference.layers, inputs)):
+    layers = len(reference.layers)
+    for index, split in enumerate(layer_splits(reference, reference.windows(text), experts)):
         say(
-            f"layer {index + 1}/{len(inputs)}: {experts} experts of {neurons // experts} neurons, "
+            f"layer {index + 1}/{layers}: {experts} experts of {neurons // experts} neurons, "
             f"{time.monotonic() - start:.0f} s so far"
         )
-        split = split_layer(layer.mlp, x, experts, seed=index)
         weights.update(expert_tensors(dense, _mlp_prefix(index), split, reference.config.get("quantization")))
     config = {**reference.config, "model_type": "llama_moe", "num_experts": experts, "num_experts_per_tok": k}
     calibrated_on = CALIBRATION_TEXT.name if calibration is None else "text given by the caller"
