@@ -1,5 +1,7 @@
-"""One module per command group; each exposes `register(commands)` to add its sub-parsers.
+"""One module per command group, listed in app/cli.py's COMMANDS and imported only when chosen.
 
+Each exposes `register(parser)`, which fills in its group's parser (description, arguments,
+sub-commands); it imports the engine and other heavy packages inside the functions that use them.
 A command's `run(args) -> int` raises `NightshiftError` for anything a user can meet.
 """
 
