@@ -8,6 +8,10 @@ Tiny synthetic checkpoints of each family, imported at each trunk width, against
 
 from __future__ import annotations
 
+# First, before mlx: nightshift.engine routes MLX's float matmuls to the system BLAS (engine/cpu_blas.py).
+import nightshift.engine  # noqa: F401
+
+# isort: split
 import argparse
 from pathlib import Path
 
