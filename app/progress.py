@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import TextIO
 
 PROGRESS_EVERY_S = 2.0
 
@@ -20,33 +21,58 @@ Say = Callable[[str], None]
 class Heartbeat:
     """Wraps `say`: `say` shows a line now and makes it the status; `note` changes the status quietly
     (for frequent updates, e.g. bytes done); the status is shown again whenever PROGRESS_EVERY_S pass
-    without a line, with the seconds since the last `say`."""
+    without a line, with the seconds since the last `say`.
 
-    def __init__(self, say: Say):
+    With `in_place` (a terminal's stream), the status is instead redrawn on one line there every
+    second and on every `note`, and a `say` starts a fresh line below it.
+    """
+
+    def __init__(self, say: Say, in_place: TextIO | None = None):
         self._say = say
+        self._in_place = in_place
+        self._drawn = False  # a status line is showing in place, not yet ended by a newline
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._status = ""
+        self._timed = True
         self._said = self._shown = time.monotonic()
 
     def say(self, message: str) -> None:
         with self._lock:
+            self._end_line()
             self._say(message)
-            self._status, self._said = message, time.monotonic()
+            self._status, self._timed, self._said = message, True, time.monotonic()
             self._shown = self._said
 
-    def note(self, status: str) -> None:
+    def note(self, status: str, timed: bool = True) -> None:
+        """Change the status; `timed=False` when it carries its own time (no seconds are added)."""
         with self._lock:
-            self._status = status
+            self._status, self._timed = status, timed
+            if self._in_place is not None:
+                self._draw(time.monotonic())
 
     def _beat(self) -> None:
+        every = 1.0 if self._in_place is not None else PROGRESS_EVERY_S
         while not self._stop.wait(PROGRESS_EVERY_S / 10):
             with self._lock:
                 now = time.monotonic()
-                if self._status and now - self._shown >= PROGRESS_EVERY_S:
-                    self._say(f"{self._status} ({now - self._said:.0f} s)")
-                    self._shown = now
+                if self._status and now - self._shown >= every:
+                    self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        line = f"{self._status} ({now - self._said:.0f} s)" if self._timed else self._status
+        if self._in_place is None:
+            self._say(line)
+        else:
+            print(f"\r  {line}\x1b[K", end="", file=self._in_place, flush=True)
+            self._drawn = True
+        self._shown = now
+
+    def _end_line(self) -> None:
+        if self._drawn:
+            print(file=self._in_place, flush=True)
+            self._drawn = False
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -57,3 +83,5 @@ class Heartbeat:
     ) -> None:
         self._stop.set()
         self._thread.join()
+        with self._lock:
+            self._end_line()

@@ -16,6 +16,8 @@ def progress_line(figures: GenerationStats | RunProgress) -> str:
     """A generation's progress on one line: the prompt being read, then tokens, rate and time."""
     if not figures.generated_tokens:
         return f"reading the {figures.prompt_tokens}-token prompt"
+    if figures.generated_tokens == 1:
+        return f"first token after {figures.elapsed:.0f} s"
     return f"{figures.generated_tokens} tokens, {figures.decode_tokens_per_s:.1f} tok/s, {figures.elapsed:.0f} s"
 
 

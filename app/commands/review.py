@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
 from nightshift.app.commands.jobs import progress_line
+from nightshift.app.progress import Heartbeat
 from nightshift.engine import NightshiftError
 
 if TYPE_CHECKING:
-    from nightshift.app.daemon.runs import RunProgress
-    from nightshift.engine import GenerationStats
+    pass
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0
@@ -39,9 +39,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(figures: GenerationStats | RunProgress) -> None:
-    if sys.stderr.isatty():
-        print(f"\r  {progress_line(figures)} ", end="", file=sys.stderr, flush=True)
+def _live() -> Heartbeat:
+    """A run's live figures. Reading a long prompt can take a minute on a CPU with no new figure, so a
+    timer keeps going: in place on a terminal; off one (a log, CI), a line whenever 2 s pass without one."""
+    return Heartbeat(say, in_place=sys.stderr if sys.stderr.isatty() else None)
 
 
 def _as_of(args: argparse.Namespace, name: str) -> date:
@@ -61,19 +62,15 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     say(f"queued as run {run_id} in the running service")
     if args.no_wait:
         return 0
-    while True:
-        run = run_status(run_id)
-        if run.state in ("done", "failed", "interrupted"):
-            break
-        if run.state == "running" and run.progress:
-            _show(run.progress)
-        time.sleep(POLL_S)
+    with _live() as beat:
+        while (run := run_status(run_id)).state not in ("done", "failed", "interrupted"):
+            if run.state == "running" and run.progress:
+                beat.note(progress_line(run.progress), timed=not run.progress.generated_tokens)
+            time.sleep(POLL_S)
     return _outcome(run.state, run.report, run.error)
 
 
 def _outcome(state: str, report: str | None, error: str | None) -> int:
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
     if state != "done":
         raise NightshiftError(f"the review {state}: {error}")
     print(report)
@@ -92,7 +89,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     run = queue.claim(queue.enqueue(args.name, as_of, origin="manual"), os.getpid())
     say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
     try:
-        finished = execute(queue, run, say=say, show=_show)
+        with _live() as beat:
+            finished = execute(
+                queue,
+                run,
+                say=beat.say,
+                show=lambda figures: beat.note(progress_line(figures), timed=not figures.generated_tokens),
+            )
     except KeyboardInterrupt:
         queue.finish(run.id, "interrupted", error="interrupted by the user")
         say("interrupted")

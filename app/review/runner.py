@@ -198,6 +198,7 @@ def run_review(
     narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
     if cancel is not None and cancel.is_set():
         raise ReviewInterrupted(f"{schedule.name}: stopped while the model was writing; no report was written")
+    say(f"{schedule.name}: {narrative.stats.generated_tokens} tokens written; laying out the report")
     return write_report(schedule, as_of, checked, prompt.user, narrative, model.path, started, run_id)
 
 

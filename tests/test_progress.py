@@ -1,0 +1,49 @@
+"""Heartbeat: a long step is never silent, in a log or on a terminal."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from nightshift.app import progress
+from nightshift.app.progress import Heartbeat
+
+
+def test_off_a_terminal_the_status_is_said_again_with_its_seconds(monkeypatch):
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.1)
+    lines: list[str] = []
+    with Heartbeat(lines.append) as beat:
+        beat.say("calibrating")
+        time.sleep(0.35)
+        beat.note("layer 3/30")
+        time.sleep(0.35)
+    assert lines[0] == "calibrating"
+    repeats = lines[1:]
+    assert any(line.startswith("calibrating (") and line.endswith(" s)") for line in repeats)
+    assert repeats[-1].startswith("layer 3/30 (")  # a note changes what is repeated, without a line of its own
+    assert "layer 3/30" not in lines[: lines.index(repeats[-1])]
+
+
+def test_on_a_terminal_the_status_is_redrawn_in_place_and_a_said_line_starts_below_it(monkeypatch):
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.1)
+    said: list[str] = []
+    terminal = io.StringIO()
+    with Heartbeat(said.append, in_place=terminal) as beat:
+        beat.say("writing the narrative")
+        beat.note("reading the 430-token prompt")
+        time.sleep(1.3)  # in place, the timer moves every second
+        beat.say("report written")
+    drawn = terminal.getvalue()
+    assert said == ["writing the narrative", "report written"]  # nothing repeated as new lines
+    assert drawn.count("\r  reading the 430-token prompt (") >= 2
+    assert "(1 s)" in drawn
+    assert drawn.endswith("\n")  # the in-place line was ended before the next line was said
+
+
+def test_a_status_that_carries_its_own_time_gets_no_seconds_added(monkeypatch):
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.1)
+    lines: list[str] = []
+    with Heartbeat(lines.append) as beat:
+        beat.note("12 tokens, 2.1 tok/s, 6 s", timed=False)
+        time.sleep(0.35)
+    assert lines and set(lines) == {"12 tokens, 2.1 tok/s, 6 s"}
