@@ -6,8 +6,8 @@ Times this checkout's engine/store/moefy.py and, with --against, the one at git 
 turns so that other work on a shared machine weighs on both alike. Steps run one after another on the
 shipped calibration text (the forward pass over all windows, then per layer the activations, the
 grouping, the groups' output norms and the router fit, summed over layers); then `moefy` runs whole
-into a temporary directory, overlapping the steps as it does for users. Wall and CPU time (all threads)
-for each; the sha256 of each run's model.safetensors shows whether a version changes the model.
+into a temporary directory. Wall and CPU time (all threads, BLAS's included) for each; the sha256 of
+each run's model.safetensors shows whether a version changes the model.
 """
 
 from __future__ import annotations

@@ -24,10 +24,7 @@ from nightshift.engine.store.moefy import (
     _unit_means,
     fit_linear_router,
     group_neurons,
-    layer_splits,
     moefy,
-    neuron_activations,
-    split_activations,
 )
 from tests.gguf_files import TINY, write_tiny_llama
 
@@ -160,21 +157,6 @@ def test_calibration_inputs_are_those_of_whole_forward_passes(tiny_dense):
     got = reference.mlp_inputs(windows)
     assert len(got) == len(expected) == TINY["layers"]
     assert all(np.array_equal(bits(a), bits(b)) for a, b in zip(got, expected))
-
-
-def test_overlapped_layer_splits_are_those_of_one_layer_after_another(tiny_dense):
-    reference = DenseReference(tiny_dense)
-    windows = reference.windows(SHORT_CALIBRATION)
-    expected = [
-        split_activations(x, neuron_activations(layer.mlp, x), np.array(layer.mlp.down_proj.weight), EXPERTS, index)
-        for index, (layer, x) in enumerate(zip(reference.layers, reference.mlp_inputs(windows)))
-    ]
-    got = list(layer_splits(reference, windows, EXPERTS))
-    assert len(got) == len(expected)
-    for split, plain in zip(got, expected):
-        assert np.array_equal(split.groups, plain.groups)
-        assert np.array_equal(bits(split.router_weight), bits(plain.router_weight))
-        assert np.array_equal(bits(split.router_bias), bits(plain.router_bias))
 
 
 def test_grouping_rejects_a_count_that_does_not_divide_the_neurons():

@@ -20,9 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +42,6 @@ EVALUATION_TEXT = DATA_DIR / "evaluation.txt"
 WINDOW_TOKENS = 512
 # Ridge strength for the router fit, relative to the mean diagonal of X^T X.
 ROUTER_RIDGE = 1e-3
-# Layers whose inputs may wait for grouping while the next layer's are computed.
-SPLITS_AHEAD = 2
 MARKER = "nightshift.json"
 MODEL_FILE = "model.safetensors"
 
@@ -113,9 +109,9 @@ class DenseReference:
         """For each layer in turn, the (tokens, hidden) inputs its FFN receives over `windows`.
 
         The forward passes over all windows are built lazily and evaluated a layer at a
-        time, so a caller can work on one layer while the next is computed; the values
-        are those of whole passes (same operations on the same arrays), and the last
-        layer's FFN, whose output no FFN sees, is never run.
+        time, so a caller can work on each layer as soon as its inputs are known; the
+        values are those of whole passes (same operations on the same arrays), and the
+        last layer's FFN, whose output no FFN sees, is never run.
         """
         sinks: list[list] = [[] for _ in self.layers]
         originals = [layer.mlp for layer in self.layers]
@@ -231,47 +227,22 @@ class LayerSplit:
     router_bias: np.ndarray  # (experts,)
 
 
-def activation_groups(h: np.ndarray, down: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Neurons grouped by co-activation, from activations `h` (tokens, neurons) and the `down` weight.
+def layer_groups(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A float llama MLP's neurons grouped by co-activation on inputs `x`, and each group's output norm there.
 
-    Returns (groups (experts, size), contribution (tokens, experts): each group's output norm).
+    Returns (groups (experts, size), contribution (tokens, experts)).
     """
+    h = neuron_activations(mlp, x)
+    down = np.array(mlp.down_proj.weight)
     groups = group_neurons(np.abs(h) * np.linalg.norm(down, axis=0), experts, seed)
     return groups, np.linalg.norm(group_outputs(h, down, groups), axis=-1)
 
 
-def layer_groups(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A float llama MLP's neurons grouped by co-activation on inputs `x`, and each group's output norm there."""
-    return activation_groups(neuron_activations(mlp, x), np.array(mlp.down_proj.weight), experts, seed)
-
-
-def split_activations(x: np.ndarray, h: np.ndarray, down: np.ndarray, experts: int, seed: int = 0) -> LayerSplit:
-    """Group neurons by co-activation and fit a router, on FFN inputs `x` and their activations `h`; numpy only."""
-    groups, contribution = activation_groups(h, down, experts, seed)
+def split_layer(mlp: nn.Module, x: np.ndarray, experts: int, seed: int = 0) -> LayerSplit:
+    """Group a float llama MLP's neurons by co-activation on inputs `x` and fit a router to their outputs."""
+    groups, contribution = layer_groups(mlp, x, experts, seed)
     weight, bias = fit_linear_router(x, router_targets(contribution))
     return LayerSplit(groups, weight, bias)
-
-
-def layer_splits(reference: DenseReference, windows: list[mx.array], experts: int) -> Iterator[LayerSplit]:
-    """Each layer's split on `windows`, in order (layer i is seeded with i).
-
-    MLX computes the next layer's inputs on this thread while a worker thread groups
-    and fits the last one with numpy (both release the GIL, so they overlap on two
-    cores); each split is computed exactly as it would be alone. At most
-    SPLITS_AHEAD layers wait for the worker, to bound the arrays held.
-    """
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moefy")
-    pending: deque[Future[LayerSplit]] = deque()
-    try:
-        for index, (layer, x) in enumerate(zip(reference.layers, reference.layer_inputs(windows))):
-            h = neuron_activations(layer.mlp, x)
-            pending.append(pool.submit(split_activations, x, h, np.array(layer.mlp.down_proj.weight), experts, index))
-            while pending and (pending[0].done() or len(pending) > SPLITS_AHEAD):
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(cancel_futures=True)
 
 
 def expert_tensors(
@@ -333,11 +304,12 @@ def moefy(
     dense = mx.load(str(reference.path / MODEL_FILE))
     weights = {name: tensor for name, tensor in dense.items() if ".mlp." not in name}
     layers = len(reference.layers)
-    for index, split in enumerate(layer_splits(reference, reference.windows(text), experts)):
+    for index, (layer, x) in enumerate(zip(reference.layers, reference.layer_inputs(reference.windows(text)))):
         say(
             f"layer {index + 1}/{layers}: {experts} experts of {neurons // experts} neurons, "
             f"{time.monotonic() - start:.0f} s so far"
         )
+        split = split_layer(layer.mlp, x, experts, seed=index)
         weights.update(expert_tensors(dense, _mlp_prefix(index), split, reference.config.get("quantization")))
     config = {**reference.config, "model_type": "llama_moe", "num_experts": experts, "num_experts_per_tok": k}
     calibrated_on = CALIBRATION_TEXT.name if calibration is None else "text given by the caller"
