@@ -18,14 +18,19 @@ if TYPE_CHECKING:
 
 
 def resolve_model(name: str | None) -> Path:
-    """A model directory from a name under the data dir or a path; the default model when None."""
+    """A model directory from a name under the data dir or a path; the default model when None.
+
+    A bare name that is a model in the data dir is that model, even where the current directory holds
+    a folder of the same name (the repository's own `bench/`, say); write `./NAME` for the folder.
+    """
     if name is None:
         return require_default_model()
+    named = models_dir() / name
+    if Path(name).name == name and named.is_dir():
+        return named
     candidate = Path(name).expanduser()
     if candidate.is_dir():
         return candidate
-    if (models_dir() / name).is_dir():
-        return models_dir() / name
     raise NightshiftError(
         f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`"
     )

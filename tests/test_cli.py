@@ -12,6 +12,8 @@ import pytest
 
 from nightshift.app.cli import build_parser, main
 from nightshift.app.default_model import DEFAULT_MODEL
+from nightshift.app.models import resolve_model
+from nightshift.engine import NightshiftError
 from tests.gguf_files import write_tiny_llama
 
 
@@ -134,3 +136,14 @@ def test_console_script_runs_without_traceback(home):
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "nightshift model default" in result.stderr
+
+
+def test_a_model_name_wins_over_a_folder_of_that_name_here(home, tmp_path, monkeypatch):
+    (home / "models" / "bench").mkdir(parents=True)
+    (tmp_path / "work" / "bench").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work")
+    assert resolve_model("bench") == home / "models" / "bench"
+    assert resolve_model("./bench").resolve() == tmp_path / "work" / "bench"
+    assert resolve_model(str(tmp_path / "work" / "bench")) == tmp_path / "work" / "bench"
+    with pytest.raises(NightshiftError, match="no model named 'nope'"):
+        resolve_model("nope")

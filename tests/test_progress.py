@@ -47,3 +47,11 @@ def test_a_status_that_carries_its_own_time_gets_no_seconds_added(monkeypatch):
         beat.note("12 tokens, 2.1 tok/s, 6 s", timed=False)
         time.sleep(0.35)
     assert lines and set(lines) == {"12 tokens, 2.1 tok/s, 6 s"}
+
+
+def test_the_last_note_is_shown_when_the_work_ends_even_if_2_s_have_not_passed():
+    lines: list[str] = []
+    with Heartbeat(lines.append) as beat:
+        beat.say("importing")
+        beat.note("imported 2.68 GB of 2.68 GB (100 %)", timed=False)
+    assert lines == ["importing", "imported 2.68 GB of 2.68 GB (100 %)"]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from nightshift.app.commands import moefy, say
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import cache_dir, drives_file, models_dir
+from nightshift.app.progress import live
 from nightshift.engine import NightshiftError
 
 
@@ -57,11 +57,6 @@ def _drives(given: str | None, store: Path):
     return [Drive("store", store / "experts")]
 
 
-def _progress_line(progress) -> None:
-    done = progress.done_bytes >= progress.total_bytes
-    print(f"\rnightshift: {progress.describe()}  ", end="\n" if done else "", file=sys.stderr, flush=True)
-
-
 def cmd_import(args: argparse.Namespace) -> int:
     from nightshift.engine import ImportOptions, import_checkpoint
 
@@ -70,7 +65,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise NightshiftError(f"a model named {args.name!r} already exists at {store}; pick another --name")
     options = ImportOptions(trunk_bits=args.trunk_bits, quantize_experts=args.quantize_experts)
     say(f"importing {args.src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
-    manifest = import_checkpoint(Path(args.src), store, _drives(args.drives, store), options, _progress_line)
+    with live(say) as beat:
+        manifest = import_checkpoint(
+            Path(args.src), store, _drives(args.drives, store), options, lambda done: beat.note(done.describe(), False)
+        )
     say(
         f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e6:,.1f} MB of experts on "
         f"{', '.join(manifest.drives)}"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
 from nightshift.app.commands.jobs import progress_line
-from nightshift.app.progress import Heartbeat
+from nightshift.app.progress import live
 from nightshift.engine import NightshiftError
 
 if TYPE_CHECKING:
@@ -39,12 +38,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live() -> Heartbeat:
-    """A run's live figures. Reading a long prompt can take a minute on a CPU with no new figure, so a
-    timer keeps going: in place on a terminal; off one (a log, CI), a line whenever 2 s pass without one."""
-    return Heartbeat(say, in_place=sys.stderr if sys.stderr.isatty() else None)
-
-
 def _as_of(args: argparse.Namespace, name: str) -> date:
     from nightshift.app.review.runner import as_of_for
     from nightshift.app.review.schedule import find_schedule
@@ -62,7 +55,8 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     say(f"queued as run {run_id} in the running service")
     if args.no_wait:
         return 0
-    with _live() as beat:
+    # Reading a long prompt can take a minute on a CPU with no new figure: the heartbeat keeps a timer going.
+    with live(say) as beat:
         while (run := run_status(run_id)).state not in ("done", "failed", "interrupted"):
             if run.state == "running" and run.progress:
                 beat.note(progress_line(run.progress), timed=not run.progress.generated_tokens)
@@ -89,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run = queue.claim(queue.enqueue(args.name, as_of, origin="manual"), os.getpid())
     say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
     try:
-        with _live() as beat:
+        with live(say) as beat:
             finished = execute(
                 queue,
                 run,
