@@ -216,7 +216,7 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         "small (~150 MB) or bench (a scaled-down Kimi K3 with 2.5 GB of MXFP4 experts).",
     )
     synth.add_argument("--arch", required=True, help="model family to imitate, e.g. kimi_k3 (an unknown one lists all)")
-    synth.add_argument("--preset", choices=("tiny", "small", "bench"), default="tiny")
+    synth.add_argument("--preset", default="tiny", help="how big, as described above (an unknown one lists them)")
     synth.add_argument(
         "--skew",
         type=float,
