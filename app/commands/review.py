@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
 from nightshift.app.commands.jobs import progress_line
-from nightshift.app.progress import live
+from nightshift.app.progress import Heartbeat, live
 from nightshift.engine import NightshiftError
 
 if TYPE_CHECKING:
-    pass
+    from nightshift.app.daemon.runs import RunProgress
+    from nightshift.engine import GenerationStats
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0
@@ -59,9 +60,14 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
     with live(say) as beat:
         while (run := run_status(run_id)).state not in ("done", "failed", "interrupted"):
             if run.state == "running" and run.progress:
-                beat.note(progress_line(run.progress), timed=not run.progress.generated_tokens)
+                _note(beat, run.progress)
             time.sleep(POLL_S)
     return _outcome(run.state, run.report, run.error)
+
+
+def _note(beat: Heartbeat, figures: GenerationStats | RunProgress) -> None:
+    """The run's figures as the heartbeat's status; once tokens come, the line carries its own time."""
+    beat.note(progress_line(figures), timed=not figures.generated_tokens)
 
 
 def _outcome(state: str, report: str | None, error: str | None) -> int:
@@ -84,12 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
     try:
         with live(say) as beat:
-            finished = execute(
-                queue,
-                run,
-                say=beat.say,
-                show=lambda figures: beat.note(progress_line(figures), timed=not figures.generated_tokens),
-            )
+            finished = execute(queue, run, say=beat.say, show=lambda figures: _note(beat, figures))
     except KeyboardInterrupt:
         queue.finish(run.id, "interrupted", error="interrupted by the user")
         say("interrupted")
