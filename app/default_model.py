@@ -205,7 +205,7 @@ def _prepare_sparse(beat: Heartbeat) -> Path:
     # 16: the trunk stays as the GGUF had it (4-bit, 8-bit embeddings) and the routers stay float32.
     options = ImportOptions(trunk_bits=16)
     import_checkpoint(
-        checkpoint, store, [Drive("store", store / "experts")], options, lambda p: beat.note(p.describe())
+        checkpoint, store, [Drive("store", store / "experts")], options, lambda p: beat.note(p.describe(), timed=False)
     )
     shutil.rmtree(checkpoint)
     beat.say(f"the default model is ready ({time.monotonic() - start:.0f} s)")

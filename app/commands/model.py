@@ -67,7 +67,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     say(f"importing {args.src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
     with live(say) as beat:
         manifest = import_checkpoint(
-            Path(args.src), store, _drives(args.drives, store), options, lambda done: beat.note(done.describe(), False)
+            Path(args.src),
+            store,
+            _drives(args.drives, store),
+            options,
+            lambda done: beat.note(done.describe(), timed=False),
         )
     say(
         f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e6:,.1f} MB of experts on "

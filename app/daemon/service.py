@@ -63,7 +63,7 @@ class QueueExecutor(BaseExecutor):
                 continue
             try:
                 job.func(*job.args, **{**job.kwargs, "due": run_time})
-            except Exception as exc:
+            except Exception as exc:  # any failure: APScheduler logs it with its traceback
                 self._run_job_error(job.id, exc, exc.__traceback__)
                 return
             events.append(JobExecutionEvent(EVENT_JOB_EXECUTED, job.id, job._jobstore_alias, run_time))
