@@ -22,3 +22,7 @@ class NoSpaceError(NightshiftError):
 
 class ModelNotFoundError(NightshiftError):
     """A model was asked for that has not been prepared or imported."""
+
+
+class MemoryFitError(NightshiftError):
+    """What must stay resident in RAM would not fit in the RAM available."""

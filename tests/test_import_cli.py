@@ -22,11 +22,14 @@ def test_synth_import_list_generate(home, tmp_path, capsys):
     src = tmp_path / "ckpt"
     assert main(["model", "synth", "--arch", "qwen3_moe", "--preset", "tiny", "--skew", "2", "--out", str(src)]) == 0
     assert (src / "config.json").is_file() and (src / "tokenizer.json").is_file()
-    assert main(["model", "import", str(src), "--name", "tinyq", "--trunk-bits", "16"]) == 0
+    assert main(["model", "import", str(src), "--name", "tinyq"]) == 0
     out, err = capsys.readouterr()
     assert out.strip().endswith("tinyq")
     assert "imported" in err and "ETA" in err and "(100 %)" in err
-    assert read_manifest(home / "models" / "tinyq").trunk["bits"] == 16
+    assert "weight-exact: the store holds exactly the weights mlx-lm loads" in err
+    manifest = read_manifest(home / "models" / "tinyq")
+    assert manifest.trunk["bits"] == "as released" and not manifest.trunk["quantized"]
+    assert manifest.source["weight_exact"] is True
     assert main(["model", "list"]) == 0
     assert "tinyq\tstore" in capsys.readouterr().out
     assert main(["generate", "--model", "tinyq", "--max-tokens", "4", "Close the month."]) == 0
@@ -47,7 +50,8 @@ def test_synth_refuses_unknown_family_and_existing_directory(home, tmp_path, cap
 def test_import_of_a_dense_model_is_refused(home, tmp_path, capsys):
     dense = convert_gguf(write_tiny_llama(tmp_path / "tiny.gguf"), tmp_path / "dense")
     assert main(["model", "import", str(dense), "--name", "dense"]) == 1
-    assert "no routed experts" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no routed experts" in err and "nightshift model moefy" in err
 
 
 def test_bench_preset_is_a_scaled_down_kimi_k3():

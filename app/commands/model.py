@@ -59,15 +59,17 @@ def _drives(given: str | None, store: Path):
 
 def cmd_import(args: argparse.Namespace) -> int:
     from nightshift.engine import ImportOptions, import_checkpoint
+    from nightshift.engine.store.source import resolve_source
 
     store = models_dir() / args.name
     if (store / "config.json").is_file() and not (store / "manifest.json").is_file() and not _unfinished(store):
         raise NightshiftError(f"a model named {args.name!r} already exists at {store}; pick another --name")
     options = ImportOptions(trunk_bits=args.trunk_bits, quantize_experts=args.quantize_experts)
-    say(f"importing {args.src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
+    src = resolve_source(args.src)
+    say(f"importing {src} into {store}" + (" (resuming)" if _unfinished(store) else ""))
     with live(say) as beat:
         manifest = import_checkpoint(
-            Path(args.src),
+            src,
             store,
             _drives(args.drives, store),
             options,
@@ -77,8 +79,21 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"{len(manifest.layers)} MoE layers, {manifest.expert_bytes / 1e6:,.1f} MB of experts on "
         f"{', '.join(manifest.drives)}"
     )
+    say(_exactness(manifest))
     print(store)
     return 0
+
+
+def _exactness(manifest) -> str:
+    """Whether the store is the model the user downloaded, said in one line."""
+    if manifest.source.get("weight_exact"):
+        return "weight-exact: the store holds exactly the weights mlx-lm loads from the checkpoint"
+    changes = []
+    if manifest.trunk.get("quantized"):
+        changes.append(f"trunk quantized to {manifest.trunk['bits']}-bit ({len(manifest.trunk['quantized'])} modules)")
+    if manifest.source.get("quantize_experts"):
+        changes.append("unquantized experts quantized to 4-bit")
+    return "not weight-exact: " + "; ".join(changes)
 
 
 def _unfinished(store: Path) -> bool:
@@ -188,11 +203,17 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         "import",
         help="import a safetensors MoE checkpoint into the expert store",
         description="Import a local Hugging Face / MLX safetensors checkpoint of a Mixture-of-Experts model "
-        "(kimi_k3, deepseek_v3, kimi_k2, qwen3_moe, mixtral, gpt_oss, ...) into the store: one file per "
-        "(layer, expert) on the drives, the rest in trunk.safetensors. Streams layer by layer; run it again "
-        "to resume an interrupted import.",
+        "(every MoE family mlx-lm ships, in the release layout or mlx-lm's, quantized or not) into the store: "
+        "one file per (layer, expert) on the drives, the rest in trunk.safetensors, exactly the weights mlx-lm "
+        "loads. Streams layer by layer; run it again to resume an interrupted import. A dense model: see "
+        "`nightshift model moefy`.",
     )
-    imp.add_argument("src", metavar="SRC", help="checkpoint directory (config.json, model*.safetensors, tokenizer)")
+    imp.add_argument(
+        "src",
+        metavar="SRC",
+        help="checkpoint directory (config.json, model*.safetensors, tokenizer), or a repo id (owner/name) "
+        "already in the local Hugging Face cache, read in place",
+    )
     imp.add_argument("--name", required=True, help="name of the model in the data dir")
     imp.add_argument(
         "--drives",
@@ -204,8 +225,9 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         "--trunk-bits",
         type=int,
         choices=(16, 8, 4),
-        default=8,
-        help="precision of the non-expert weights: 16 keeps the checkpoint's, 8/4 quantize (default 8)",
+        default=None,
+        help="precision of the non-expert weights: default (or 16) keeps the checkpoint's own, weight-exact; "
+        "8/4 quantize to affine (smaller, not weight-exact; asked for when the trunk would not fit in RAM)",
     )
     imp.add_argument(
         "--quantize-experts",

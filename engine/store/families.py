@@ -2,9 +2,9 @@
 
 Routed experts are whatever `SwitchGLU` / `SwitchMLP` modules the model holds,
 wherever they sit (`mlp.switch_mlp`, `block_sparse_moe.switch_mlp`,
-`mlp.experts`, ...); checkpoint names are mapped by the family's own
-`sanitize()`, called one layer at a time so a checkpoint never has to fit in
-memory. The only family-specific knowledge is the small table below.
+`mlp.experts`, ...). Checkpoint names are mapped by the family's own `sanitize()`,
+run by mlx-lm over the whole checkpoint (engine/store/source.py). nightshift holds
+no per-family knowledge: what a family needs, its mlx-lm module says.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ from mlx_lm.utils import infer_quant_config
 
 from nightshift.engine.errors import ModelFormatError, UnsupportedModelError
 from nightshift.engine.models import get_classes
-
-# Families whose `sanitize()` only looks for layer 0's tensors before converting any layer:
-# each layer is shown to it as if it were layer 0.
-SANITIZE_AS_LAYER_ZERO = {"mixtral"}
 
 SWITCH_TYPES = (SwitchGLU, SwitchMLP)
 SWITCH_LINEAR_TYPES = (SwitchLinear, QuantizedSwitchLinear)
@@ -83,7 +79,7 @@ def switch_sites(model: nn.Module) -> list[SwitchSite]:
     if not sites:
         raise UnsupportedModelError(
             f"{type(model).__module__} has no routed experts (no SwitchGLU/SwitchMLP); "
-            "only Mixture-of-Experts models go into the store"
+            "only Mixture-of-Experts models go into the store; `nightshift model moefy` makes one from a dense model"
         )
     return sorted(sites, key=lambda s: s.layer)
 
@@ -94,17 +90,6 @@ def module_at(model: nn.Module, path: str) -> nn.Module:
     for part in path.split("."):
         module = module[int(part)] if isinstance(module, list) else getattr(module, part)
     return module
-
-
-def sanitize_layer(model: nn.Module, model_type: str, layer: int | None, weights: dict) -> dict:
-    """The family's `sanitize()` applied to the tensors of one layer (or of no layer)."""
-    if not hasattr(model, "sanitize"):
-        return weights
-    if layer is None or model_type not in SANITIZE_AS_LAYER_ZERO:
-        return model.sanitize(weights)
-    as_zero = {LAYER.sub(lambda m: m.group(0).replace(m.group(1), "0"), k, count=1): v for k, v in weights.items()}
-    done = model.sanitize(as_zero)
-    return {LAYER.sub(lambda m: m.group(0).replace("0", str(layer)), k, count=1): v for k, v in done.items()}
 
 
 def quantize_as_stored(model: nn.Module, weights: dict[str, mx.array]) -> None:

@@ -1,14 +1,15 @@
-"""`model import`: a safetensors MoE checkpoint into the store, one layer at a time.
+"""`model import`: a safetensors MoE checkpoint into the store, one layer at a time, exactly as mlx-lm loads it.
 
-Planning reads only headers: the family's `sanitize()` runs on lazy placeholders
-(never evaluated), which gives every tensor's final name, shape and dtype; the
-model's own parameter tree then says what is missing, extra or misshapen, and
-the expert layouts fix every file's size, so drives without room are refused
-before anything is written. The copy then goes layer by layer: read that layer's
-tensors, sanitize, write each expert's file (temp + rename) and the layer's trunk
+Planning reads no tensor: mlx-lm loads the checkpoint lazily (engine/store/source.py),
+so the family's `sanitize()` and quantization handling run on the whole checkpoint
+and every parameter's final name, shape and dtype is known; the expert layouts fix
+every file's size, so drives without room are refused before anything is written.
+The copy then goes layer by layer: evaluate that layer's parameters (which reads
+only its tensors), write each expert's file (temp + rename) and the layer's trunk
 tensors into a staging shard, then record the layer as done. Peak memory is about
 one layer's tensors. An interrupted import resumes at the first layer not done;
-`manifest.json`, written last, is what makes the store complete.
+`manifest.json`, written last, is what makes the store complete. The trunk keeps
+the checkpoint's precision unless told otherwise, so the store is weight-exact.
 """
 
 from __future__ import annotations
@@ -18,26 +19,15 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
-from mlx_lm.utils import load_config
 
-from nightshift.engine.errors import ModelFormatError, NightshiftError, NoSpaceError
+from nightshift.engine.errors import MemoryFitError, NightshiftError, NoSpaceError
 from nightshift.engine.io.drives import Drive
-from nightshift.engine.store.families import (
-    SwitchSite,
-    build_model,
-    expert_quantization,
-    layer_of,
-    normalized_config,
-    quantize_as_stored,
-    sanitize_layer,
-    switch_sites,
-)
+from nightshift.engine.store.families import SwitchSite, expert_quantization, switch_sites
 from nightshift.engine.store.gguf_import import sha256_of
 from nightshift.engine.store.manifest import (
     IMPORT_STATE,
@@ -54,13 +44,13 @@ from nightshift.engine.store.manifest import (
 from nightshift.engine.store.placement import check_free_space, plan_placement, rooms
 from nightshift.engine.store.safetensors_io import (
     NAME_OF,
-    Checkpoint,
     copied_tensor,
     out_tensor,
     read_header,
     to_bytes,
     write_safetensors,
 )
+from nightshift.engine.store.source import LazyCheckpoint, open_checkpoint
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -77,16 +67,21 @@ TOKENIZER_FILES = (
 STAGING = ".import"
 TRUNK_GROUP_SIZE = 64
 EXPERT_BITS, EXPERT_GROUP_SIZE = 4, 64
+# The trunk stays resident while experts stream; as released it may take this share of the RAM available.
+TRUNK_RAM_SHARE = 0.75
 
 
 @dataclass(frozen=True)
 class ImportOptions:
-    trunk_bits: int = 8  # 16: trunk kept as the checkpoint stores it; 8 or 4: affine, group size 64
-    quantize_experts: bool = False  # unquantized experts -> affine 4-bit, group size 64
+    # None (or 16): the trunk as the checkpoint has it, weight-exact; 8 or 4: affine, group size 64.
+    trunk_bits: int | None = None
+    quantize_experts: bool = False  # unquantized experts -> affine 4-bit, group size 64 (not weight-exact)
 
     def __post_init__(self):
-        if self.trunk_bits not in (16, 8, 4):
+        if self.trunk_bits not in (None, 16, 8, 4):
             raise NightshiftError(f"--trunk-bits must be 16, 8 or 4, not {self.trunk_bits}")
+        if self.trunk_bits == 16:
+            object.__setattr__(self, "trunk_bits", None)
 
 
 @dataclass
@@ -117,116 +112,94 @@ class Progress:
 
 @dataclass
 class Plan:
-    """What an import will write, worked out from the checkpoint's headers alone."""
+    """What an import will write, worked out without reading a tensor."""
 
     config: dict
-    checkpoint: Checkpoint
-    model: nn.Module
-    groups: dict[int | None, list[str]]  # layer -> checkpoint tensor names
+    source: LazyCheckpoint
+    groups: dict[int | None, list[str]]  # layer -> parameter names (mlx-lm's, after sanitize)
     sites: list[SwitchSite]
     layers: list[MoeLayer]
     trunk_quantized: dict[str, dict]  # module path -> {"bits", "group_size"} quantized on import
+    trunk_bytes: int  # of the trunk as the checkpoint has it
+    experts_quantized: bool  # some experts quantized on import (--quantize-experts)
+    sizes: dict[int | None, int] = field(default_factory=dict)  # layer -> bytes of its parameters as loaded
+
+    def __post_init__(self):
+        self.sizes = {g: sum(self.source.weights[n].nbytes for n in names) for g, names in self.groups.items()}
 
     def group_bytes(self, layer: int | None) -> int:
-        return sum(self.checkpoint.entries[n].nbytes for n in self.groups[layer])
+        return self.sizes[layer]
+
+    @property
+    def weight_exact(self) -> bool:
+        """The store holds exactly the weights `mlx_lm.load` holds for the checkpoint."""
+        return not self.trunk_quantized and not self.experts_quantized
 
 
-def plan_import(src: Path, options: ImportOptions) -> Plan:
-    """Check the checkpoint at `src` against its family's model and lay out the store."""
-    src = Path(src)
-    if not (src / "config.json").is_file():
-        raise ModelFormatError(f"{src} is not a model checkpoint (config.json missing)")
-    try:
-        config = normalized_config(load_config(src))
-    except (OSError, ValueError) as exc:
-        raise ModelFormatError(f"{src / 'config.json'}: {exc}") from exc
-    checkpoint = Checkpoint(src, "model*.safetensors")
-    model = build_model(config)
-    model_type = config.get("model_type", "")
-    groups: dict[int | None, list[str]] = {}
-    for name in checkpoint.entries:
-        groups.setdefault(layer_of(name), []).append(name)
+def plan_import(src: Path, options: ImportOptions, available_ram: int | None = None) -> Plan:
+    """Load the checkpoint at `src` lazily as mlx-lm does, check it fits the store, and lay the store out.
 
-    planned: dict[str, mx.array] = {}
-    origin: dict[str, int | None] = {}
-    for layer, names in groups.items():
-        try:
-            sanitized = sanitize_layer(model, model_type, layer, {n: checkpoint.placeholder(n) for n in names})
-        except (KeyError, ValueError) as exc:
-            raise ModelFormatError(
-                f"{_files_of(checkpoint, names)}: the {model_type} tensors of {_which(layer)} are incomplete "
-                f"({exc!r} is missing or wrong)"
-            ) from exc
-        for name, value in sanitized.items():
-            planned[name] = value
-            origin[name] = layer
-
+    `available_ram` (bytes; default: what psutil says now) decides whether the trunk may keep its precision.
+    """
+    source, model = open_checkpoint(Path(src))
+    weights = source.weights
     sites = switch_sites(model)
-    if options.quantize_experts:
-        planned = _quantized_experts(planned, sites)
-    quantize_as_stored(model, planned)
-    _check_tensors(model, planned, origin, groups, checkpoint)
-    trunk_quantized = _trunk_quantization(model, planned, sites, options)
-    layers = []
+    expert_names = {n for s in sites for n in weights if n.startswith(s.path + ".")}
+    trunk_bytes = sum(v.nbytes for n, v in weights.items() if n not in expert_names)
+    _check_trunk_fits(trunk_bytes, options, available_ram)
+    trunk_quantized = _trunk_quantization(model, weights, sites, options)
+    layers, experts_quantized = [], False
     for site in sites:
-        tensors = []
-        for name in sorted(n for n in planned if n.startswith(site.path + ".")):
-            value = planned[name]
-            per_expert = value.nbytes // site.num_experts
-            tensors.append((name[len(site.path) + 1 :], NAME_OF[value.dtype], tuple(value.shape[1:]), per_expert))
-        layers.append(
-            MoeLayer.laid_out(site.layer, site.path, site.num_experts, tensors, expert_quantization(model, site))
+        stacked = {n[len(site.path) + 1 :]: weights[n] for n in weights if n.startswith(site.path + ".")}
+        released = expert_quantization(model, site)
+        if options.quantize_experts:
+            stacked = _quantized_experts(stacked, site.projections)
+        tensors = [
+            (name, NAME_OF[v.dtype], tuple(v.shape[1:]), v.nbytes // site.num_experts)
+            for name, v in sorted(stacked.items())
+        ]
+        quantization = dict(released)
+        if options.quantize_experts:
+            added = {"mode": "affine", "bits": EXPERT_BITS, "group_size": EXPERT_GROUP_SIZE}
+            quantization = {p: released.get(p, added) for p in site.projections}
+            experts_quantized |= quantization != released
+        layers.append(MoeLayer.laid_out(site.layer, site.path, site.num_experts, tensors, quantization))
+    del model  # it holds every lazy array: evaluated through it, they would all stay in memory
+    groups = source.layer_names()
+    return Plan(source.config, source, groups, sites, layers, trunk_quantized, trunk_bytes, experts_quantized)
+
+
+def _check_trunk_fits(trunk_bytes: int, options: ImportOptions, available_ram: int | None) -> None:
+    """Keep the trunk as released unless it cannot be resident; then quantize only when told."""
+    if options.trunk_bits is not None:
+        return
+    if available_ram is None:
+        import psutil
+
+        available_ram = psutil.virtual_memory().available
+    if trunk_bytes > TRUNK_RAM_SHARE * available_ram:
+        raise MemoryFitError(
+            f"the trunk (every weight but the routed experts) is {human_size(trunk_bytes)} as released, more than "
+            f"{TRUNK_RAM_SHARE:.0%} of the {human_size(available_ram)} of RAM available, and it must stay resident. "
+            "Import with --trunk-bits 8 (about half the size; not weight-exact: its agreement with the released "
+            "model is measured in docs/results.md, 'What the trunk's precision does') or on a machine with more RAM"
         )
-    return Plan(config, checkpoint, model, groups, sites, layers, trunk_quantized)
 
 
-def _which(layer: int | None) -> str:
-    return f"layer {layer}" if layer is not None else "the embeddings and head"
-
-
-def _files_of(checkpoint: Checkpoint, names: list[str]) -> str:
-    return ", ".join(sorted({str(checkpoint.entries[n].file) for n in names}))
-
-
-def _quantized_experts(planned: dict[str, mx.array], sites: list[SwitchSite]) -> dict[str, mx.array]:
+def _quantized_experts(stacked: dict[str, mx.array], projections: tuple[str, ...]) -> dict[str, mx.array]:
     """Unquantized expert weights replaced by their (lazy) affine 4-bit quantization."""
-    out = dict(planned)
-    for site in sites:
-        for proj in site.projections:
-            key = f"{site.path}.{proj}"
-            if f"{key}.scales" in out:
-                continue
-            weight, scales, biases = mx.quantize(out[f"{key}.weight"], EXPERT_GROUP_SIZE, EXPERT_BITS)
-            out[f"{key}.weight"], out[f"{key}.scales"], out[f"{key}.biases"] = weight, scales, biases
+    out = dict(stacked)
+    for proj in projections:
+        if f"{proj}.scales" in out:
+            continue
+        weight, scales, biases = mx.quantize(out[f"{proj}.weight"], EXPERT_GROUP_SIZE, EXPERT_BITS)
+        out[f"{proj}.weight"], out[f"{proj}.scales"], out[f"{proj}.biases"] = weight, scales, biases
     return out
-
-
-def _check_tensors(model: nn.Module, planned: dict, origin: dict, groups: dict, checkpoint: Checkpoint) -> None:
-    """Every parameter present with its shape, nothing left over; errors name the source files."""
-    expected = dict(tree_flatten(model.parameters()))
-    missing = sorted(set(expected) - set(planned))
-    if missing:
-        layer = layer_of(missing[0])
-        files = _files_of(checkpoint, groups.get(layer, [])) or str(checkpoint.root)
-        raise ModelFormatError(
-            f"{files}: missing tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
-            f"({len(missing)} in all); the checkpoint is incomplete"
-        )
-    extra = sorted(set(planned) - set(expected))
-    if extra:
-        files = _files_of(checkpoint, groups[origin[extra[0]]])
-        raise ModelFormatError(f"{files}: tensor(s) the model does not have: {', '.join(extra[:5])}")
-    for name, value in expected.items():
-        if tuple(planned[name].shape) != tuple(value.shape):
-            files = _files_of(checkpoint, groups[origin[name]])
-            raise ModelFormatError(
-                f"{files}: tensor {name} has shape {list(planned[name].shape)}, the model needs {list(value.shape)}"
-            )
 
 
 def _trunk_quantization(model: nn.Module, planned: dict, sites: list[SwitchSite], options: ImportOptions) -> dict:
     """Trunk modules quantized on import: unquantized Linear/Embedding layers the family allows."""
-    if options.trunk_bits == 16:
+    if options.trunk_bits is None:
         return {}
     family_rule = getattr(model, "quant_predicate", None)
     chosen = {}
@@ -248,7 +221,7 @@ def _trunk_quantization(model: nn.Module, planned: dict, sites: list[SwitchSite]
 
 
 def _fingerprint(src: Path, plan: Plan, options: ImportOptions, placement: dict) -> dict:
-    files = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in plan.checkpoint.files]
+    files = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in plan.source.files]
     return {
         "source": str(src.resolve()),
         "files": files,
@@ -339,7 +312,12 @@ def import_checkpoint(
     manifest = Manifest(
         name=name,
         config=config,
-        trunk={"file": TRUNK, "sha256": trunk_sha, "bits": options.trunk_bits, "quantized": plan.trunk_quantized},
+        trunk={
+            "file": TRUNK,
+            "sha256": trunk_sha,
+            "bits": options.trunk_bits or "as released",
+            "quantized": plan.trunk_quantized,
+        },
         drives={d.name: str(d.root) for d in drives},
         layers=plan.layers,
         experts={
@@ -349,7 +327,11 @@ def import_checkpoint(
             ]
             for layer in plan.layers
         },
-        source={"path": str(src.resolve()), "quantize_experts": options.quantize_experts},
+        source={
+            "path": str(src.resolve()),
+            "quantize_experts": options.quantize_experts,
+            "weight_exact": plan.weight_exact,
+        },
     )
     write_manifest(store, manifest)
     state_path.unlink()
@@ -379,18 +361,18 @@ def _group_id(group: int | None) -> str:
 def _import_group(
     plan: Plan, group: int | None, staging: Path, name: str, placement: dict, by_drive: dict, options: ImportOptions
 ) -> dict[int, list[str]]:
-    """Read, sanitize and write one layer: its expert files and its trunk shard. Returns expert checksums."""
-    names = plan.groups[group]
-    weights = sanitize_layer(
-        plan.model, plan.config.get("model_type", ""), group, {n: plan.checkpoint.read(n) for n in names}
-    )
-    sites = [s for s in plan.sites if any(k.startswith(s.path + ".") for k in weights)]
-    if options.quantize_experts:
-        weights = _quantized_experts(weights, sites)
+    """Read one layer (its tensors are evaluated now), write its expert files and its trunk shard.
+
+    Each array is taken out of the plan as it is written, so nothing of the layer stays in memory after.
+    Returns the experts' checksums.
+    """
+    weights = {n: plan.source.weights.pop(n) for n in plan.groups[group]}
     checksums = {}
-    for site in sites:
+    for site in (s for s in plan.sites if s.layer == group):
         layer = next(layer for layer in plan.layers if layer.module == site.path)
-        stacked = {slot.name: weights.pop(f"{site.path}.{slot.name}") for slot in layer.tensors}
+        stacked = {n[len(site.path) + 1 :]: weights.pop(n) for n in list(weights) if n.startswith(site.path + ".")}
+        if options.quantize_experts:
+            stacked = _quantized_experts(stacked, site.projections)
         mx.eval(list(stacked.values()))
         checksums[layer.layer] = [
             _write_expert(layer, stacked, e, name, [by_drive[d] for d in placement[(layer.layer, e)]])
