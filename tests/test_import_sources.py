@@ -77,3 +77,6 @@ def test_the_manifest_says_whether_the_store_is_weight_exact(checkpoint, tmp_pat
     int8 = import_checkpoint(checkpoint, tmp_path / "int8", [Drive("d", tmp_path / "d2")], ImportOptions(trunk_bits=8))
     assert exact.source["weight_exact"] is True and exact.trunk["bits"] == "as released"
     assert int8.source["weight_exact"] is False and int8.trunk["bits"] == 8
+    error = int8.trunk["error"]
+    assert 0 < error["mean"] <= error["worst"] < 0.05 and error["worst_module"] in int8.trunk["quantized"]
+    assert exact.trunk["error"] == {}

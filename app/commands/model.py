@@ -90,7 +90,11 @@ def _exactness(manifest) -> str:
         return "weight-exact: the store holds exactly the weights mlx-lm loads from the checkpoint"
     changes = []
     if manifest.trunk.get("quantized"):
-        changes.append(f"trunk quantized to {manifest.trunk['bits']}-bit ({len(manifest.trunk['quantized'])} modules)")
+        error = manifest.trunk["error"]
+        changes.append(
+            f"trunk quantized to {manifest.trunk['bits']}-bit ({len(manifest.trunk['quantized'])} modules; relative "
+            f"weight error {error['mean']:.2%} on average, {error['worst']:.2%} at worst in {error['worst_module']})"
+        )
     if manifest.source.get("quantize_experts"):
         changes.append("unquantized experts quantized to 4-bit")
     return "not weight-exact: " + "; ".join(changes)

@@ -290,15 +290,16 @@ def import_checkpoint(
     total = sum(plan.group_bytes(g) for g in order)
     done_bytes, start = 0, time.perf_counter()
     checksums: dict[int, list[str]] = {}
+    errors: dict[str, float] = {}  # quantized trunk module -> relative RMS error of its weight
     for group in order:
         done_file = staging / f"{_group_id(group)}.done.json"
-        if done_file.is_file():
-            checksums.update({int(k): v for k, v in json.loads(done_file.read_text()).items()})
-        else:
-            sums = _import_group(plan, group, staging, name, placement, by_drive, options)
+        if not done_file.is_file():
+            sums, errs = _import_group(plan, group, staging, name, placement, by_drive, options)
             _sync_experts(name, placement, by_drive, sums)
-            write_json_atomic(done_file, {str(k): v for k, v in sums.items()})
-            checksums.update(sums)
+            write_json_atomic(done_file, {"experts": {str(k): v for k, v in sums.items()}, "trunk_error": errs})
+        done = json.loads(done_file.read_text())
+        checksums.update({int(k): v for k, v in done["experts"].items()})
+        errors.update(done["trunk_error"])
         done_bytes += plan.group_bytes(group)
         if progress:
             progress(Progress(done_bytes, total, time.perf_counter() - start))
@@ -317,6 +318,7 @@ def import_checkpoint(
             "sha256": trunk_sha,
             "bits": options.trunk_bits or "as released",
             "quantized": plan.trunk_quantized,
+            "error": _error_summary(errors),
         },
         drives={d.name: str(d.root) for d in drives},
         layers=plan.layers,
@@ -360,11 +362,12 @@ def _group_id(group: int | None) -> str:
 
 def _import_group(
     plan: Plan, group: int | None, staging: Path, name: str, placement: dict, by_drive: dict, options: ImportOptions
-) -> dict[int, list[str]]:
+) -> tuple[dict[int, list[str]], dict[str, float]]:
     """Read one layer (its tensors are evaluated now), write its expert files and its trunk shard.
 
     Each array is taken out of the plan as it is written, so nothing of the layer stays in memory after.
-    Returns the experts' checksums.
+    Returns the experts' checksums and, for each trunk module quantized here, the relative RMS error
+    of its weight (what quantizing cost, measured on the weights themselves).
     """
     weights = {n: plan.source.weights.pop(n) for n in plan.groups[group]}
     checksums = {}
@@ -379,20 +382,37 @@ def _import_group(
             for e in range(layer.num_experts)
         ]
         del stacked
-    trunk = []
+    trunk, errors = [], {}
     for key in sorted(weights):
         module, _, leaf = key.rpartition(".")
         settings = plan.trunk_quantized.get(module)
         if settings and leaf == "weight":
             w, scales, biases = mx.quantize(weights[key], settings["group_size"], settings["bits"])
             trunk += [(key, w), (f"{module}.scales", scales), (f"{module}.biases", biases)]
+            errors[module] = _relative_error(weights[key], w, scales, biases, settings)
         else:
             trunk.append((key, weights[key]))
     mx.eval([v for _, v in trunk])
     write_safetensors(staging / f"{_group_id(group)}.safetensors", [out_tensor(k, v) for k, v in trunk])
     del weights, trunk
     mx.clear_cache()
-    return checksums
+    return checksums, errors
+
+
+def _relative_error(weight: mx.array, w: mx.array, scales: mx.array, biases: mx.array, settings: dict) -> float:
+    """||W - dequantize(quantize(W))|| / ||W||, in float32."""
+    back = mx.dequantize(w, scales, biases, settings["group_size"], settings["bits"]).astype(mx.float32)
+    weight = weight.astype(mx.float32)
+    norm = mx.sqrt(mx.sum(weight * weight)).item()
+    return mx.sqrt(mx.sum((weight - back) ** 2)).item() / norm if norm else 0.0
+
+
+def _error_summary(errors: dict[str, float]) -> dict:
+    """The quantized trunk's weight error: mean and worst module (empty when nothing was quantized)."""
+    if not errors:
+        return {}
+    worst = max(errors, key=errors.__getitem__)
+    return {"mean": sum(errors.values()) / len(errors), "worst": errors[worst], "worst_module": worst}
 
 
 def _write_expert(layer: MoeLayer, stacked: dict[str, mx.array], expert: int, name: str, drives: list[Drive]) -> str:
