@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nightshift.app.review.checks import CheckContext, run_checks
+from nightshift.app.review.checks import MAX_FINDINGS, CheckContext, run_checks
 from nightshift.app.review.matching import match
 from nightshift.app.review.sources import Table, build_table
 from nightshift.app.review.window import window_containing
@@ -117,11 +117,15 @@ def test_variance_against_the_previous_period():
 
 def test_findings_come_most_severe_first():
     bank = table("bank", [("2026-10-01", "5.00", ""), ("2026-10-01", "5000.00", "")])
-    ledger = table("ledger", [])
+    ledger = table("ledger", [("2026-10-20", "7.00", "")])
     result = run_checks(
         [{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": bank, "ledger": ledger})
     )
-    assert [f.severity for f in result.findings] == ["high", "medium"]
+    assert [(f.severity, f.amount) for f in result.findings] == [
+        ("high", Decimal("5000.00")),
+        ("medium", Decimal("7.00")),
+        ("medium", Decimal("5.00")),
+    ]
 
 
 def test_matching_pairs_every_row_even_when_amounts_repeat():
@@ -139,3 +143,91 @@ def test_matching_pairs_every_row_even_when_amounts_repeat():
     assert result.left_unmatched.size == 0 and result.right_unmatched.size == 0
     assert np.array_equal(left.amounts[result.left], right.amounts[result.right])
     assert np.all(np.abs((left.dates[result.left] - right.dates[result.right]).astype(int)) <= 2)
+
+
+def not_run(result) -> list[str]:
+    return [f.title for f in result.findings if f.title.startswith("could not run")]
+
+
+BANK = table("bank", [("2026-10-05", "50.00", ""), ("2026-10-06", "-20.00", "")])
+BALANCE = [{"type": "balance", "balances": "balances", "movements": "bank", "account": "Bank"}]
+
+
+def test_a_balances_source_without_the_account_cannot_run_and_says_so():
+    """The missed 100.00 (issue 17): a balances file with no account column skipped the account without a word."""
+    balances = table("balances", [("2026-09-30", "1000.00", ""), ("2026-10-31", "1130.00", "")])  # no account
+    result = run_checks(BALANCE, context({"balances": balances, "bank": BANK}))
+    assert not_run(result) == ["could not run: balances has no balances for account 'Bank' (it has no account "
+                               "column or values); map the account column or name an account it has"]  # fmt: skip
+    assert result.findings[0].severity == "high" and result.runs[0].state == "not run"
+    other = table("balances", [("2026-09-30", "1000.00", "", "Cash"), ("2026-10-31", "1130.00", "", "Cash")])
+    assert "its accounts are Cash" in not_run(run_checks(BALANCE, context({"balances": other, "bank": BANK})))[0]
+
+
+def test_a_balance_without_an_opening_or_closing_balance_cannot_run():
+    balances = table("balances", [("2026-10-31", "1130.00", "", "Bank")])  # nothing before October
+    result = run_checks(BALANCE, context({"balances": balances, "bank": BANK}))
+    assert not_run(result) == ["could not run: Bank: balances has no balance before 2026-10-01 (the opening balance)"]
+    balances = table("balances", [("2026-09-30", "1000.00", "", "Bank")])  # nothing in October
+    assert (
+        "no balance dated in October 2026"
+        in not_run(run_checks(BALANCE, context({"balances": balances, "bank": BANK})))[0]
+    )
+
+
+def test_one_account_that_cannot_be_checked_leaves_the_check_partly_run():
+    balances = table("balances", [("2026-09-30", "1000.00", "", "Bank"), ("2026-10-31", "1030.00", "", "Bank"),
+                                  ("2026-10-31", "10.00", "", "Cash")])  # fmt: skip
+    movements = table("ledger", [("2026-10-05", "30.00", "", "Bank"), ("2026-10-05", "10.00", "", "Cash")])
+    checks = [{"type": "balance", "balances": "balances", "movements": "ledger"}]
+    result = run_checks(checks, context({"balances": balances, "ledger": movements}))
+    assert not_run(result) == ["could not run: Cash: balances has no balance before 2026-10-01 (the opening balance)"]
+    assert result.runs[0].state == "partly" and result.tables[0].rows[0][0] == "Bank"
+
+
+def test_a_match_with_an_empty_side_cannot_run():
+    empty = table("ledger", [("2026-08-01", "5.00", "")])  # rows, but none near October
+    result = run_checks(
+        [{"type": "match", "left": "bank", "right": "ledger"}], context({"bank": BANK, "ledger": empty})
+    )
+    assert not_run(result) == ["could not run: ledger has no rows in October 2026 (nor within 3 days of it), "
+                               "so nothing can be matched against it"]  # fmt: skip
+    assert len(result.findings) == 1 and result.runs[0].state == "not run"
+
+
+def test_checks_over_no_rows_or_a_missing_column_cannot_run():
+    ledger = table("ledger", [("2026-10-01", "10.00", "A"), ("2026-09-01", "10.00", "A")])  # no account values
+    checks = [{"type": "duplicates", "source": "ledger", "keys": ["date", "amount", "account"]},
+              {"type": "totals", "source": "ledger", "by": "account"},
+              {"type": "variance", "source": "ledger", "by": "category"},
+              {"type": "duplicates", "source": "ledger"}]  # fmt: skip
+    result = run_checks(checks, context({"ledger": ledger}, as_of="2026-11-15"))
+    assert [run.state for run in result.runs] == ["not run"] * 4
+    assert sorted(not_run(result)) == sorted([
+        "could not run: ledger has no rows in November 2026",
+        "could not run: ledger has no rows in November 2026",
+        "could not run: ledger has no rows in November 2026",
+        "could not run: ledger has no rows in November 2026",
+    ])  # fmt: skip
+    result = run_checks(checks[:3], context({"ledger": ledger}))
+    assert not_run(result) == ["could not run: ledger has no account values (no column mapped to 'account'?)"] * 2 + [
+        "could not run: ledger has no column 'category'; map one in the source's `columns`"
+    ]
+
+
+def test_findings_are_capped_per_check_with_the_rest_counted_and_summed():
+    rows = [("2026-10-02", f"{n}.00", "") for n in range(1, 251)]  # 1,000 and above are high
+    bank = table("bank", rows + [("2026-10-02", "1500.00", "")])
+    ledger = table("ledger", [("2026-10-20", "0.01", "")])
+    checks = [{"type": "match", "left": "bank", "right": "ledger", "max_findings": 10}]
+    result = run_checks(checks, context({"bank": bank, "ledger": ledger}))
+    listed = [f for f in result.findings if not f.summarized]
+    assert [f.amount for f in listed] == [Decimal("1500.00"), *(Decimal(n) for n in range(250, 241, -1))]
+    (summary,) = [f for f in result.findings if f.summarized]
+    assert summary.summarized == {"medium": 242}  # 241 bank rows and the ledger's 0.01
+    assert summary.amount == sum(Decimal(n) for n in range(1, 242)) + Decimal("0.01")
+    assert summary.title == "242 more match findings not listed"
+    assert result.total_findings == 252 and result.runs[0].findings == 252
+    many = table("ledger", [("2026-10-01", "1.00", f"R{n % 300}") for n in range(900)])  # 300 groups of 3
+    result = run_checks([{"type": "duplicates", "source": "ledger"}], context({"ledger": many}))
+    assert len(result.findings) == MAX_FINDINGS + 1 and result.total_findings == 300

@@ -7,17 +7,19 @@ import shutil
 import socket
 import subprocess
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
 
 from nightshift.app.review.charts import bar_chart
+from nightshift.app.review.checks import Figures, Finding
 from nightshift.app.review.narrative import split_narrative
 from nightshift.app.review.report import REPORTS_DIR, local_only_fetcher, render_html, write_pdf
 from nightshift.app.review.runner import Provenance, build_report_context, run_checks_for
-from nightshift.app.review.schedule import load_schedules
-from nightshift.app.review.verify import known_values, mark_numbers
+from nightshift.app.review.schedule import BUNDLED_DIR, Schedule, load_schedule, load_schedules
+from nightshift.app.review.verify import mark, verifier_for
+from nightshift.app.review.window import window_containing
 from nightshift.engine import GenerationStats
 
 NARRATIVE = """The bank shows 1,480.00 not in the ledger and the balance is off by 100.00; roughly 7,777 is at risk. <script>alert(1)</script>
@@ -26,12 +28,16 @@ F4: Find the 100.00 difference."""
 
 
 def test_numbers_are_marked_verified_or_not_and_text_is_escaped():
-    known = known_values([Decimal("1480.00"), "100", 2026])
-    html = str(mark_numbers("1,480.00 <b>and</b> 99.5 in 2026", known))
+    window = window_containing("month", date(2026, 10, 15))
+    finding = Finding("match", "high", "In bank, not in ledger: X", "", Decimal("-1480.00"),
+                      figures=Figures(amounts=(Decimal("-1480.00"),)))  # fmt: skip
+    verifier = verifier_for([finding], [], window, window.previous())
+    text = "1,480.00 <b>and</b> 99.5 in October 2026"
+    html = str(mark(text, verifier.check(text)))
     assert html == ('<span class="verified">1,480.00</span> &lt;b&gt;and&lt;/b&gt; '
-                    '<span class="unverified" title="not found in the data">99.5</span> in '
-                    '<span class="verified">2026</span>')  # fmt: skip
-    assert "F3" not in str(mark_numbers("F3", known)).replace("F3", "")  # labels are not numbers
+                    '<span class="unverified" title="not a figure of what it is about">99.5</span> in '
+                    '<span class="verified">October 2026</span>')  # fmt: skip
+    assert [(n.text, n.verified) for n in verifier.check("F1, F2")] == [("F1", True), ("F2", False)]  # one finding
 
 
 def test_the_narrative_keeps_its_text_and_picks_out_comments():
@@ -84,12 +90,10 @@ def test_chart_is_svg_with_escaped_labels():
     assert svg.startswith("<svg") and "R&amp;D" in svg and svg.count("<rect") == 3 + 2  # bars + legend
 
 
-@pytest.fixture(scope="module")
-def month_end_html():
-    schedules, _ = load_schedules()
-    schedule = schedules["month-end"]
+def report_of(schedule: Schedule, narrative_text: str = NARRATIVE) -> tuple[str, dict]:
+    """The report's HTML and context for `schedule` over its pinned period, with `narrative_text` as the model's."""
     checked = run_checks_for(schedule, schedule.as_of)
-    narrative = split_narrative(NARRATIVE, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
+    narrative = split_narrative(narrative_text, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
     stats = GenerationStats(prompt_tokens=400, generated_tokens=60, time_to_first_token=20.0, elapsed=30.0,
                             peak_memory_bytes=10**8, finish_reason="length", drive_bytes={"ssd0": 123456789},
                             cache_hits=1234, prefetch_recall=0.87)  # fmt: skip
@@ -99,13 +103,19 @@ def month_end_html():
     return render_html(schedule.report_template, context), context
 
 
+@pytest.fixture(scope="module")
+def month_end_html():
+    schedules, _ = load_schedules()
+    return report_of(schedules["month-end"])
+
+
 def test_model_text_is_escaped_and_unverified_numbers_highlighted(month_end_html):
     html, context = month_end_html
     assert "<script>" not in html and "&lt;script&gt;alert(" in html
     assert context["unverified"] == ["7,777"]
-    assert '<span class="unverified" title="not found in the data">7,777</span>' in html
+    assert '<span class="unverified" title="not a figure of what it is about">7,777</span>' in html
     assert '<span class="verified">1,480.00</span>' in html
-    assert "Check INV-5010 &amp; its duplicate." in html
+    assert 'Check <span class="verified">INV-5010</span> &amp; its duplicate.' in html
     assert "ssd0: 123,456,789" in html and "1,234 hits; prefetch recall 87 %" in html
     assert "prefill 20.0 tok/s, decode 5.9 tok/s" in html and "60 generated (length)" in html  # the stats' own
 
@@ -123,3 +133,46 @@ def test_the_pdf_has_pages_headers_and_metadata(month_end_html, tmp_path):
     assert "written by the model" in text and "Provenance" in text
     assert "Title:           Month-end review: October 2026" in info
     assert "Author:          nightshift" in info
+
+
+def month_end_with(tmp_path, old: str, new: str) -> Schedule:
+    """The bundled month-end review with one piece of its text replaced (a source's query, say)."""
+    text = (BUNDLED_DIR / "month-end.toml").read_text().replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
+    assert old in text
+    path = tmp_path / "month-end.toml"
+    path.write_text(text.replace(old, new))
+    return load_schedule(path)
+
+
+BALANCES_QUERY = 'query = "SELECT date, balance AS amount, account FROM balances ORDER BY date"'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        (
+            BALANCES_QUERY,
+            'query = "SELECT date, balance AS amount FROM balances ORDER BY date"',
+            "balances has no balances for account &#39;Bank&#39; (it has no account column or values)",
+        ),
+        (
+            BALANCES_QUERY,
+            "query = \"SELECT date, balance AS amount, account FROM balances WHERE date >= '2026-10-01'\"",
+            "Bank: balances has no balance before 2026-10-01 (the opening balance)",
+        ),
+        (
+            "FROM entries WHERE posted BETWEEN :start AND :end",
+            "FROM entries WHERE posted < '2026-09-20'",
+            "ledger has no rows in October 2026 (nor within 3 days of it)",
+        ),
+    ],
+    ids=["balances without the account", "no opening balance", "match with an empty side"],
+)
+def test_a_check_that_cannot_run_shows_in_the_report_and_its_title_page(tmp_path, old, new, why):
+    html, context = report_of(month_end_with(tmp_path, old, new), "Nothing to say.")
+    title_page = html[html.index('class="title-page"') : html.index('class="narrative"')]
+    assert f"could not run: {why}" in title_page  # the title page's list of checks
+    assert f"<strong>could not run: {why}" in html  # and a high finding in the findings table
+    assert "ran, <span" in title_page and "could not run</span>" in title_page
+    assert any(run.state == "not run" for run in context["runs"])
+    assert context["headline"].by_severity["high"] >= 1

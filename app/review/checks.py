@@ -1,17 +1,25 @@
 """Reconciliation checks: deterministic, each turning source rows into findings and summary tables.
 
 The numbers in a report come from here, never from the model. A finding
-carries its severity and the rows behind it so a reader can go back to the
-source line.
+carries its severity, the rows behind it so a reader can go back to the
+source line, and its figures (amounts signed, counts, percentages, dates,
+labels) so a narrative's numbers can be checked against the finding they
+talk about.
+
+No check does nothing quietly: a check that cannot run on what it got (no
+rows in the period, no opening balance, a column the source lacks) raises
+`CouldNotRun`, which becomes a high-severity finding "could not run: why",
+and every check's state (ran, partly, not run) goes to the report's title
+page. A check's findings are capped (`max_findings`): the largest are kept,
+the rest are counted and summed in one summary finding.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +33,23 @@ if TYPE_CHECKING:  # numpy is imported by the checks that run: reading schedules
 
 SEVERITIES = ("high", "medium", "low")
 ROWS_KEPT = 20  # rows shown per finding; the count says how many there were
+MAX_FINDINGS = 100  # findings listed per check by default; the rest are summed in one finding
+TABLE_ROWS = 40  # groups shown per summary table; the rest are summed in one row
+
+
+class CouldNotRun(ReviewError):
+    """A check cannot run on what it got; the message says why (it becomes a high finding, never a silent pass)."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a finding states, typed, so a narrative's number is checked against the finding it talks about."""
+
+    amounts: tuple[Decimal, ...] = ()  # signed, as the finding states them
+    counts: tuple[int, ...] = ()
+    percents: tuple[Decimal, ...] = ()  # exact, not rounded
+    dates: tuple[date, ...] = ()
+    labels: tuple[str, ...] = ()  # references, accounts, descriptions: what the finding is about
 
 
 @dataclass
@@ -36,6 +61,13 @@ class Finding:
     amount: Decimal | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     row_count: int = 0
+    figures: Figures = field(default_factory=Figures)
+    summarized: dict[str, int] = field(default_factory=dict)  # a cap's summary: the findings it stands for
+
+    @property
+    def stands_for(self) -> int:
+        """How many findings this one is: 1, or the number a cap's summary stands for."""
+        return sum(self.summarized.values()) or 1
 
 
 @dataclass
@@ -47,6 +79,18 @@ class SummaryTable:
 
 
 @dataclass
+class CheckRun:
+    """One check's outcome for the title page: ran, partly (some accounts could not be checked) or not run."""
+
+    number: int
+    check: str
+    about: str
+    state: str
+    findings: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
 class CheckContext:
     """What every check sees: the sources, the reviewed window and the one before it."""
 
@@ -54,6 +98,7 @@ class CheckContext:
     window: Window
     previous: Window
     materiality: Decimal
+    max_findings: int = MAX_FINDINGS
 
     def table(self, name: Any, check: str) -> Table:
         if name not in self.tables:
@@ -68,9 +113,34 @@ class CheckContext:
 
 
 @dataclass
+class Rest:
+    """Findings past a check's cap: counted by severity and summed (absolute), never kept."""
+
+    by_severity: dict[str, int] = field(default_factory=dict)
+    total: Decimal = Decimal(0)
+
+    def add(self, severity: str, count: int, total: Decimal) -> None:
+        if count:
+            self.by_severity[severity] = self.by_severity.get(severity, 0) + count
+            self.total += total
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_severity.values())
+
+
+@dataclass
 class CheckResult:
     findings: list[Finding] = field(default_factory=list)
     tables: list[SummaryTable] = field(default_factory=list)
+    runs: list[CheckRun] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)  # parts of a check that could not run (an account)
+    rest: Rest = field(default_factory=Rest)
+
+    @property
+    def total_findings(self) -> int:
+        """Every finding, counting those a cap summed."""
+        return sum(f.stands_for for f in self.findings)
 
 
 def _rows(table: Table, indices: np.ndarray) -> list[dict[str, Any]]:
@@ -83,8 +153,63 @@ def _inside(table: Table, window: Window) -> np.ndarray:
     return (table.dates >= np.datetime64(window.start, "D")) & (table.dates <= np.datetime64(window.end, "D"))
 
 
+def _label(row: dict[str, Any]) -> str:
+    return row.get("reference") or row.get("description") or f"line {row['line']}"
+
+
+def _labels(*values: Any) -> tuple[str, ...]:
+    return tuple(str(value) for value in values if value)
+
+
+def _day(value: Any) -> date:
+    return date.fromisoformat(str(value))
+
+
+def needed_rows(table: Table, what: str) -> Table:
+    """`table`, refused as a whole check when it has no rows: a check over nothing would pass quietly."""
+    if len(table) == 0:
+        raise CouldNotRun(f"{table.name} has no rows {what}")
+    return table
+
+
+def text_column(table: Table, name: str) -> np.ndarray:
+    """A text column the check relies on; refused when the source lacks it or every value is empty."""
+    if name in ("date", "amount"):
+        return table.column(name)
+    values = table.text.get(name)
+    if values is None:
+        raise CouldNotRun(f"{table.name} has no column {name!r}; map one in the source's `columns`")
+    if len(values) and not (values != "").any():
+        raise CouldNotRun(f"{table.name} has no {name} values (no column mapped to {name!r}?)")
+    return values
+
+
+def _units(amount: Decimal, scale: int) -> int:
+    return int(amount.scaleb(scale).to_integral_value())
+
+
+def _largest(units: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the `keep` largest amounts (by size, ties in order) and of the rest."""
+    import numpy as np
+
+    order = np.argsort(-np.abs(units), kind="stable")
+    return np.sort(order[:keep]), order[keep:]
+
+
+def _sum_rest(rest: Rest, units: np.ndarray, scale: int, materiality: Decimal, always: str | None = None) -> None:
+    """Unmatched rows past the cap, summed into `rest` by severity without becoming findings."""
+    import numpy as np
+
+    sizes = np.abs(units)
+    high = sizes >= _units(materiality, scale) if always is None else np.ones(len(units), dtype=bool)
+    rest.add(always or "high", int(high.sum()), to_decimal(exact_sum(sizes[high]), scale))
+    rest.add("medium", int((~high).sum()), to_decimal(exact_sum(sizes[~high]), scale))
+
+
 def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Pair two sources by reference, amount and date; report unmatched rows and amount mismatches."""
+    import numpy as np
+
     from nightshift.app.review.matching import match
 
     # Counterparts may lie up to the tolerance outside the period (items in transit);
@@ -94,42 +219,60 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
     window = context.window
     left = context.table(config["left"], "match").between(window.start - margin, window.end + margin)
     right = context.table(config["right"], "match").between(window.start - margin, window.end + margin)
-    result = match(left, right, tolerance, bool(config.get("use_reference", True)))
-    findings: list[Finding] = []
     left_in, right_in = _inside(left, window), _inside(right, window)
-    left_rest = {i for i in result.left_unmatched.tolist() if left_in[i]}
-    right_rest = {i for i in result.right_unmatched.tolist() if right_in[i]}
+    for side in (left, right):
+        if len(side) == 0:
+            raise CouldNotRun(f"{side.name} has no rows in {window.label} (nor within {tolerance} days of it), "
+                              "so nothing can be matched against it")  # fmt: skip
+    result = match(left, right, tolerance, bool(config.get("use_reference", True)))
+    cap = int(config.get("max_findings", context.max_findings))
+    out = CheckResult()
+    left_rest = result.left_unmatched[left_in[result.left_unmatched]]
+    right_rest = result.right_unmatched[right_in[result.right_unmatched]]
     # Unmatched rows with the same reference on both sides: one finding for the pair.
     left_references, right_references = left.text.get("reference"), right.text.get("reference")
-    right_by_reference: dict[str, int] = {}
-    for i in result.right_unmatched.tolist() if right_references is not None else []:
-        if reference := right_references[i]:
-            right_by_reference.setdefault(reference, i)
-    for i in sorted(left_rest):
-        reference = left_references[i] if left_references is not None else ""
-        j = right_by_reference.pop(reference, None) if reference else None
-        if j is None or j not in right_rest:
-            continue
-        left_rest.discard(i)
-        right_rest.discard(j)
-        difference = left.amount(i) - right.amount(j)
+    pairs: list[tuple[int, int]] = []
+    if left_references is not None and right_references is not None:
+        right_by_reference: dict[str, int] = {}
+        for j in result.right_unmatched.tolist():
+            if reference := right_references[j]:
+                right_by_reference.setdefault(reference, j)
+        right_open = set(right_rest.tolist())
+        for i in left_rest.tolist():
+            j = right_by_reference.pop(left_references[i], None) if left_references[i] else None
+            if j is not None and j in right_open:
+                pairs.append((i, j))
+    paired_left, paired_right = {i for i, _ in pairs}, {j for _, j in pairs}
+    left_rest = np.array([i for i in left_rest.tolist() if i not in paired_left], dtype=np.int64)
+    right_rest = np.array([j for j in right_rest.tolist() if j not in paired_right], dtype=np.int64)
+    differences = np.array([left.amounts[i] - right.amounts[j] for i, j in pairs], dtype=np.int64)
+    kept, dropped = _largest(differences, cap)
+    _sum_rest(out.rest, differences[dropped], left.scale, context.materiality, always="high")
+    for at in kept.tolist():
+        i, j = pairs[at]
+        reference, difference = left_references[i], left.amount(i) - right.amount(j)
         what = "Amount differs" if difference else "Dates too far apart"
-        findings.append(Finding(
+        out.findings.append(Finding(
             "match", "high", f"{what} for reference {reference}",
             f"{left.name} shows {left.amount(i):,} on {left.dates[i]}, {right.name} shows "
             f"{right.amount(j):,} on {right.dates[j]}: a difference of {difference:,} "
             f"(dates may differ by {tolerance} days).",
             difference, [left.row(i), right.row(j)], 2,
+            Figures((left.amount(i), right.amount(j), difference), (tolerance,), (),
+                    (_day(left.dates[i]), _day(right.dates[j])), _labels(reference)),
         ))  # fmt: skip
     for table, other, rest in ((left, right, left_rest), (right, left, right_rest)):
-        for i in sorted(rest):
+        kept, dropped = _largest(table.amounts[rest], cap)
+        _sum_rest(out.rest, table.amounts[rest[dropped]], table.scale, context.materiality)
+        for i in rest[kept].tolist():
             row = table.row(i)
-            label = row.get("reference") or row.get("description") or f"line {row['line']}"
-            findings.append(Finding(
-                "match", context.severity(row["amount"]), f"In {table.name}, not in {other.name}: {label}",
+            out.findings.append(Finding(
+                "match", context.severity(row["amount"]), f"In {table.name}, not in {other.name}: {_label(row)}",
                 f"{row['date']} {row.get('description', '')} {row['amount']:,} has no counterpart in {other.name} "
                 f"(same amount, within {tolerance} days).",
                 row["amount"], [row], 1,
+                Figures((row["amount"],), (tolerance,), (), (_day(row["date"]),),
+                        _labels(row.get("reference"), row.get("description"))),
             ))  # fmt: skip
     matched_left, matched_right = int(left_in[result.left].sum()), int(right_in[result.right].sum())
     summary = SummaryTable(
@@ -142,20 +285,19 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
             ["total", left.format(exact_sum(left.amounts[left_in])), right.format(exact_sum(right.amounts[right_in]))],
         ],
     )
-    return CheckResult(findings, [summary])
+    out.tables.append(summary)
+    return out
 
 
 def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Rows of one source equal on every key column (by default date, amount and reference)."""
     import numpy as np
 
-    table = context.current(config["source"], "duplicates")
+    table = needed_rows(context.current(config["source"], "duplicates"), f"in {context.window.label}")
     keys = list(config.get("keys", ["date", "amount", "reference"]))
-    if len(table) == 0:
-        return CheckResult()
     codes = np.zeros(len(table), dtype=np.int64)
     for key in keys:
-        column = table.column(key)
+        column = text_column(table, key)
         # Text as fixed-width unicode: numpy sorts that in C, object arrays through Python comparisons.
         _, inverse = np.unique(column.astype(str) if column.dtype == object else column, return_inverse=True)
         codes = codes * np.int64(inverse.max() + 1) + inverse
@@ -163,79 +305,115 @@ def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResu
     order = np.argsort(codes, kind="stable")
     ranked = codes[order]
     boundaries = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1], True])
-    findings = []
-    for start, stop in itertools.pairwise(boundaries):
-        if stop - start < 2:
-            continue
-        rows = order[start:stop]
+    starts, sizes = boundaries[:-1], np.diff(boundaries)
+    repeated = np.flatnonzero(sizes >= 2)
+    extras = table.amounts[order[starts[repeated]]] * (sizes[repeated] - 1)
+    kept, dropped = _largest(extras, int(config.get("max_findings", context.max_findings)))
+    out = CheckResult()
+    _sum_rest(out.rest, extras[dropped], table.scale, context.materiality)
+    for group in repeated[kept].tolist():
+        start, count = int(starts[group]), int(sizes[group])
+        rows = order[start : start + count]
         first = table.row(int(rows[0]))
-        extra = table.amount(int(rows[0])) * (stop - start - 1)
-        label = first.get("reference") or first.get("description") or f"line {first['line']}"
-        findings.append(Finding(
-            "duplicates", context.severity(extra), f"{stop - start} identical rows in {table.name}: {label}",
-            f"{stop - start} rows share {', '.join(keys)} ({first['date']}, {first['amount']:,}); "
+        extra = table.amount(int(rows[0])) * (count - 1)
+        out.findings.append(Finding(
+            "duplicates", context.severity(extra), f"{count} identical rows in {table.name}: {_label(first)}",
+            f"{count} rows share {', '.join(keys)} ({first['date']}, {first['amount']:,}); "
             f"if only one is genuine, {extra:,} is counted twice.",
-            extra, _rows(table, rows), int(stop - start),
+            extra, _rows(table, rows), count,
+            Figures((first["amount"], extra), (count,), (), (_day(first["date"]),),
+                    _labels(first.get("reference"), first.get("description"))),
         ))  # fmt: skip
-    return CheckResult(findings)
+    return out
 
 
 def _totals(table: Table, by: str) -> dict[str, int]:
     import numpy as np
 
-    groups, inverse = np.unique(table.column(by).astype(str), return_inverse=True)
+    groups, inverse = np.unique(text_column(table, by).astype(str), return_inverse=True)
     return dict(zip(groups.tolist(), exact_group_sums(table.amounts, inverse.ravel(), len(groups))))
+
+
+def _shown(groups: Iterable[str], size: Callable[[str], int]) -> tuple[list[str], list[str]]:
+    """The TABLE_ROWS largest groups in name order, and the rest (summed in one row by the caller)."""
+    ranked = sorted(groups, key=lambda group: (-size(group), group))
+    return sorted(ranked[:TABLE_ROWS]), ranked[TABLE_ROWS:]
 
 
 def check_totals(config: dict[str, Any], context: CheckContext) -> CheckResult:
     """Totals by a column (account, category) for the period; differences against `compare` if given."""
     import numpy as np
 
-    table = context.current(config["source"], "totals")
+    table = needed_rows(context.current(config["source"], "totals"), f"in {context.window.label}")
     by = config.get("by", "account")
     totals = _totals(table, by)
-    counts = dict(zip(*np.unique(table.column(by).astype(str), return_counts=True))) if len(table) else {}
-    rows = [[group, f"{int(counts[group]):,}", table.format(total)] for group, total in sorted(totals.items())]
+    counts = dict(zip(*np.unique(text_column(table, by).astype(str), return_counts=True)))
+    shown, hidden = _shown(totals, lambda group: abs(totals[group]))
+    rows = [[group, f"{int(counts[group]):,}", table.format(totals[group])] for group in shown]
+    if hidden:
+        rows.append([f"{len(hidden):,} more", f"{sum(int(counts[g]) for g in hidden):,}",
+                     table.format(sum(totals[g] for g in hidden))])  # fmt: skip
     rows.append(["total", f"{len(table):,}", table.format(exact_sum(table.amounts))])
-    findings = []
+    out = CheckResult()
     if other_name := config.get("compare"):
-        other = _totals(context.current(other_name, "totals"), by)
-        for group in sorted(set(totals) | set(other)):
-            difference = totals.get(group, 0) - other.get(group, 0)
-            if difference:
-                amount = to_decimal(difference, table.scale)
-                findings.append(Finding(
-                    "totals", context.severity(amount), f"{by} {group}: totals differ",
-                    f"{table.name} totals {table.format(totals.get(group, 0))}, {other_name} "
-                    f"{table.format(other.get(group, 0))} for {by} {group}.", amount,
-                ))  # fmt: skip
-    chart = [(group, to_decimal(total, table.scale), None) for group, total in sorted(totals.items())]
-    return CheckResult(findings, [SummaryTable(f"Totals of {table.name} by {by}", [by, "rows", "total"], rows, chart)])
+        other = _totals(needed_rows(context.current(other_name, "totals"), f"in {context.window.label}"), by)
+        differing = [group for group in sorted(set(totals) | set(other)) if totals.get(group, 0) != other.get(group, 0)]
+        differing.sort(key=lambda group: -abs(totals.get(group, 0) - other.get(group, 0)))
+        cap = int(config.get("max_findings", context.max_findings))
+        for group in differing[cap:]:
+            amount = to_decimal(totals.get(group, 0) - other.get(group, 0), table.scale)
+            out.rest.add(context.severity(amount), 1, abs(amount))
+        for group in differing[:cap]:
+            mine, theirs = to_decimal(totals.get(group, 0), table.scale), to_decimal(other.get(group, 0), table.scale)
+            out.findings.append(Finding(
+                "totals", context.severity(mine - theirs), f"{by} {group}: totals differ",
+                f"{table.name} totals {mine:,}, {other_name} {theirs:,} for {by} {group}.",
+                mine - theirs, figures=Figures((mine, theirs, mine - theirs), labels=(group,)),
+            ))  # fmt: skip
+    chart = [(group, to_decimal(totals[group], table.scale), None) for group in shown]
+    out.tables.append(SummaryTable(f"Totals of {table.name} by {by}", [by, "rows", "total"], rows, chart))
+    return out
 
 
 def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
-    """Opening balance + movements in the period = closing balance, per account."""
+    """Opening balance + movements in the period = closing balance, per account.
+
+    With `account`, only that account is checked and every movement row belongs to it (a bank
+    statement); otherwise every account of the balances source, movements matched by their account.
+    An account without an opening (last before the period) or closing balance (last in it) is a
+    part that could not run, never skipped.
+    """
     import numpy as np
 
-    balances = context.table(config["balances"], "balance")
+    balances = needed_rows(context.table(config["balances"], "balance"), "at all")
     movements = context.current(config["movements"], "balance")
-    start, end = np.datetime64(context.window.start, "D"), np.datetime64(context.window.end, "D")
-    accounts = sorted(set(balances.text["account"].tolist()))
-    findings, rows = [], []
-    for account in accounts:
-        mine = balances.where(balances.text["account"] == account)
+    window = context.window
+    start, end = np.datetime64(window.start, "D"), np.datetime64(window.end, "D")
+    accounts_of = text_column(balances, "account") if config.get("account") is None else balances.text["account"]
+    known = sorted(set(accounts_of.tolist()) - {""})
+    fixed = config.get("account")
+    if fixed is not None and fixed not in known:
+        listed = f"its accounts are {', '.join(known[:10])}" if known else "it has no account column or values"
+        raise CouldNotRun(f"{balances.name} has no balances for account {fixed!r} ({listed}); "
+                          "map the account column or name an account it has")  # fmt: skip
+    if fixed is None:
+        moved_accounts = text_column(movements, "account") if len(movements) else movements.text["account"]
+    out, rows = CheckResult(), []
+    for account in [fixed] if fixed is not None else known:
+        mine = balances.where(accounts_of == account)
         before = np.flatnonzero(mine.dates < start)
         during = np.flatnonzero((mine.dates >= start) & (mine.dates <= end))
-        if len(before) == 0 or len(during) == 0:
+        if len(before) == 0:
+            out.not_run.append(f"{account}: {balances.name} has no balance before {window.start} (the opening balance)")
+            continue
+        if len(during) == 0:
+            out.not_run.append(
+                f"{account}: {balances.name} has no balance dated in {window.label} (the closing balance)"
+            )
             continue
         opening_row = before[np.argmax(mine.dates[before])]
         closing_row = during[np.argmax(mine.dates[during])]
-        # `account` set: every movement row belongs to that account (a bank statement);
-        # otherwise movements are matched to balances by their own account column.
-        fixed = config.get("account")
-        if fixed is not None and fixed != account:
-            continue
-        moved_rows = np.arange(len(movements)) if fixed else np.flatnonzero(movements.text["account"] == account)
+        moved_rows = np.arange(len(movements)) if fixed is not None else np.flatnonzero(moved_accounts == account)
         opening, closing = int(mine.amounts[opening_row]), int(mine.amounts[closing_row])
         moved = exact_sum(movements.amounts[moved_rows])
         difference = opening + moved - closing
@@ -243,15 +421,29 @@ def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
                      balances.format(difference)])  # fmt: skip
         if difference:
             amount = to_decimal(difference, balances.scale)
-            findings.append(Finding(
+            values = [to_decimal(units, balances.scale) for units in (opening, moved, opening + moved, closing)]
+            opened, closed = _day(mine.dates[opening_row]), _day(mine.dates[closing_row])
+            out.findings.append(Finding(
                 "balance", "high", f"{account}: opening + movements does not equal closing",
-                f"Opening {balances.format(opening)} ({mine.dates[opening_row]}) + movements "
-                f"{balances.format(moved)} = {balances.format(opening + moved)}, but the closing balance on "
-                f"{mine.dates[closing_row]} is {balances.format(closing)}: {amount:,} unexplained.",
+                f"Opening {values[0]:,} ({opened}) + movements {values[1]:,} = {values[2]:,}, but the closing "
+                f"balance on {closed} is {values[3]:,}: {amount:,} unexplained.",
                 amount, [mine.row(int(opening_row)), mine.row(int(closing_row))], 2,
+                Figures((*values, amount), (), (), (opened, closed), (account,)),
             ))  # fmt: skip
-    table = SummaryTable("Balance roll-forward", ["account", "opening", "movements", "closing", "difference"], rows)
-    return CheckResult(findings, [table] if rows else [])
+    if not rows and out.not_run:
+        raise CouldNotRun("; ".join(out.not_run))
+    if rows:
+        out.tables.append(SummaryTable("Balance roll-forward", ["account", "opening", "movements", "closing",
+                                                                "difference"], rows))  # fmt: skip
+    return out
+
+
+def _said(exact: Decimal | None) -> str:
+    """A percent change as the report words it: "up 261%", "down 12%", "no change", "new"."""
+    if exact is None:
+        return "new"
+    percent = exact.quantize(Decimal("1"))
+    return "no change" if percent == 0 else ("up " if percent > 0 else "down ") + f"{abs(percent)}%"
 
 
 def check_variance(config: dict[str, Any], context: CheckContext) -> CheckResult:
@@ -260,33 +452,47 @@ def check_variance(config: dict[str, Any], context: CheckContext) -> CheckResult
     by = config.get("by", "account")
     threshold = Decimal(str(config.get("threshold_pct", 25)))
     min_change = Decimal(str(config.get("min_change", "0")))
-    current = _totals(table.between(context.window.start, context.window.end), by)
-    previous = _totals(table.between(context.previous.start, context.previous.end), by)
-    findings, rows, chart = [], [], []
-    for group in sorted(set(current) | set(previous)):
+    current = _totals(needed_rows(table.between(context.window.start, context.window.end),
+                                  f"in {context.window.label}"), by)  # fmt: skip
+    previous = _totals(needed_rows(table.between(context.previous.start, context.previous.end),
+                                   f"in {context.previous.label} to compare against"), by)  # fmt: skip
+    out, changes = CheckResult(), {}
+    for group in set(current) | set(previous):
         now, before = to_decimal(current.get(group, 0), table.scale), to_decimal(previous.get(group, 0), table.scale)
-        change = now - before
         # Percent change of the size, so a cost that grows (more negative) is "up" too.
-        percent = ((abs(now) - abs(before)) / abs(before) * 100).quantize(Decimal("1")) if before else None
-        if percent is None:
-            shown = "new"
-        else:
-            shown = "no change" if percent == 0 else ("up " if percent > 0 else "down ") + f"{abs(percent)}%"
-        rows.append([group, f"{before:,}", f"{now:,}", f"{change:+,}", shown])
-        chart.append((group, now, before))
-        if abs(change) >= min_change and change and (percent is None or abs(percent) >= threshold):
-            findings.append(Finding(
-                "variance", "medium", f"{by} {group}: {shown} against {context.previous.label}",
-                f"{group} moved from {before:,} in {context.previous.label} to {now:,} in "
-                f"{context.window.label} ({change:+,}, {shown}); threshold {threshold}%.", change,
-            ))  # fmt: skip
-    summary = SummaryTable(
+        exact = (abs(now) - abs(before)) / abs(before) * 100 if before else None
+        changes[group] = (before, now, exact)
+    shown, hidden = _shown(changes, lambda group: abs(changes[group][1] - changes[group][0]))
+    flagged = [(group, before, now, now - before, exact) for group, (before, now, exact) in sorted(changes.items())
+               if now != before and abs(now - before) >= min_change
+               and (exact is None or abs(exact.quantize(Decimal("1"))) >= threshold)]  # fmt: skip
+    rows = []
+    for group in shown:
+        before, now, exact = changes[group]
+        rows.append([group, f"{before:,}", f"{now:,}", f"{now - before:+,}", _said(exact)])
+    if hidden:
+        moved = sum((changes[g][1] - changes[g][0] for g in hidden), Decimal(0))
+        rows.append([f"{len(hidden):,} more", f"{sum((changes[g][0] for g in hidden), Decimal(0)):,}",
+                     f"{sum((changes[g][1] for g in hidden), Decimal(0)):,}", f"{moved:+,}", ""])  # fmt: skip
+    flagged.sort(key=lambda item: -abs(item[3]))
+    cap = int(config.get("max_findings", context.max_findings))
+    for item in flagged[cap:]:
+        out.rest.add("medium", 1, abs(item[3]))
+    for group, before, now, change, exact in sorted(flagged[:cap]):
+        said = _said(exact)
+        out.findings.append(Finding(
+            "variance", "medium", f"{by} {group}: {said} against {context.previous.label}",
+            f"{group} moved from {before:,} in {context.previous.label} to {now:,} in "
+            f"{context.window.label} ({change:+,}, {said}); threshold {threshold}%.", change,
+            figures=Figures((before, now, change), (), (threshold,) if exact is None else (exact, threshold), (),
+                            (group,)),
+        ))  # fmt: skip
+    chart = [(group, changes[group][1], changes[group][0]) for group in shown]
+    out.tables.append(SummaryTable(
         f"Change of {table.name} by {by}: {context.window.label} against {context.previous.label}",
-        [by, context.previous.label, context.window.label, "change", "%"],
-        rows,
-        chart,
-    )
-    return CheckResult(findings, [summary])
+        [by, context.previous.label, context.window.label, "change", "%"], rows, chart,
+    ))  # fmt: skip
+    return out
 
 
 CHECKS: dict[str, Callable[[dict[str, Any], CheckContext], CheckResult]] = {
@@ -297,23 +503,79 @@ CHECKS: dict[str, Callable[[dict[str, Any], CheckContext], CheckResult]] = {
     "variance": check_variance,
 }
 
-# Fields each check type needs, checked when the schedule is read.
+# Fields each check type needs, checked when the schedule is read, and those it may have.
 REQUIRED = {"match": ("left", "right"), "duplicates": ("source",), "totals": ("source",),
             "balance": ("balances", "movements"), "variance": ("source",)}  # fmt: skip
+OPTIONAL = {"match": ("date_tolerance_days", "use_reference"), "duplicates": ("keys",), "totals": ("by", "compare"),
+            "balance": ("account",), "variance": ("by", "threshold_pct", "min_change")}  # fmt: skip
+COMMON = ("type", "max_findings")
 
 
 Step = Callable[[str, float], None]  # told a step's name and seconds as it ends (the checks benchmark)
 
 
+def _about(config: dict[str, Any]) -> str:
+    """What a check looks at, in words, for the title page."""
+    kind = config["type"]
+    if kind == "match":
+        return f"{config['left']} against {config['right']}"
+    if kind == "balance":
+        account = f" ({config['account']})" if config.get("account") else ""
+        return f"{config['balances']}{account} rolled forward with {config['movements']}"
+    by = f" by {config.get('by', 'account')}" if kind in ("totals", "variance") else ""
+    return f"{config['source']}{by}"
+
+
+def _could_not_run(kind: str, why: str) -> Finding:
+    return Finding(kind, "high", f"could not run: {why}",
+                   "This check was not done, so its absence of findings means nothing: fix the source or the "
+                   "schedule so it can run.")  # fmt: skip
+
+
+def _rank(finding: Finding) -> tuple[int, Decimal]:
+    return SEVERITIES.index(finding.severity), -abs(finding.amount or 0)
+
+
+def _capped(kind: str, number: int, result: CheckResult, cap: int) -> list[Finding]:
+    """The check's `cap` most severe and largest findings, and one finding that counts and sums the rest."""
+    findings = sorted(result.findings, key=_rank)
+    rest = result.rest
+    for extra in findings[cap:]:
+        rest.add(extra.severity, 1, abs(extra.amount or 0))
+    findings = findings[:cap]
+    if rest.count:
+        counts = ", ".join(f"{rest.by_severity[s]:,} {s}" for s in SEVERITIES if s in rest.by_severity)
+        findings.append(Finding(
+            kind, next(s for s in SEVERITIES if s in rest.by_severity), f"{rest.count:,} more {kind} findings not listed",
+            f"Check {number} found {len(findings) + rest.count:,} findings; the {len(findings):,} largest are listed. "
+            f"The other {rest.count:,} ({counts}) amount to {rest.total:,} in absolute terms. Raise `max_findings` "
+            "in the check to list more, or look for what makes so many (the wrong file or period?).",
+            rest.total, figures=Figures((rest.total,), (rest.count, len(findings), *rest.by_severity.values())),
+            summarized=dict(rest.by_severity),
+        ))  # fmt: skip
+    return findings
+
+
 def run_checks(checks: list[dict[str, Any]], context: CheckContext, step: Step | None = None) -> CheckResult:
-    """Every check in order; findings sorted by severity, then size."""
+    """Every check in order; findings sorted by severity, then size; each check's state in `runs`."""
     combined = CheckResult()
     for number, config in enumerate(checks, start=1):
+        kind = config["type"]
         started = time.perf_counter()
-        result = CHECKS[config["type"]](config, context)
+        try:
+            result = CHECKS[kind](config, context)
+        except CouldNotRun as exc:
+            result = CheckResult(not_run=[str(exc)])
+            state = "not run"
+        else:
+            state = "partly" if result.not_run else "ran"
         if step is not None:
-            step(f"check {number} {config['type']}", time.perf_counter() - started)
-        combined.findings.extend(result.findings)
+            step(f"check {number} {kind}", time.perf_counter() - started)
+        findings = [_could_not_run(kind, why) for why in result.not_run]
+        findings += _capped(kind, number, result, int(config.get("max_findings", context.max_findings)))
+        combined.runs.append(CheckRun(number, kind, _about(config), state, sum(f.stands_for for f in findings),
+                                      result.not_run))  # fmt: skip
+        combined.findings.extend(findings)
         combined.tables.extend(result.tables)
-    combined.findings.sort(key=lambda f: (SEVERITIES.index(f.severity), -abs(f.amount or 0)))
+    combined.findings.sort(key=_rank)
     return combined

@@ -58,7 +58,7 @@ def build_prompt(template: str, title: str, window_label: str, result: CheckResu
     try:
         compiled = environment.get_template(template)
         context = compiled.new_context({
-            "review": title, "window": window_label, "findings": findings, "total_findings": len(result.findings),
+            "review": title, "window": window_label, "findings": findings, "total_findings": result.total_findings,
             "omitted": len(result.findings) - len(findings), "tables": result.tables,
         })  # fmt: skip
         blocks = {name: "".join(render(context)).strip() for name, render in compiled.blocks.items()}

@@ -24,7 +24,7 @@ from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, bu
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
 from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Table
-from nightshift.app.review.verify import known_values, mark_numbers, numbers_in
+from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
 from nightshift.engine import GenerationStats, Model, sha256_of
 
@@ -147,8 +147,9 @@ def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrati
 def _headline(checked: Checked) -> Headline:
     findings = checked.result.findings
     return Headline(
-        findings=len(findings),
-        by_severity={severity: sum(f.severity == severity for f in findings) for severity in SEVERITIES},
+        findings=checked.result.total_findings,
+        by_severity={severity: sum(f.summarized.get(severity, 0) if f.summarized else f.severity == severity
+                                   for f in findings) for severity in SEVERITIES},
         flagged_amount=sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), 0),
         rows={name: len(table.between(checked.window.start, checked.window.end)) for name, table in checked.tables.items()},
     )  # fmt: skip
@@ -157,17 +158,13 @@ def _headline(checked: Checked) -> Headline:
 def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str, narrative: Narrative,
                          provenance: Provenance, created: datetime) -> dict[str, Any]:  # fmt: skip
     """Everything the report template shows; model text is escaped and its numbers checked here."""
-    # The data, as far as the narrative can know it: the prompt, every finding and every table.
-    texts = [prompt_text, *(f"{f.title} {f.detail}" for f in checked.result.findings),
-             *(" ".join(row) for table in checked.result.tables for row in table.rows)]  # fmt: skip
-    window = checked.window
-    known = known_values(
-        [number.text for text in texts for number in numbers_in(text, set())]
-        + [window.start.year, window.start.month, window.start.day, window.end.day, len(checked.result.findings)]
-    )  # fmt: skip
-    marked_text = mark_numbers(narrative.text, known)  # shown verbatim; comments also go by their findings
-    comments = {n: mark_numbers(text, known) for n, text in narrative.comments.items()}
-    stated = numbers_in(narrative.text, known)
+    headline = _headline(checked)
+    result = checked.result
+    verifier = verifier_for(result.findings, result.tables, checked.window, checked.previous,
+                            [headline.findings, *headline.rows.values(), *headline.by_severity.values()])  # fmt: skip
+    stated = verifier.check(narrative.text)
+    marked_text = mark(narrative.text, stated)  # shown verbatim; comments also go by their findings
+    comments = {n: mark(text, verifier.comment(n, text)) for n, text in narrative.comments.items()}
     charts = [
         bar_chart(table.chart, checked.window.label, checked.previous.label if any(b for _, _, b in table.chart) else None)
         if table.chart else None
@@ -177,7 +174,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
         "schedule": schedule, "window": checked.window, "previous": checked.previous,
         "findings": checked.result.findings, "tables": list(zip(checked.result.tables, charts)),
         "narrative": marked_text, "comments": comments, "narrative_numbers": len(stated),
-        "unverified": [n.text for n in stated if not n.verified], "headline": _headline(checked),
+        "unverified": [n.text for n in stated if not n.verified], "headline": headline, "runs": result.runs,
         "provenance": provenance, "created": created, "severities": SEVERITIES,
     }  # fmt: skip
 
