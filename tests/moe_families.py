@@ -1,0 +1,648 @@
+"""Every Mixture-of-Experts family the installed mlx-lm ships, as tiny random checkpoints in the layouts people
+download: mlx-lm's converted names and the upstream release names.
+
+Nothing here lists families by hand: `moe_families()` reads the `mlx_lm.models` package (and nightshift's own
+families), `tiny_config()` sizes a family from its own `ModelArgs` field names, and the release layout is found
+by proposing inverse renames of the model's tensors and keeping the one the family's own `sanitize()` maps back
+to exactly the model's parameters. A family a future mlx-lm adds is picked up by itself. Used by
+tests/test_family_conformance.py and bench/family_table.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+# Sizes of every tiny model: small enough to build ~50 families in seconds, big enough that routing, grouped
+# attention and the family's layer kinds are all exercised.
+HIDDEN, HEAD_DIM, HEADS, KV_HEADS = 64, 16, 4, 2
+LAYERS, EXPERTS, ACTIVE, VOCAB = 4, 8, 2, 256
+INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 32
+LAYOUTS = ("mlx", "release")
+GRID = 2**16
+
+
+class FamilyError(Exception):
+    """A family this module cannot build a tiny checkpoint for, and why (shown by the suite as such)."""
+
+
+def _mentions_experts(name: str, sources: dict[str, str], seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a model module, or a sibling module it imports (a VL wrapper's text model), mentions experts."""
+    text = sources[name]
+    if re.search("expert", text, re.IGNORECASE):
+        return True
+    return any(
+        _mentions_experts(i, sources, seen | {name}) for i in _siblings_in(text) if i in sources and i not in seen
+    )
+
+
+def _siblings_in(source: str) -> list[str]:
+    """The sibling modules of mlx_lm.models a module's source imports."""
+    return re.findall(r"^from \.(\w+) import", source, re.M) + re.findall(r"^from \. import (\w+)", source, re.M)
+
+
+@cache
+def moe_families() -> list[str]:
+    """Every model_type of the installed mlx-lm (and nightshift's own families) whose model can hold routed experts.
+
+    A module is a family when it defines `Model` and `ModelArgs`; it is a MoE family when it (or the text
+    model it wraps) mentions experts. Whether its tiny model really builds SwitchGLU/SwitchMLP is left to the
+    suite, so a family that mentions experts but builds none shows up there (refused by the importer).
+    """
+    import mlx_lm.models
+
+    from nightshift.engine.models import FAMILIES
+
+    root = Path(mlx_lm.models.__file__).parent
+    sources = {path.stem: path.read_text() for path in root.glob("*.py")}
+    found = [
+        name
+        for name, text in sources.items()
+        if re.search(r"^class Model\b", text, re.M)
+        and re.search(r"^class ModelArgs\b", text, re.M)
+        and _mentions_experts(name, sources)
+    ]
+    own = [name for name, module in FAMILIES.items() if _own_family_has_experts(module)]
+    return sorted(found, key=str.lower) + sorted(own)
+
+
+def _own_family_has_experts(module: str) -> bool:
+    return "expert" in Path(importlib.import_module(f"nightshift.engine.models.{module}").__file__).read_text().lower()
+
+
+def model_classes(model_type: str) -> tuple[type, type]:
+    """(Model, ModelArgs) of a family, the way every nightshift loader finds them."""
+    from nightshift.engine.models import get_classes
+
+    return get_classes({"model_type": model_type})
+
+
+# The generic rule: a ModelArgs field's tiny value, by its name. Names outside the table keep their default
+# (a required one without a rule makes the family fail loudly, naming the field).
+SIZES: dict[str, object] = {
+    **dict.fromkeys(("vocab_size", "num_vocab", "vocab_size_per_layer_input"), VOCAB),
+    **dict.fromkeys(("hidden_size", "d_model", "model_dim", "hidden_size_per_layer_input"), HIDDEN),
+    **dict.fromkeys(("intermediate_size", "ffn_hidden_size", "dense_intermediate_size"), INTERMEDIATE),
+    **dict.fromkeys(
+        (
+            "moe_intermediate_size",
+            "expert_ffn_hidden_size",
+            "shared_expert_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+            "shared_intermediate_size",
+            "share_expert_dim",
+        ),
+        EXPERT_INTERMEDIATE,
+    ),
+    **dict.fromkeys(("num_hidden_layers", "n_layers", "num_layers"), LAYERS),
+    **dict.fromkeys(("num_attention_heads", "n_heads", "num_heads", "swa_num_attention_heads"), HEADS),
+    **dict.fromkeys(
+        ("num_key_value_heads", "num_attention_groups", "swa_num_key_value_heads", "num_global_key_value_heads"),
+        KV_HEADS,
+    ),
+    **dict.fromkeys(("head_dim", "swa_head_dim", "v_head_dim", "swa_v_head_dim", "global_head_dim"), HEAD_DIM),
+    **dict.fromkeys(
+        ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"),
+        EXPERTS,
+    ),
+    **dict.fromkeys(
+        ("num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k", "top_k_experts", "num_experts_per_token"), ACTIVE
+    ),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "num_shared_expert", "moe_num_shared_experts"), 1),
+    # One dense layer first where the family has the option, so both kinds of layer are exercised.
+    **dict.fromkeys(("first_k_dense_replace", "num_dense_layers", "moe_layer_start_index"), 1),
+    "mlp_only_layers": [0],
+    **dict.fromkeys(("decoder_sparse_step", "moe_layer_freq", "moe_layer_interval", "expert_layer_period"), 1),
+    "expert_layer_offset": 0,
+    "full_attention_interval": 2,
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
+    **dict.fromkeys(("rms_norm_eps", "norm_eps", "layer_norm_epsilon", "layernorm_epsilon"), 1e-5),
+    **dict.fromkeys(("rope_theta", "swa_rope_theta"), 10000.0),
+    **dict.fromkeys(("max_position_embeddings", "model_max_length"), 1024),
+    **dict.fromkeys(("sliding_window", "sliding_window_size"), 4),
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "rotary_dim": 8,
+    "partial_rotary_factor": 0.5,
+    **dict.fromkeys(("n_group", "topk_group", "num_expert_group"), 1),
+    **dict.fromkeys(("routed_scaling_factor", "moe_routed_scaling_factor", "moe_router_scaling_factor"), 1.0),
+    **dict.fromkeys(("attention_bias", "use_bias", "mlp_bias", "use_cla", "mamba_proj_bias", "use_expert_bias"), False),
+    **dict.fromkeys(("norm_topk_prob", "use_qk_norm", "use_mixed_mlp_moe", "conv_bias", "use_conv_bias"), True),
+    "tie_word_embeddings": False,
+    "rope_scaling": None,
+    "cla_share_factor": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    # Linear-attention and state-space sizes.
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim", "mamba_head_dim", "mamba_d_head"), HEAD_DIM),
+    **dict.fromkeys(("linear_conv_kernel_dim", "conv_kernel", "mamba_d_conv", "short_conv_kernel_size"), 4),
+    "conv_L_cache": 3,
+    **dict.fromkeys(("mamba_num_heads", "mamba_n_heads"), 8),
+    **dict.fromkeys(("ssm_state_size", "mamba_d_state"), 16),
+    **dict.fromkeys(("n_groups", "mamba_n_groups"), 1),
+    "mamba_expand": 2,
+    "layer_group_size": 2,
+    "group_norm_size": 1,
+    # MLA indexers (deepseek_v32-likes).
+    "index_head_dim": 16,
+    "index_n_heads": 2,
+    "index_topk": 4,
+    # Logit and embedding multipliers of the granite families.
+    **dict.fromkeys(("logits_scaling", "attention_multiplier", "embedding_multiplier", "residual_multiplier"), 1.0),
+}
+
+
+@cache
+def tiny_config(model_type: str) -> dict:
+    """config.json of a tiny random model of `model_type`: the generic rule on its ModelArgs, then overrides.
+
+    Raises FamilyError naming the family and what could not be built.
+    """
+    if model_type in UNBUILDABLE:
+        raise FamilyError(f"{model_type}: {UNBUILDABLE[model_type]}")
+    config = _tiny_args(model_type)
+    override = OVERRIDES.get(model_type)
+    if override:
+        _merge(config, override[0])
+    return json.loads(json.dumps(config))
+
+
+def _merge(config: dict, update: dict) -> None:
+    """`update` into `config`, nested dicts (text_config) merged key by key."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict) and key == "text_config":
+            _merge(config[key], value)
+        else:
+            config[key] = value
+
+
+def _rule(args_class: type) -> dict:
+    return {f.name: SIZES[f.name] for f in dataclasses.fields(args_class) if f.name in SIZES}
+
+
+def _tiny_args(model_type: str) -> dict:
+    _, args_class = model_classes(model_type)
+    config: dict[str, object] = {"model_type": model_type, **_rule(args_class)}
+    if any(f.name == "text_config" for f in dataclasses.fields(args_class)):
+        config["text_config"] = {"model_type": model_type, **_rule(_text_args_class(model_type))}
+    return config
+
+
+def _text_args_class(model_type: str) -> type:
+    """The ModelArgs of the text model a wrapper family (VL, multimodal) holds in its text_config.
+
+    The module's own text-args dataclass (TextArgs, TextModelArgs, TextConfig), else the ModelArgs of the
+    sibling family it imports.
+    """
+    from mlx_lm.models.base import BaseModelArgs
+
+    model_class, args_class = model_classes(model_type)
+    module = importlib.import_module(model_class.__module__)
+    siblings = [
+        importlib.import_module(f"mlx_lm.models.{name}") for name in _siblings_in(Path(module.__file__).read_text())
+    ]
+    for candidate in (module, *siblings):
+        for name, value in vars(candidate).items():
+            if (
+                "Text" in name
+                and isinstance(value, type)
+                and issubclass(value, BaseModelArgs)
+                and dataclasses.is_dataclass(value)
+                and value is not args_class
+            ):
+                return value
+    for sibling in siblings:
+        inner = getattr(sibling, "ModelArgs", None)
+        if inner is not None and not any(f.name == "text_config" for f in dataclasses.fields(inner)):
+            return inner
+    raise FamilyError(f"{model_type}: has a text_config but no text model arguments could be found for it")
+
+
+def _cycle(*kinds) -> list:
+    """A per-layer list cycling through `kinds` (the family names its layer kinds itself)."""
+    return [kinds[i % len(kinds)] for i in range(LAYERS)]
+
+
+ROPE_PARAMETERS = {"rope_type": "default", "rope_theta": 10000.0}
+GEMMA4_TEXT = {"enable_moe_block": True, "sliding_window_pattern": 2, "num_kv_shared_layers": 2}
+KIMI_LINEAR_ATTENTION = {"kda_layers": [1, 3], "num_heads": HEADS, "head_dim": HEAD_DIM, "short_conv_kernel_size": 4}
+
+# model_type -> (what the generic rule gets wrong or cannot say, why). Layer-kind lists name the family's own
+# layer kinds, which no field name reveals.
+OVERRIDES: dict[str, tuple[dict, str]] = {
+    "afmoe": ({"layer_types": _cycle("sliding_attention", "full_attention")}, "layer kinds by name"),
+    "dbrx": (
+        {
+            "ffn_config": {"ffn_hidden_size": EXPERT_INTERMEDIATE, "moe_num_experts": EXPERTS, "moe_top_k": ACTIVE},
+            "attn_config": {"kv_n_heads": KV_HEADS, "clip_qkv": 8.0, "rope_theta": 10000.0},
+        },
+        "sizes nested in ffn_config/attn_config",
+    ),
+    "deepseek_v2": (
+        {"rope_scaling": {"type": "yarn", "factor": 1.0, "original_max_position_embeddings": 1024}},
+        "its attention reads rope_scaling unconditionally",
+    ),
+    "exaone_moe": (
+        {"layer_types": _cycle("sliding_attention", "full_attention"), "is_moe_layer": [False] + [True] * 3},
+        "layer kinds and MoE layers as lists",
+    ),
+    "gemma4_text": (GEMMA4_TEXT, "experts are an opt-in block; default kv sharing needs more layers than 4"),
+    "gemma4": ({"text_config": GEMMA4_TEXT}, "as gemma4_text, in text_config"),
+    "glm_moe_dsa": ({"rope_parameters": ROPE_PARAMETERS}, "rope settings only in rope_parameters"),
+    "granitemoehybrid": ({"layer_types": _cycle("mamba", "attention")}, "layer kinds by name"),
+    "hunyuan": ({"rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"}}, "reads rope_scaling alpha"),
+    "kimi_linear": ({"linear_attn_config": KIMI_LINEAR_ATTENTION}, "linear-attention layers in a nested dict"),
+    "kimi_k3": ({"text_config": {"linear_attn_config": KIMI_LINEAR_ATTENTION}}, "as kimi_linear, in text_config"),
+    "lfm2_moe": ({"layer_types": _cycle("conv", "full_attention")}, "layer kinds by name"),
+    "llama4": (
+        {
+            "text_config": {
+                "num_experts_per_tok": 1,
+                "attention_chunk_size": 8,
+                "interleave_moe_layer_step": 2,
+                "intermediate_size_mlp": 128,
+            }
+        },
+        "one routed expert per token only; chunked attention and the MoE interval have no generic name",
+    ),
+    "longcat_flash": (
+        {"attention_method": "MLA", "zero_expert_type": "identity", "zero_expert_num": 2}
+        | {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+        "zero (identity) experts and MLA scaling are longcat's own options",
+    ),
+    "longcat_flash_ngram": (
+        {"zero_expert_num": 2, "mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+        "as longcat_flash",
+    ),
+    "mellum": (
+        {
+            "layer_types": _cycle("sliding_attention", "full_attention"),
+            "rope_parameters": {"sliding_attention": ROPE_PARAMETERS, "full_attention": ROPE_PARAMETERS},
+        },
+        "layer kinds by name, rope settings per kind",
+    ),
+    "minimax_m3_vl": ({"text_config": {"moe_layer_freq": [0] + [1] * 3}}, "MoE layers as a 0/1 list"),
+    "mimo_v2_flash": (
+        {"hybrid_layer_pattern": _cycle(0, 1), "moe_layer_freq": [0] + [1] * 3}
+        | {"add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False},
+        "sliding/full and dense/MoE layers as 0/1 lists",
+    ),
+    "mistral4": (
+        {"rope_parameters": ROPE_PARAMETERS | {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 1024}},
+        "reads llama-4 scaling from rope_parameters",
+    ),
+    "muse_spark": (
+        {
+            "text_config": {
+                "layer_types": _cycle("sliding_attention", "full_attention"),
+                "layer_rope_theta": _cycle(10000.0, 0.0),
+                "rope_parameters": ROPE_PARAMETERS,
+                "post_norm_eps": 1e-5,
+                "final_logit_softcapping": 30.0,
+                "output_multiplier": 1.0,
+                "moe_hidden_size": EXPERT_INTERMEDIATE,
+                "num_shared_experts": 0,
+            }
+        },
+        "per-layer rope thetas, softcapping, a compressed MoE width of its own; no shared experts supported",
+    ),
+    "nemotron_h": ({"hybrid_override_pattern": ["M", "E", "*", "E"]}, "layer kinds as pattern letters"),
+}
+
+# Families no tiny float checkpoint can exist for, and why (the suite reports them as such).
+UNBUILDABLE: dict[str, str] = {}
+
+
+def build(model_type: str, config: dict | None = None) -> nn.Module:
+    """The family's model for `config` (default: its tiny config), parameters as the Model class initialises them."""
+    model_class, args_class = model_classes(model_type)
+    config = config or tiny_config(model_type)
+    try:
+        return model_class(args_class.from_dict(config))
+    except Exception as exc:  # any family's constructor may reject a config in its own way
+        raise FamilyError(f"{model_type}: its Model does not build from the tiny config: {exc!r}") from exc
+
+
+def switch_sites(model: nn.Module) -> dict[str, nn.Module]:
+    """path -> SwitchGLU/SwitchMLP module: the routed experts of `model` (empty for a model without any)."""
+    from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
+
+    return {path: module for path, module in model.named_modules() if isinstance(module, (SwitchGLU, SwitchMLP))}
+
+
+def random_weights(model_type: str, seed: int = 0, config: dict | None = None, dtype: mx.Dtype = mx.float32) -> dict:
+    """The tiny model's parameters under its own names (mlx-lm's converted layout), seeded.
+
+    The Model's own initialisation (scaled like a real one) plus small noise on every float tensor, so norms,
+    biases and router corrections are not all ones and zeros (a tensor mapped to the wrong place shows).
+    """
+    mx.random.seed(seed)
+    model = build(model_type, config)
+    out = {}
+    for name, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            # On a 2^-16 grid: a constant offset sanitize adds (norms stored as w - 1) is then undone exactly.
+            value = (mx.round((value + 0.02 * mx.random.normal(value.shape)) * GRID) / GRID).astype(dtype)
+        out[name] = value
+    mx.eval(out)
+    return out
+
+
+def sanitized(model: nn.Module, weights: dict) -> dict:
+    """What the family's own sanitize() makes of `weights` (a copy: sanitize may change its argument)."""
+    return model.sanitize(dict(weights)) if hasattr(model, "sanitize") else dict(weights)
+
+
+def _maps_back(model: nn.Module, candidate: dict, target: dict) -> bool:
+    """Whether sanitize() turns `candidate` into exactly the names, shapes and dtypes of `target`."""
+    try:
+        return _same_layout(sanitized(model, candidate), target)
+    except (KeyError, ValueError, IndexError, TypeError):  # a sanitize() that expects another naming entirely
+        return False
+
+
+def _same_layout(got: dict, want: dict) -> bool:
+    return set(got) == set(want) and all(
+        tuple(got[k].shape) == tuple(want[k].shape) and got[k].dtype == want[k].dtype for k in want
+    )
+
+
+# Release names of the SwitchGLU/SwitchMLP projections in the upstream checkpoints' conventions.
+PROJECTION_NAMES: tuple[dict[str, str], ...] = (
+    {},
+    {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
+    {"fc1": "up_proj", "fc2": "down_proj"},
+)
+# Where releases keep a layer's experts, relative to the expert module or one of its two parents.
+CONTAINERS = ("", ".experts", ".mlp", ".moe", ".block_sparse_moe.experts", ".mlp.experts", ".feed_forward.experts")
+
+
+def _site_tensors(weights: dict, site: str) -> dict[tuple[str, str], mx.array]:
+    """(projection, tensor kind) -> stacked tensor of one expert site."""
+    out = {}
+    for name, value in weights.items():
+        if name.startswith(site + "."):
+            projection, kind = name[len(site) + 1 :].split(".", 1)
+            out[(projection, kind)] = value
+    return out
+
+
+def _prefixes(site: str) -> list[Callable[[str], str]]:
+    """Candidate release prefixes of an expert site: the site, its parent or grandparent, plus a container."""
+    return [
+        (lambda s, up=up, container=container: s.rsplit(".", up)[0] + container if up else s + container)
+        for up in (0, 1, 2)
+        for container in CONTAINERS
+    ]
+
+
+def _per_expert(where: Callable[[str], str], names: dict[str, str]) -> Callable[[str, dict], dict]:
+    """Each expert its own tensors: `<prefix>.<e>.<projection>.<kind>` (most HF releases)."""
+
+    def rename(site: str, tensors: dict) -> dict:
+        return {
+            f"{where(site)}.{e}.{names.get(projection, projection)}.{kind}": value[e]
+            for (projection, kind), value in tensors.items()
+            for e in range(value.shape[0])
+        }
+
+    return rename
+
+
+def _stacked(where: Callable[[str], str], names: dict[str, str]) -> Callable[[str, dict], dict]:
+    """All experts of a projection stacked, under the release's own prefix: `<prefix>.<projection>.<kind>`."""
+
+    def rename(site: str, tensors: dict) -> dict:
+        return {f"{where(site)}.{names.get(p, p)}.{kind}": value for (p, kind), value in tensors.items()}
+
+    return rename
+
+
+def _fused_gate_up(
+    where: Callable[[str], str], transposed: bool, interleaved: bool, suffix: str
+) -> Callable[[str, dict], dict]:
+    """All experts stacked, gate and up in one `gate_up_proj` (transformers' fused MoE form)."""
+
+    def rename(site: str, tensors: dict) -> dict:
+        if ("gate_proj", "weight") not in tensors:
+            return {}
+        prefix, out = where(site), {}
+        for kind in ("weight", "bias"):
+            if ("gate_proj", kind) not in tensors:
+                continue
+            gate, up, down = (tensors[(p, kind)] for p in ("gate_proj", "up_proj", "down_proj"))
+            if interleaved:
+                joined = mx.stack([gate, up], axis=2).reshape(gate.shape[0], -1, *gate.shape[2:])
+            else:
+                joined = mx.concatenate([gate, up], axis=1)
+            if kind == "weight" and transposed:
+                joined, down = joined.swapaxes(1, 2), down.swapaxes(1, 2)
+            end = suffix if kind == "weight" else "_bias"
+            out[f"{prefix}.gate_up_proj{end}"] = joined
+            out[f"{prefix}.down_proj{end}"] = down
+        return out
+
+    return rename
+
+
+def _input_output_linear(site: str, tensors: dict) -> dict:
+    """granite's form: stacked `input_linear` (gate then up) and `output_linear` beside the router."""
+    if ("gate_proj", "weight") not in tensors:
+        return {}
+    parent = site.rsplit(".", 1)[0]
+    return {
+        f"{parent}.input_linear.weight": mx.concatenate(
+            [tensors[("gate_proj", "weight")], tensors[("up_proj", "weight")]], axis=1
+        ),
+        f"{parent}.output_linear.weight": tensors[("down_proj", "weight")],
+    }
+
+
+def _expert_forms(site: str) -> Iterator[tuple[str, Callable[[str, dict], dict]]]:
+    """(description, rename) of every candidate release form of the experts, most common first."""
+    described = {}
+    for where in _prefixes(site):
+        described.setdefault(where(site), where)  # one candidate per distinct prefix
+    for kind in ("per-expert", "fused", "stacked"):
+        for shown, where in described.items():
+            if kind == "per-expert":
+                for names in PROJECTION_NAMES:
+                    yield f"per-expert {shown}.E.{'/'.join(names.values()) or 'proj'}", _per_expert(where, names)
+            elif kind == "fused":
+                for t in (False, True):
+                    for i in (False, True):
+                        for suffix in ("", ".weight"):
+                            shape = f"{' transposed' if t else ''}{' interleaved' if i else ''}"
+                            yield f"stacked {shown}.gate_up_proj{suffix}{shape}", _fused_gate_up(where, t, i, suffix)
+            else:
+                for names in PROJECTION_NAMES:
+                    if shown != site or names:
+                        yield f"stacked {shown}.{'/'.join(names.values()) or 'proj'}", _stacked(where, names)
+    yield "stacked input_linear/output_linear", _input_output_linear
+
+
+def _with_experts(weights: dict, sites: list[str], form: Callable[[str, dict], dict]) -> dict | None:
+    """`weights` with every site's stacked experts renamed by `form` (None where the form does not fit)."""
+    out = {k: v for k, v in weights.items() if not any(k.startswith(s + ".") for s in sites)}
+    for site in sites:
+        renamed = form(site, _site_tensors(weights, site))
+        if not renamed:
+            return None
+        out.update(renamed)
+    return out
+
+
+def _joined_mla(weights: dict) -> dict:
+    """MLA attention as released: one `kv_b_proj` (per head: key rows, then value rows) where mlx-lm splits it."""
+    out = {}
+    for name, value in weights.items():
+        if name.endswith("self_attn.unembed_out.weight"):
+            continue
+        if name.endswith("self_attn.embed_q.weight"):
+            values = weights[name.replace("embed_q", "unembed_out")]
+            joined = mx.concatenate([value.swapaxes(-1, -2), values], axis=1)
+            out[name.replace("embed_q", "kv_b_proj")] = joined.reshape(-1, joined.shape[-1])
+            continue
+        out[name] = value
+    return out
+
+
+def _channels_first_convs(weights: dict) -> dict:
+    """Depthwise conv kernels as PyTorch stores them, (channels, 1, width), where mlx keeps (channels, width, 1)."""
+    return {k: v.swapaxes(1, 2) if "conv" in k and v.ndim == 3 and v.shape[-1] == 1 else v for k, v in weights.items()}
+
+
+TRUNK_FORMS: tuple[Callable[[dict], dict], ...] = (_joined_mla, _channels_first_convs)
+
+
+@dataclasses.dataclass
+class Release:
+    """A family's release layout as found: the tensors, how experts are named, and what sanitize changes."""
+
+    tensors: dict
+    expert_form: str
+    trunk_forms: list[str]
+    transformed: list[str]  # tensors sanitize changes in value (not undone here): the layouts differ there
+
+
+def release_weights(
+    model_type: str, seed: int = 0, config: dict | None = None, dtype: mx.Dtype = mx.float32
+) -> Release:
+    """The tiny model's weights in the upstream release naming, found with the family's sanitize() as the oracle.
+
+    Each candidate renames the stacked experts (and optionally the trunk's MLA and conv tensors); a candidate is
+    kept only when sanitize() turns it into exactly the model's parameter names, shapes and dtypes. Constant
+    offsets sanitize adds (zero-centred norms stored as `w - 1`) are undone so both layouts hold the same model.
+    Raises FamilyError when no candidate fits.
+    """
+    target = random_weights(model_type, seed, config, dtype)
+    model = build(model_type, config)
+    sites = sorted(switch_sites(model))
+    if not sites:
+        raise FamilyError(f"{model_type}: the tiny model has no routed experts, so it has no release expert layout")
+    tried, first = 0, None
+    for description, form in _expert_forms(sites[0]):
+        tried += 1
+        candidate = _with_experts(target, sites, form)
+        if candidate is None or set(candidate) == set(target) or not _maps_back(model, candidate, target):
+            continue
+        trunk_forms = []
+        for trunk in TRUNK_FORMS:
+            changed = trunk(candidate)
+            if set(changed) != set(candidate) or any(changed[k] is not candidate[k] for k in candidate):
+                if _maps_back(model, changed, target):
+                    candidate, trunk_forms = changed, [*trunk_forms, trunk.__name__.strip("_")]
+        candidate = _undo_offsets(model, candidate, target)
+        got = sanitized(model, candidate)
+        transformed = sorted(k for k in target if not mx.array_equal(got[k], target[k]).item())
+        found = Release(candidate, description, trunk_forms, transformed)
+        if not transformed:
+            return found
+        first = first or found  # a form sanitize maps back by name only: kept unless one maps values too
+    if first:
+        return first
+    raise FamilyError(
+        f"{model_type}: no release layout found: none of {tried} expert namings (per-expert, fused gate_up, "
+        "stacked, under the expert module or its parents) is mapped back to the model by its sanitize()"
+    )
+
+
+def _undo_offsets(model: nn.Module, candidate: dict, target: dict) -> dict:
+    """Where sanitize adds a constant to a tensor it keeps by name (norms stored zero-centred), store it less."""
+    got = sanitized(model, candidate)
+    out = dict(candidate)
+    for name, value in target.items():
+        if name not in candidate or mx.array_equal(got[name], value).item():
+            continue
+        offset = (got[name].astype(mx.float32) - candidate[name].astype(mx.float32)).reshape(-1)
+        if offset.size and mx.all(offset == offset[0]).item():
+            out[name] = (value.astype(mx.float32) - offset[0]).astype(value.dtype)
+    return out
+
+
+def _shards(tensors: dict, count: int) -> list[dict]:
+    """`tensors` in name order (layers numerically) cut into `count` shards of about equal bytes."""
+    key = lambda name: [int(part) if part.isdigit() else part for part in name.split(".")]  # noqa: E731
+    names = sorted(tensors, key=key)
+    total = sum(tensors[n].nbytes for n in names)
+    shards: list[dict] = [{} for _ in range(count)]
+    done = 0
+    for name in names:
+        shards[min(count - 1, done * count // max(total, 1))][name] = tensors[name]
+        done += tensors[name].nbytes
+    return [shard for shard in shards if shard]
+
+
+def write_tensors(out_dir: Path, config: dict, tensors: dict, shards: int = 3) -> Path:
+    """config.json and `tensors` as sharded model-0000X-of-0000N.safetensors with their index, in `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = _shards(tensors, shards)
+    weight_map = {}
+    for number, part in enumerate(parts, 1):
+        name = f"model-{number:05d}-of-{len(parts):05d}.safetensors"
+        mx.save_safetensors(str(out_dir / name), part, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, name))
+    index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1))
+    return out_dir
+
+
+def write_checkpoint(
+    model_type: str, out_dir: Path, layout: str, seed: int = 0, config: dict | None = None, dtype: mx.Dtype = mx.float32
+) -> Path:
+    """A tiny random checkpoint of `model_type` in `layout` ("mlx": mlx-lm's converted names; "release": the
+    upstream naming sanitize() maps back), written to `out_dir` with a byte-level tokenizer (mlx-lm's convert
+    needs one). Both layouts of one seed hold the same model. Raises FamilyError where it cannot be made."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    config = config or tiny_config(model_type)
+    if layout == "mlx":
+        tensors = random_weights(model_type, seed, config, dtype)
+    else:
+        tensors = release_weights(model_type, seed, config, dtype).tensors
+    out = write_tensors(out_dir, config, tensors)
+    _write_tokenizer(out, config)
+    return out
+
+
+def _write_tokenizer(out: Path, config: dict) -> None:
+    from nightshift.engine.store.synth import write_tokenizer
+
+    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or VOCAB
+    write_tokenizer(out, vocab)
