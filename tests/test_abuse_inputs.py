@@ -45,9 +45,12 @@ def row(amount: str, reference: str = "X-1", text: str = "Hostile", day: str = "
 
 
 REFUSED = {
-    "latin-1": ((BANK + row("1,00", text="Caf\xe9")).encode("latin-1"), "is not UTF-8 text .* save it as UTF-8 CSV"),
-    "utf-16": (BANK.encode("utf-16"), "is not UTF-8 text"),
-    "binary": (b"\x00\xff\xfe\x01" * 64, "is not UTF-8 text"),
+    "latin-1": (
+        (BANK + row("1,00", text="Caf\xe9")).encode("latin-1"),
+        "byte 0xe9 is not utf-8 text; set the source's `encoding`",
+    ),
+    "utf-16": (BANK.encode("utf-16"), "starts with a utf-16 byte-order mark but `encoding` is 'utf-8'"),
+    "binary": (b"\x00\xff\xfe\x01" * 64, "line 1: byte 0xff is not utf-8 text"),
     "missing column": (
         BANK.replace("Booking date", "Datum").encode(),
         r"no column\(s\) \['Booking date'\]; its header is",
@@ -55,9 +58,9 @@ REFUSED = {
     "semicolons read as commas": (BANK.replace(";", "\t").encode(), "Fix `columns` in the schedule .*`delimiter`"),
     "empty": (b"", "is empty"),
     "short row": ((BANK + "29.10.2026\n").encode(), r"line \d+: 1 fields, fewer than the header's"),
-    "NaN": ((BANK + row("NaN")).encode(), r"line \d+: 'NaN' is not a finite amount"),
-    "inf": ((BANK + row("-inf")).encode(), "'-inf' is not a finite amount"),
-    "huge exponent": ((BANK + row("1e999999999")).encode(), "is too large an amount"),
+    "NaN": ((BANK + row("NaN")).encode(), r"line \d+, column 'Amount': 'NaN' is not an amount"),
+    "inf": ((BANK + row("-inf")).encode(), "'-inf' is not an amount"),
+    "huge exponent": ((BANK + row("1e999999999")).encode(), "is in exponent notation"),
     "40 digits": ((BANK + row("9" * 40)).encode(), "is too large an amount"),
     "sub-cent": ((BANK + row("1,001")).encode(), "more than 2 decimals; set `decimals`"),
     "not a number": ((BANK + row("=1+1")).encode(), "'=1\\+1' is not an amount"),
@@ -120,8 +123,10 @@ def test_integer_minor_units_too_large_for_int64_are_refused(tmp_path):
     with sqlite3.connect(ledger) as db:
         db.execute("CREATE TABLE entries (date TEXT, amount INTEGER)")
         db.execute("INSERT INTO entries VALUES ('2026-10-01', ?)", (UNITS_LIMIT,))
-    source = SqliteSource("ledger", ledger, "SELECT date, amount FROM entries", amount_in_minor_units=True)
-    with pytest.raises(ReviewError, match="source 'ledger', query row 1: 1000000000000000000 is too large an amount"):
+    source = SqliteSource("ledger", ledger, "SELECT date, amount FROM entries", integer_amounts="minor units")
+    with pytest.raises(
+        ReviewError, match="source 'ledger', query row 1, column 'amount': 1000000000000000000 is too large an amount"
+    ):
         source.load(OCTOBER, OCTOBER)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import re
 import sqlite3
 from datetime import date
@@ -11,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.money import format_amount, parse_amount
+from nightshift.app.review.schedule import load_schedule
 from nightshift.app.review.sources import CsvSource, SqliteSource
 
 ANY = (date(2000, 1, 1), date(2100, 1, 1))
@@ -49,13 +52,15 @@ def test_too_many_decimals_is_an_error_not_a_rounding():
 
 def test_bad_amount_names_the_file_and_line(tmp_path):
     path = write(tmp_path / "x.csv", "date,amount\n2026-10-01,5.00\n2026-10-02,five\n")
-    with pytest.raises(ReviewError, match=r"x\.csv line 3: 'five' is not an amount"):
+    with pytest.raises(ReviewError, match=r"x\.csv line 3, column 'amount': 'five' is not an amount"):
         CsvSource("x", path, {"date": "date", "amount": "amount"}).load(*ANY)
 
 
 def test_bad_date_names_the_line_and_the_format(tmp_path):
     path = write(tmp_path / "x.csv", "date,amount\n10/01/2026,5.00\n")
-    with pytest.raises(ReviewError, match=r"line 2: .*date_format is '%Y-%m-%d'"):
+    with pytest.raises(
+        ReviewError, match=r"line 2, column 'date': '10/01/2026' is not a date in the format '%Y-%m-%d'"
+    ):
         CsvSource("x", path, {"date": "date", "amount": "amount"}).load(*ANY)
 
 
@@ -77,11 +82,11 @@ def test_sqlite_query_with_window_parameters(tmp_path):
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE e (posted TEXT, amount, account TEXT)")
         db.executemany("INSERT INTO e VALUES (?, ?, ?)", [("2026-09-30", "1.50", "A"), ("2026-10-01", 12.3, "B"),
-                                                          ("2026-10-02", 7, "B")])  # fmt: skip
+                                                          ("2026-10-02", "7", "B")])  # fmt: skip
     db.close()
     source = SqliteSource("ledger", path, "SELECT posted AS date, amount, account FROM e WHERE posted >= :start")
     table = source.load(date(2026, 10, 1), date(2026, 10, 31))
-    assert table.amounts.tolist() == [1230, 700]  # REAL 12.3 read as its decimal text, INTEGER 7 as 7.00
+    assert table.amounts.tolist() == [1230, 700]  # REAL 12.3 read as its decimal text, TEXT 7 as 7.00
     assert table.text["account"].tolist() == ["B", "B"]
     assert table.dates.dtype == np.dtype("datetime64[D]")
 
@@ -93,3 +98,256 @@ def test_sqlite_errors_say_what_to_fix(tmp_path):
         SqliteSource("l", path, "SELECT * FROM nope").load(*ANY)
     with pytest.raises(ReviewError, match=r"returns \['d', 'a'\], no 'date'; alias a column AS date"):
         SqliteSource("l", path, "SELECT d, a FROM e").load(*ANY)
+
+
+def ledger_db(path: Path, rows: list[tuple], amount_type: str = "") -> Path:
+    with sqlite3.connect(path) as db:
+        db.execute(f"CREATE TABLE e (date TEXT, amount {amount_type}, reference TEXT)")
+        db.executemany("INSERT INTO e VALUES (?, ?, ?)", rows)
+    db.close()
+    return path
+
+
+QUERY = "SELECT date, amount, reference FROM e WHERE date BETWEEN :start AND :end"
+
+
+def test_sqlite_integer_amounts_are_read_as_declared_never_guessed(tmp_path):
+    path = ledger_db(tmp_path / "l.sqlite", [("2026-10-01", 12345, "A")], "INTEGER")
+    minor = SqliteSource("l", path, QUERY, integer_amounts="minor units").load(*ANY)
+    assert minor.amount(0) == Decimal("123.45")  # the docstring's minor units, not 12,345.00
+    assert SqliteSource("l", path, QUERY, integer_amounts="whole units").load(*ANY).amount(0) == Decimal("12345.00")
+    with pytest.raises(ReviewError, match=r"query row 1, column 'amount': 12345 is stored as an INTEGER.*"
+                                          r"integer_amounts = \"minor units\""):  # fmt: skip
+        SqliteSource("l", path, QUERY).load(*ANY)
+
+
+@pytest.mark.parametrize("name", ["ledger%41.sqlite", "Ledger #2.sqlite", "what?mode=rwc.sqlite"])
+def test_sqlite_opens_exactly_its_path_read_only(tmp_path, name):
+    ledger_db(tmp_path / "ledgerA.sqlite", [("2026-10-01", "1.00", "WRONG FILE")])
+    ledger_db(tmp_path / name, [("2026-10-01", "2.00", "RIGHT FILE")])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    table = SqliteSource("l", tmp_path / name, QUERY).load(*ANY)
+    assert table.text["reference"].tolist() == ["RIGHT FILE"]
+    with pytest.raises(ReviewError, match="may only read; it asks for INSERT"):
+        SqliteSource("l", tmp_path / name, "INSERT INTO e VALUES ('2026-10-02', '1', 'x') RETURNING *").load(*ANY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no "Ledger " or journal left behind
+    with pytest.raises(ReviewError, match="no SQLite file"):
+        SqliteSource("l", tmp_path / name.replace(".sqlite", "-missing.sqlite"), QUERY).load(*ANY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("query", "asked"),
+    [
+        ("ATTACH '{out}' AS other", "ATTACH"),
+        ("VACUUM INTO '{out}'", "cannot VACUUM"),  # in the read transaction; outside one the authorizer sees ATTACH
+        ("PRAGMA journal_mode = WAL", "PRAGMA"),
+        ("DELETE FROM e", "DELETE"),
+        ("CREATE TEMP TABLE t AS SELECT * FROM e", "INSERT"),  # into sqlite_temp_master: the first step it is refused
+        ("SELECT date, amount FROM e; DROP TABLE e", None),
+    ],
+)
+def test_sqlite_refuses_statements_that_write_or_attach(tmp_path, query, asked):
+    path = ledger_db(tmp_path / "l.sqlite", [("2026-10-01", "1.00", "A")])
+    out = tmp_path / "copy.sqlite"
+    expected = (
+        "one statement at a time"
+        if asked is None
+        else asked
+        if "VACUUM" in asked
+        else f"may only read; it asks for {asked}"
+    )
+    with pytest.raises(ReviewError, match=expected):
+        SqliteSource("l", path, query.format(out=out)).load(*ANY)
+    assert not out.exists()
+    assert SqliteSource("l", path, QUERY).load(*ANY).text["reference"].tolist() == ["A"]
+
+
+ENDLESS = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT '2026-10-01' AS date, '1' AS amount FROM n WHERE i < 0"
+
+
+def test_a_query_that_never_ends_stops_at_its_budget_or_when_cancelled(tmp_path):
+    from nightshift.app.review.errors import ReviewInterrupted
+
+    path = ledger_db(tmp_path / "l.sqlite", [])
+    with pytest.raises(ReviewError, match=r"longer than its 0.2 s budget; raise its `timeout_seconds`"):
+        SqliteSource("l", path, ENDLESS, timeout_seconds=0.2).load(*ANY)
+    calls = []
+    with pytest.raises(ReviewInterrupted, match="stopped while loading"):
+        SqliteSource("l", path, ENDLESS).load(*ANY, cancel=lambda: calls.append(1) or len(calls) > 3)
+
+
+def test_the_sql_window_is_widened_by_the_match_tolerance(tmp_path):
+    """A bank line on 2 October clears a ledger item of 30 September: a September review must read it."""
+    ledger_db(tmp_path / "bank.sqlite", [("2026-10-02", "830.00", "CHQ-1"), ("2026-10-09", "5.00", "LATER")])
+    schedule = write(tmp_path / "s.toml", SCHEDULE.format(bank=BANK_SQL, ledger=LEDGER_CSV, check=MATCH))
+    write(tmp_path / "ledger.csv", "date,amount,reference\n2026-09-30,830.00,CHQ-1\n")
+    loaded = load_schedule(schedule)
+    bank = loaded.sources["bank"]
+    assert bank.margin_days == 3
+    table = bank.load(date(2026, 9, 1), date(2026, 9, 30))
+    assert table.text["reference"].tolist() == ["CHQ-1"]  # read up to 3 October, not the 9th
+    from nightshift.app.review.checks import CheckContext, check_match
+    from nightshift.app.review.window import window_containing
+
+    window = window_containing("month", date(2026, 9, 15))
+    tables = {name: source.load(window.previous().start, window.end) for name, source in loaded.sources.items()}
+    result = check_match(
+        {"left": "bank", "right": "ledger"}, CheckContext(tables, window, window.previous(), Decimal(0))
+    )
+    assert result.findings == []  # in transit, as it is when both sources are CSV files
+
+
+SCHEDULE = """name = "t"
+when = "every day"
+[sources.bank]
+{bank}
+[sources.ledger]
+{ledger}
+[[checks]]
+{check}
+"""
+BANK_SQL = f'type = "sqlite"\npath = "bank.sqlite"\nquery = "{QUERY}"'
+LEDGER_CSV = (
+    'type = "csv"\npath = "ledger.csv"\ncolumns = { date = "date", amount = "amount", reference = "reference" }'
+)
+MATCH = 'type = "match"\nleft = "bank"\nright = "ledger"\ndate_tolerance_days = 3'
+
+
+def test_sources_with_different_decimals_are_compared_at_one_scale(tmp_path):
+    """Bank 125.00 (2 decimals) against ledger 12.500 (3 decimals): different amounts, never a match."""
+    write(tmp_path / "bank.csv", "date,amount,reference\n2026-10-01,125.00,X\n")
+    write(tmp_path / "ledger.csv", "date,amount,reference\n2026-10-01,12.500,X\n")
+    bank = 'type = "csv"\npath = "bank.csv"\ncolumns = { date = "date", amount = "amount", reference = "reference" }'
+    ledger = LEDGER_CSV + "\ndecimals = 3"
+    loaded = load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=ledger, check=MATCH)))
+    tables = {name: source.load(*ANY) for name, source in loaded.sources.items()}
+    assert tables["bank"].scale == tables["ledger"].scale == 3
+    assert tables["bank"].amounts.tolist() == [125000] and tables["ledger"].amounts.tolist() == [12500]
+    assert tables["bank"].amount(0) == Decimal("125") and tables["ledger"].amount(0) == Decimal("12.5")
+
+
+def test_sources_of_two_currencies_in_one_check_are_refused(tmp_path):
+    bank = BANK_SQL + '\ncurrency = "EUR"'
+    ledger = LEDGER_CSV + '\ncurrency = "USD"'
+    with pytest.raises(ScheduleError, match=r"field `checks\[0\]`: compares bank in EUR, ledger in USD"):
+        load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=ledger, check=MATCH)))
+
+
+@pytest.mark.parametrize(
+    ("where", "line", "message"),
+    [
+        (
+            "bank",
+            "amount_in_minor_units = true",
+            r":7: field `sources.bank.amount_in_minor_units`: is not a known "
+            r"key; the nearest known key is `integer_amounts`",
+        ),
+        (
+            "check",
+            "date_tolerance = 5",
+            r"field `checks\[0\].date_tolerance`: .* nearest known key is "
+            r"`date_tolerance_days`",
+        ),
+        ("top", "materialty = 5", r"field `materialty`: .* nearest known key is `materiality`"),
+        (
+            "ledger",
+            'decimal = ","\nthousands = ","',
+            r"field `sources.ledger.decimal`: decimal and thousands are "
+            r"both ','",
+        ),
+        ("ledger", 'encoding = "klingon"', r"field `sources.ledger.encoding`: 'klingon' is not an encoding"),
+        ("ledger", 'currency = "EUX"', r"field `sources.ledger.currency`: 'EUX' is not an ISO 4217"),
+        ("bank", 'integer_amounts = "cents"', r"field `sources.bank.integer_amounts`: 'cents'; use"),
+    ],
+)
+def test_schedule_keys_are_checked_never_ignored(tmp_path, where, line, message):
+    parts = {"bank": BANK_SQL, "ledger": LEDGER_CSV, "check": MATCH}
+    text = SCHEDULE.format(**{key: value + (f"\n{line}" if key == where else "") for key, value in parts.items()})
+    text = f"{line}\n{text}" if where == "top" else text
+    with pytest.raises(ScheduleError, match=message):
+        load_schedule(write(tmp_path / "s.toml", text))
+
+
+def test_the_hash_and_count_are_of_the_bytes_read(tmp_path):
+    """A file changed after it was read: the provenance keeps the hash and count of what the figures came from."""
+    path = write(tmp_path / "bank.csv", "date,amount\n2026-10-01,1.00\n\n2026-10-02,2.00\n")
+    read = path.read_bytes()
+    table = CsvSource("bank", path).load(*ANY)
+    write(path, "date,amount\n2026-10-01,1.00\n2026-10-02,2.00\n2026-10-03,3.00\n")
+    assert table.sha256 == hashlib.sha256(read).hexdigest() and table.rows_read == 2
+    ledger = ledger_db(tmp_path / "l.sqlite", [("2026-10-01", "1.00", "A"), ("2026-10-02", "2.00", "B")])
+    stored = ledger.read_bytes()
+    sql = SqliteSource("l", ledger, QUERY).load(*ANY)
+    assert sql.sha256 == hashlib.sha256(stored).hexdigest() and sql.rows_read == 2
+
+
+CP1252 = "date;amount;text\n2026-10-01;-12,50;Müller – Gebühr €\n".encode("cp1252")
+
+
+def test_declared_encodings_and_byte_order_marks(tmp_path):
+    columns = {"date": "date", "amount": "amount", "description": "text"}
+    path = tmp_path / "bank.csv"
+    path.write_bytes(CP1252)
+    source = CsvSource("bank", path, columns, delimiter=";", decimal=",", encoding="cp1252")
+    assert source.load(*ANY).text["description"].tolist() == ["Müller – Gebühr €"]
+    with pytest.raises(ReviewError, match=r"line 2: byte 0xfc is not utf-8 text; set the source's `encoding`"):
+        CsvSource("bank", path, columns, delimiter=";", decimal=",").load(*ANY)
+    text = "date;amount;text\n2026-10-01;-12,50;Müller – Gebühr €\n"
+    path.write_bytes(codecs.BOM_UTF8 + text.encode())
+    assert CsvSource("bank", path, columns, delimiter=";", decimal=",").load(*ANY).amounts.tolist() == [-1250]
+    path.write_bytes(text.encode("utf-16"))  # with its byte-order mark
+    assert CsvSource("bank", path, columns, delimiter=";", decimal=",", encoding="utf-16").load(*ANY).amounts.tolist() == [-1250]  # fmt: skip
+    with pytest.raises(ReviewError, match=r"starts with a utf-16 byte-order mark but `encoding` is 'cp1252'"):
+        CsvSource("bank", path, columns, delimiter=";", decimal=",", encoding="cp1252").load(*ANY)
+
+
+def test_a_detected_encoding_is_said(tmp_path):
+    path = tmp_path / "bank.csv"
+    path.write_bytes(
+        ("date;amount;text\n" + "2026-10-01;-12,50;Müller Gebühren für Überweisung\n" * 40).encode("cp1252")
+    )
+    table = CsvSource("bank", path, {"date": "date", "amount": "amount", "description": "text"}, delimiter=";",
+                      decimal=",", encoding="auto").load(*ANY)  # fmt: skip
+    assert table.text["description"][0] == "Müller Gebühren für Überweisung"
+    (note,) = table.notes  # the codec it guessed (cp1250 and cp1252 read these letters alike): said, not hidden
+    assert re.fullmatch(r"encoding cp125\d detected by charset-normalizer from the first 2,017 bytes", note)
+
+
+def test_debit_and_credit_columns_and_an_inverted_sign(tmp_path):
+    path = write(tmp_path / "bank.csv", "date;Soll;Haben\n2026-10-01;45,00;\n2026-10-02;;1.200,00\n")
+    pair = {"date": "date", "debit": "Soll", "credit": "Haben"}
+    source = CsvSource("bank", path, pair, delimiter=";", decimal=",", thousands=".")
+    assert source.load(*ANY).amounts.tolist() == [-4500, 120000]
+    inverted = CsvSource("bank", path, pair, delimiter=";", decimal=",", thousands=".", sign="inverted")
+    assert inverted.load(*ANY).amounts.tolist() == [4500, -120000]
+    for row, message in (("2026-10-03;1,00;2,00", "both debit and credit are filled"),
+                         ("2026-10-03;;", "neither debit nor credit is filled"),
+                         ("2026-10-03;-1,00;", r"column 'Soll': '-1,00' is negative in a debit column")):  # fmt: skip
+        write(path, f"date;Soll;Haben\n{row}\n")
+        with pytest.raises(ReviewError, match=rf"bank\.csv line 2.*{message}"):
+            source.load(*ANY)
+
+
+def test_a_csv_load_keeps_its_budget_and_stops_when_cancelled(tmp_path):
+    from nightshift.app.review.errors import ReviewInterrupted
+
+    path = write(tmp_path / "big.csv", "date,amount\n" + "2026-10-01,1.00\n" * 10_000)
+    with pytest.raises(ReviewInterrupted, match="stopped while loading"):
+        CsvSource("big", path).load(*ANY, cancel=lambda: True)
+    assert len(CsvSource("big", path).load(*ANY, cancel=lambda: False)) == 10_000
+
+
+def test_the_report_lists_each_file_as_it_was_read(tmp_path):
+    """The runner's provenance takes the hash and count from the load, not from the file as it is afterwards."""
+    from nightshift.app.review.runner import run_checks_for, source_files
+
+    bank = 'type = "csv"\npath = "bank.csv"\ncolumns = { date = "date", amount = "amount", reference = "reference" }'
+    write(tmp_path / "bank.csv", "date,amount,reference\n2026-10-01,5.00,A\n")
+    write(tmp_path / "ledger.csv", "date,amount,reference\n2026-10-01,5.00,A\n")
+    read = (tmp_path / "bank.csv").read_bytes()
+    schedule = load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=LEDGER_CSV, check=MATCH)))
+    checked = run_checks_for(schedule, date(2026, 10, 15))
+    write(tmp_path / "bank.csv", "date,amount,reference\n2026-10-01,5.00,A\n2026-10-02,7.00,B\n")
+    files = {file.source: file for file in source_files(checked)}
+    assert files["bank"].sha256 == hashlib.sha256(read).hexdigest() and files["bank"].rows == 1

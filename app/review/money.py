@@ -1,4 +1,15 @@
-"""Exact amounts: parsed as decimals and held as integers of minor units (cents), never floats.
+"""Exact amounts: parsed strictly in their declared format and held as integers of minor units, never floats.
+
+Parsing is strict because a wrong figure that looks right is the worst failure
+a review can have: `1234,56` with decimal "." and thousands "," is an error, not
+123,456.00. An amount must fit its source's `AmountFormat` (decimal and
+thousands characters, digit grouping, sign forms, currency); anything else
+(exponents, NaN, misplaced separators, another currency) is refused with the
+value. The grammar is a regular expression built from the declared format.
+Babel supplies the locale data behind it (a `locale`'s separators and grouping,
+a currency's symbols and minor-unit digits); its own `parse_decimal(strict=True)`
+is not the parser because it accepts `1e5`, `NaN` and `1.23457E+11`, knows no
+parentheses, trailing minus or currency, and takes separators only from a locale.
 
 Integers keep sums exact and let numpy do the arithmetic on a million rows. One
 amount is below 10**18 units, but a sum of many can pass int64's 2**63 (ten
@@ -8,8 +19,12 @@ and `exact_group_sums` return Python ints that are always right.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from nightshift.app.review.errors import ReviewError
@@ -22,31 +37,154 @@ INT64_LIMIT = 2**63
 _LOW_BITS = 32
 _CHUNK = 1 << 30  # rows per partial sum when split: 2**30 * 2**32 < 2**63
 
+GROUPINGS = {"standard": (3, 3), "indian": (3, 2)}  # digits in the last group, then in each group before it
+NEGATIVE_FORMS = ("leading", "trailing", "parentheses")  # -1.00, 1.00-, (1.00)
+_MINUS = "-\u2212"  # hyphen-minus and the minus sign
+_SPACES = " \u00a0\u202f\u2009"  # space, no-break, narrow no-break, thin: one thousands separator when spaces are
+_CURRENCY_LOCALES = ("en", "en_IN", "de_CH")  # where a code's common symbols come from (€, $, £, ₹, ¥, CHF...)
 
-def parse_amount(text: str, scale: int, decimal: str = ".", thousands: str = "") -> int:
+
+def currency_digits(code: str) -> int:
+    """The minor-unit digits of an ISO 4217 currency (EUR 2, JPY 0, BHD 3), from Babel's CLDR data."""
+    from babel.numbers import get_currency_precision, is_currency
+
+    if not is_currency(code):
+        raise ReviewError(f"{code!r} is not an ISO 4217 currency code like EUR, USD, JPY")
+    return get_currency_precision(code)
+
+
+def locale_format(name: str) -> tuple[str, str, tuple[int, int]]:
+    """A locale's (decimal, thousands, grouping) in its own numbering system, from Babel's CLDR data.
+
+    en_IN -> ('.', ',', (3, 2)); ar_EG -> ('٫', '٬', (3, 3)), written with Arabic-Indic digits.
+    """
+    from babel import Locale, UnknownLocaleError
+    from babel.numbers import get_decimal_symbol, get_group_symbol
+
+    try:
+        locale = Locale.parse(name)
+    except (UnknownLocaleError, ValueError):
+        raise ReviewError(f'unknown locale {name!r}; use a CLDR name like "de_DE", "fr_CH" or "en_IN"') from None
+    pattern = locale.decimal_formats[None]
+    native = {"numbering_system": "default"}  # the locale's own symbols, not those of its Latin digits
+    symbols = get_decimal_symbol(locale, **native), get_group_symbol(locale, **native)
+    return *symbols, (pattern.grouping[0], pattern.grouping[1])
+
+
+def _currency_symbols(code: str) -> tuple[str, ...]:
+    """Texts that mark an amount as `code`: the code and its symbols, longest first so "US$" goes before "$"."""
+    from babel.core import UnknownLocaleError
+    from babel.numbers import get_currency_symbol
+
+    symbols = {code}
+    for name in _CURRENCY_LOCALES:
+        try:
+            symbols.add(get_currency_symbol(code, name))
+        except UnknownLocaleError:  # pragma: no cover - the listed locales ship with Babel
+            continue
+    return tuple(sorted(symbols, key=len, reverse=True))
+
+
+@dataclass(frozen=True)
+class AmountFormat:
+    """How a source writes its amounts; anything that does not fit is an error, never a guess.
+
+    `grouping` is (last group, earlier groups): (3, 3) for 1,234,567, (3, 2) for Indian 12,34,567.
+    A number may also be written without any thousands character. `negative` lists the sign forms
+    the source uses; `currency` (ISO code) lets its code and symbols stand before or after the number.
+    """
+
+    decimal: str = "."
+    thousands: str = ""
+    grouping: tuple[int, int] = (3, 3)
+    negative: tuple[str, ...] = ("leading", "parentheses")
+    currency: str | None = None
+    symbols: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.decimal) != 1 or self.decimal.isdigit() or self.decimal in _MINUS + "+()":
+            raise ReviewError(f"decimal {self.decimal!r} should be one character that is not a digit or a sign")
+        if len(self.thousands) > 1 or self.thousands.isdigit() or (self.thousands and self.thousands in _MINUS + "+()"):
+            raise ReviewError(f"thousands {self.thousands!r} should be one character (or none), not a digit or sign")
+        if self.thousands == self.decimal or (self.thousands in _SPACES and self.decimal in _SPACES):
+            raise ReviewError(f"decimal and thousands are both {self.decimal!r}; they must differ")
+        if unknown := [form for form in self.negative if form not in NEGATIVE_FORMS]:
+            raise ReviewError(f"negative forms {unknown} unknown; use some of {', '.join(NEGATIVE_FORMS)}")
+        if self.currency is not None and not self.symbols:
+            object.__setattr__(self, "symbols", _currency_symbols(self.currency))
+
+    @cached_property
+    def number(self) -> re.Pattern[str]:
+        """The unsigned number: digits, optionally grouped by `thousands`, then `decimal` and the fraction."""
+        last, before = self.grouping
+        integer = r"\d+"
+        if self.thousands:
+            sep = f"[{re.escape(_SPACES)}]" if self.thousands in _SPACES else re.escape(self.thousands)
+            integer = rf"(?:\d{{1,{before}}}(?:{sep}\d{{{before}}})*{sep}\d{{{last}}}|\d+)"
+        return re.compile(rf"(?P<integer>{integer})(?:{re.escape(self.decimal)}(?P<fraction>\d+))?")
+
+    def describe(self) -> str:
+        shown = f"decimal {self.decimal!r}, thousands {self.thousands!r}" if self.thousands else (
+            f"decimal {self.decimal!r}, no thousands separator")  # fmt: skip
+        if self.grouping != (3, 3):
+            shown += f", groups of {self.grouping[1]} then {self.grouping[0]}"
+        return shown
+
+
+PLAIN = AmountFormat()
+
+
+def _strip_currency(text: str, fmt: AmountFormat) -> str:
+    for symbol in fmt.symbols:
+        if text.startswith(symbol):
+            return text[len(symbol) :].strip()
+        if text.endswith(symbol):
+            return text[: -len(symbol)].strip()
+    return text
+
+
+def _refuse(text: str, rest: str, fmt: AmountFormat) -> ReviewError:
+    """Why `text` is not an amount, as precisely as can be said."""
+    if not text.strip():
+        return ReviewError("empty amount")
+    if re.fullmatch(r"[-+]?[\d.,]+[eE][-+]?\d+", rest):
+        return ReviewError(f"{text!r} is in exponent notation, which has lost digits (Excel writes long numbers so); "
+                           "export the column as numbers with every digit")  # fmt: skip
+    if any(unicodedata.category(c) == "Sc" for c in rest) or re.search(r"[A-Z]{3}", rest):
+        declared = f"the source's currency is {fmt.currency}" if fmt.currency else "declare the source's `currency`"
+        return ReviewError(f"{text!r} carries a currency sign or code the source does not expect ({declared})")
+    return ReviewError(f"{text!r} is not an amount in the source's format ({fmt.describe()})")
+
+
+def parse_amount(text: str, scale: int, fmt: AmountFormat = PLAIN) -> int:
     """`text` ("1.234,56" with decimal="," thousands=".") as an integer of 10**-scale units.
 
-    Raises ReviewError when the text is not a number or has more decimals than `scale`.
+    Raises ReviewError when the text does not fit `fmt` or has more decimals than `scale`.
     """
-    cleaned = text.strip().replace("\u00a0", "").replace(" ", "")
-    if thousands:
-        cleaned = cleaned.replace(thousands, "")
-    if decimal != ".":
-        cleaned = cleaned.replace(decimal, ".")
-    if cleaned.startswith("(") and cleaned.endswith(")"):
-        cleaned = "-" + cleaned[1:-1]
-    try:
-        value = Decimal(cleaned)
-    except InvalidOperation:
-        raise ReviewError(f"{text!r} is not an amount") from None
-    if not value.is_finite():
-        raise ReviewError(f"{text!r} is not a finite amount")
-    if value.adjusted() + scale >= 18:  # held as int64 minor units
-        raise ReviewError(f"{text!r} is too large an amount (at most 17 digits with the decimals)")
-    units = value.scaleb(scale)
-    if units != units.to_integral_value():
+    rest = text.strip()
+    negative = signed = False
+    if rest[:1] == "(" and rest[-1:] == ")" and "parentheses" in fmt.negative:
+        negative = signed = True
+        rest = rest[1:-1].strip()
+    for _ in range(2):  # one sign and a currency, in either order: -€5.00, €-5.00, 5,00- EUR
+        if rest and not signed and (rest[0] == "+" or (rest[0] in _MINUS and "leading" in fmt.negative)):
+            negative, signed, rest = rest[0] != "+", True, rest[1:].strip()
+        if rest and not signed and rest[-1] in _MINUS and "trailing" in fmt.negative:
+            negative = signed = True
+            rest = rest[:-1].strip()
+        rest = _strip_currency(rest, fmt)
+    found = fmt.number.fullmatch(rest)
+    if found is None:
+        raise _refuse(text, rest, fmt)
+    digits = re.sub(r"\D", "", found.group("integer"))
+    fraction = found.group("fraction") or ""
+    if len(fraction) > scale and int(fraction[scale:]):
         raise ReviewError(f"{text!r} has more than {scale} decimals; set `decimals` in the source to match the data")
-    return int(units)
+    fraction = fraction[:scale].ljust(scale, "0")
+    units = int(digits + fraction)  # int() reads every script's decimal digits (Arabic-Indic ١٢٣ too)
+    if units >= UNITS_LIMIT:
+        raise ReviewError(f"{text!r} is too large an amount (at most 17 digits with the decimals)")
+    return -units if negative else units
 
 
 def check_units(units: int) -> int:

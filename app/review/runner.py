@@ -79,13 +79,14 @@ def run_checks_for(schedule: Schedule, as_of: date, step: Step | None = None) ->
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A data file a review read: its digest, rows, and rows inside the reviewed period."""
+    """A data file a review read: the digest and count of the bytes and rows read, rows inside the period, notes."""
 
     source: str
     path: str
     sha256: str
     rows: int
     rows_in_period: int
+    notes: tuple[str, ...] = ()  # how it was read where the schedule did not say (a detected encoding)
 
 
 @dataclass(frozen=True)
@@ -127,14 +128,19 @@ def _file_digest(path: Path) -> str:
     return sha256_of(path)[:12]
 
 
-def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrative: Narrative) -> Provenance:
-    settings = schedule.generation
+def source_files(checked: Checked) -> list[SourceFile]:
+    """Each source's file as it was read (its hash taken while reading: a file changed since keeps the old one)."""
     window = checked.window
-    files = [
-        SourceFile(name, str(table.origin), sha256_of(table.origin), len(table),
-                   len(table.between(window.start, window.end)))
+    return [
+        SourceFile(name, str(table.origin), table.sha256, table.rows_read,
+                   len(table.between(window.start, window.end)), table.notes)
         for name, table in checked.tables.items()
     ]  # fmt: skip
+
+
+def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrative: Narrative) -> Provenance:
+    settings = schedule.generation
+    files = source_files(checked)
     templates = [
         TemplateFile(f"prompts/{schedule.prompt_template}", _file_digest(PROMPTS_DIR / schedule.prompt_template)),
         TemplateFile(f"reports/{schedule.report_template}", _file_digest(REPORTS_DIR / schedule.report_template)),

@@ -6,9 +6,11 @@ schedules still load. A user's file with the same name as a bundled one wins.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import date, tzinfo
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -21,7 +23,7 @@ from tzlocal import get_localzone
 from nightshift.app.paths import bundled, data_dir, user_schedules_dir
 from nightshift.app.review.checks import CHECKS, REQUIRED
 from nightshift.app.review.errors import ReviewError, ScheduleError
-from nightshift.app.review.sources import COLUMNS, CsvSource, Source, SqliteSource
+from nightshift.app.review.sources import OptionError, Source, source_kind
 from nightshift.app.review.when import parse_when
 from nightshift.app.review.window import PERIODS
 
@@ -29,6 +31,21 @@ BUNDLED_DIR = bundled("schedules")
 TEMPLATES_DIR = bundled("templates")
 _DURATION = re.compile(r"(\d+)\s*([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+# Every key a schedule may use, by table; any other key is an error naming the nearest of these.
+TOP_KEYS = ("name", "title", "when", "timezone", "grace", "materiality", "window", "sources", "checks", "model",
+            "prompt", "report")  # fmt: skip
+SECTION_KEYS = {"window": ("period", "as_of"), "model": ("name", "max_tokens", "temp", "seed", "prompt_findings"),
+                "prompt": ("template",), "report": ("template", "output")}  # fmt: skip
+CHECK_KEYS = {  # beside `type` and `max_findings`, which every check takes
+    "match": ("left", "right", "date_tolerance_days", "use_reference"),
+    "duplicates": ("source", "keys"),
+    "totals": ("source", "by", "compare"),
+    "balance": ("balances", "movements", "account"),
+    "variance": ("source", "by", "threshold_pct", "min_change"),
+}
+DEFAULT_TOLERANCE_DAYS = 3  # a match check's `date_tolerance_days`
+_OPTION_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list}
 
 
 @dataclass
@@ -127,6 +144,15 @@ class _Reader:
         at = f"{self.path}:{line}" if line else str(self.path)
         return ScheduleError(f"{at}: field `{field_name}`: {message}")
 
+    def known(self, where: tuple, node: dict[str, Any], allowed: Iterable[str]) -> None:
+        """Refuse a key of `node` that is not in `allowed`, naming the nearest known one (a typo is never ignored)."""
+        allowed = sorted(allowed)
+        for key in node:
+            if key not in allowed:
+                nearest = difflib.get_close_matches(key, allowed, n=1, cutoff=0)
+                hint = f"; the nearest known key is `{nearest[0]}`" if nearest else ""
+                raise self.fail((*where, key), f"is not a known key{hint} (known here: {', '.join(allowed)})")
+
     def get(self, where: tuple, kind: type | tuple, default: Any = ..., container: Any = None) -> Any:
         node = self.data if container is None else container
         value = node.get(where[-1], default) if isinstance(node, dict) else default
@@ -156,6 +182,9 @@ def load_schedule(path: Path) -> Schedule:
         line = re.search(r"line (\d+)", str(exc))
         raise ScheduleError(f"{path}:{line.group(1) if line else '?'}: not valid TOML: {exc}") from None
     read = _Reader(path, text, data)
+    read.known((), data, TOP_KEYS)
+    for section, allowed in SECTION_KEYS.items():
+        read.known((section,), read.get((section,), dict, {}), allowed)
     name = read.get(("name",), str, path.stem)
     zone_name = read.get(("timezone",), str, None)
     try:
@@ -185,6 +214,9 @@ def load_schedule(path: Path) -> Schedule:
         raise read.fail(("materiality",), f"{materiality!r} is not an amount") from None
     sources = {key: _source(read, path, key, value) for key, value in read.get(("sources",), dict).items()}
     checks = _checks(read, sources)
+    scale = max((source.decimals for source in sources.values()), default=2)
+    for source in sources.values():
+        source.scale = scale  # every figure at one scale: bank 125.00 is 125000 thousandths beside ledger 12.500
     generation = _generation(read)
     prompt = read.get(("prompt", "template"), str, "review.j2", read.get(("prompt",), dict, {}))
     report = read.get(("report",), dict, {})
@@ -203,30 +235,38 @@ def load_schedule(path: Path) -> Schedule:
     )  # fmt: skip
 
 
+def _option_type(annotation: Any) -> type | tuple:
+    """The TOML value type for a source field's annotation ("int | None" -> int, "dict[str, str]" -> dict)."""
+    return _OPTION_TYPES[str(annotation).split("|")[0].split("[")[0].strip()]
+
+
 def _source(read: _Reader, path: Path, key: str, config: Any) -> Source:
+    """A source of the kind its `type` names, every other key one of that kind's fields (see sources.py)."""
     where = ("sources", key)
     if not isinstance(config, dict):
         raise read.fail(where, "should be a table: [sources.NAME] with type, path, ...")
-    kind = read.get((*where, "type"), str, container=config)
+    try:
+        kind = source_kind(read.get((*where, "type"), str, container=config))
+    except ReviewError as exc:
+        raise read.fail((*where, "type"), str(exc)) from None
+    options = [f for f in fields(kind) if f.init and f.name not in (*kind.SET_BY_REVIEW, "path")]
+    read.known(where, config, ("type", "path", *(f.name for f in options)))
     location = Path(read.get((*where, "path"), str, container=config)).expanduser()
-    location = location if location.is_absolute() else path.parent / location
-    decimals = read.get((*where, "decimals"), int, 2, config)
-    if kind == "csv":
-        columns = read.get((*where, "columns"), dict, {"date": "date", "amount": "amount"}, config)
-        unknown = sorted(set(columns) - set(COLUMNS))
-        if unknown or not {"date", "amount"} <= set(columns):
-            raise read.fail((*where, "columns"), f"maps {sorted(columns)}; it needs date and amount, "
-                                                 f"and may map {', '.join(COLUMNS[2:])} (unknown: {unknown})")  # fmt: skip
-        options = {option: read.get((*where, option), str, default, config) for option, default in
-                   (("delimiter", ","), ("date_format", "%Y-%m-%d"), ("decimal", "."), ("thousands", ""))}  # fmt: skip
-        return CsvSource(key, location, columns, decimals=decimals, **options)
-    if kind == "sqlite":
-        query = read.get((*where, "query"), str, container=config)
-        return SqliteSource(key, location, query, decimals=decimals)
-    raise read.fail((*where, "type"), f'{kind!r} is not a source type; use "csv" or "sqlite"')
+    values = {"path": location if location.is_absolute() else path.parent / location}
+    for option in options:
+        required = option.default is MISSING and option.default_factory is MISSING
+        if option.name in config or required:
+            values[option.name] = read.get((*where, option.name), _option_type(option.type), container=config)
+    try:
+        return kind(name=key, **values)
+    except OptionError as exc:
+        raise read.fail((*where, exc.option), exc.message) from None
+    except ReviewError as exc:
+        raise read.fail(where, str(exc)) from None
 
 
 def _checks(read: _Reader, sources: dict[str, Source]) -> list[dict[str, Any]]:
+    """The checks, each naming defined sources of one currency; match checks widen their sources' load window."""
     checks = read.get(("checks",), list, [])
     for number, check in enumerate(checks):
         where = ("checks", number)
@@ -235,10 +275,24 @@ def _checks(read: _Reader, sources: dict[str, Source]) -> list[dict[str, Any]]:
         kind = read.get((*where, "type"), str, container=check)
         if kind not in CHECKS:
             raise read.fail((*where, "type"), f"{kind!r} is not a check; use one of {', '.join(CHECKS)}")
-        for needed in REQUIRED[kind]:
+        read.known(where, check, ("type", "max_findings", *CHECK_KEYS.get(kind, REQUIRED[kind])))
+        named = []
+        for needed in (*REQUIRED[kind], *(("compare",) if "compare" in check else ())):
             source = read.get((*where, needed), str, container=check)
             if source not in sources:
                 raise read.fail((*where, needed), f"names source {source!r}; defined: {', '.join(sources)}")
+            named.append(sources[source])
+        currencies = {source.currency for source in named} - {None}
+        if len(currencies) > 1:
+            shown = ", ".join(f"{source.name} in {source.currency}" for source in named if source.currency)
+            raise read.fail(where, f"compares {shown}: amounts in two currencies are never compared. Convert one "
+                                   "source (e.g. in its query) and declare the currency it is then in")  # fmt: skip
+        if kind == "match":
+            tolerance = read.get((*where, "date_tolerance_days"), int, DEFAULT_TOLERANCE_DAYS, check)
+            if tolerance < 0:
+                raise read.fail((*where, "date_tolerance_days"), "should be 0 or more")
+            for source in named:  # rows this far outside the period may be an item's counterpart
+                source.margin_days = max(source.margin_days, tolerance)
     return checks
 
 

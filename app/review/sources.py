@@ -1,25 +1,47 @@
-"""Data sources a review reads: CSV files and SQLite queries, loaded into a `Table`.
+"""Data sources a review reads (CSV files, SQLite queries, and the kinds in `SOURCE_KINDS`), loaded into a `Table`.
 
 Every source yields the same columns (date, amount, reference, account,
 description) so checks do not care where rows came from. Amounts are exact
-integers of minor units; each row remembers where it came from (file line or
-query row) so findings can point back at it.
+integers of minor units at the review's one scale (`Source.scale`, set by the
+schedule to the most decimals any source declares), so bank 125.00 and ledger
+12.500 are 1250000 and 12500 thousandths, never equal. Each row remembers where
+it came from (file line or query row) so findings can point back at it, and a
+table carries the SHA-256 and count of the bytes and rows actually read.
+
+A source is read strictly: an amount, date or cell that does not fit what the
+schedule declares is an error naming the file, line, column and value, and the
+run fails with it. A load keeps to its time budget (`timeout_seconds`) and stops
+when the caller's `cancel` callable returns True.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import hashlib
+import importlib
+import io
+import re
 import sqlite3
+import time
 from array import array
-from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import date, datetime
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass, field, replace
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
-from nightshift.app.review.errors import ReviewError
-from nightshift.app.review.money import check_units, format_amount, parse_amount, to_decimal
+from nightshift.app.review.errors import ReviewError, ReviewInterrupted
+from nightshift.app.review.money import (
+    PLAIN,
+    AmountFormat,
+    check_units,
+    currency_digits,
+    format_amount,
+    parse_amount,
+    to_decimal,
+)  # fmt: skip
 
 if TYPE_CHECKING:  # numpy is imported where tables are built and cut: reading schedules (review list, jobs) needs none
     import numpy as np
@@ -28,11 +50,22 @@ TEXT_COLUMNS = ("reference", "account", "description")
 COLUMNS = ("date", "amount", *TEXT_COLUMNS)
 EPOCH_ORDINAL = date(1970, 1, 1).toordinal()  # day 0 of datetime64[D]
 SHARED_TEXTS = 4096  # distinct values per text column that are kept as one shared string each
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+CHECK_EVERY = 4096  # rows between looks at the time budget and the cancel callable
+DETECT_BYTES = 1 << 20  # how much of a file `encoding = "auto"` looks at
+_BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
+
+Cancel = Callable[[], bool]  # returns True once the run should stop (the service's cancel or SIGTERM)
 
 
 @dataclass
 class Table:
-    """Rows of one source as columns; `lines` are the rows' positions in the source (1 = first data row)."""
+    """Rows of one source as columns; `lines` are the rows' positions in the source (1 = first data row).
+
+    `sha256` and `rows_read` describe what was read (every data row, also those outside the period);
+    `notes` say how it was read where that was not declared (a detected encoding).
+    """
 
     name: str
     origin: Path
@@ -41,16 +74,18 @@ class Table:
     amounts: np.ndarray  # int64, units of 10**-scale
     text: dict[str, np.ndarray]  # object arrays of str
     lines: np.ndarray
+    currency: str | None = None
+    sha256: str = ""
+    rows_read: int = 0
+    notes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.amounts)
 
     def where(self, mask: np.ndarray) -> Table:
         """The rows where `mask` holds (a boolean mask or index array), same source."""
-        return Table(
-            self.name, self.origin, self.scale, self.dates[mask], self.amounts[mask],
-            {key: values[mask] for key, values in self.text.items()}, self.lines[mask],
-        )  # fmt: skip
+        return replace(self, dates=self.dates[mask], amounts=self.amounts[mask], lines=self.lines[mask],
+                       text={key: values[mask] for key, values in self.text.items()})  # fmt: skip
 
     def between(self, start: date, end: date) -> Table:
         """Rows dated from `start` to `end`, both included."""
@@ -80,11 +115,15 @@ class Table:
         return values
 
 
-def build_table(name: str, origin: Path, scale: int, rows: Iterable[tuple[int, date, int, dict[str, str]]]) -> Table:
-    """A Table from (line, date, amount units, text columns) tuples.
+Row = tuple[int, date, int, dict[str, str]]  # line, date, amount units (at the source's decimals), text columns
+
+
+def build_table(name: str, origin: Path, scale: int, rows: Iterable[Row], factor: int = 1, **about: Any) -> Table:
+    """A Table from (line, date, amount units, text columns) tuples; amounts times `factor` (to the review's scale).
 
     Numbers are gathered in typed arrays (8 bytes a value; a list holds a 36-byte int object each),
     and a column's repeated text (accounts, categories) shares one string, so 10**7 rows fit in a few GB.
+    `about` fills the Table's provenance fields (currency, sha256, rows_read, notes).
     """
     import numpy as np
 
@@ -94,7 +133,7 @@ def build_table(name: str, origin: Path, scale: int, rows: Iterable[tuple[int, d
     for line, day, units, text in rows:
         lines.append(line)
         days.append(day.toordinal() - EPOCH_ORDINAL)
-        amounts.append(units)
+        amounts.append(check_units(units * factor))
         for key in TEXT_COLUMNS:
             value, seen = text.get(key, ""), shared[key]
             if (same := seen.get(value)) is not None:
@@ -106,41 +145,219 @@ def build_table(name: str, origin: Path, scale: int, rows: Iterable[tuple[int, d
         name, origin, scale,
         np.array(days, dtype=np.int64).view("datetime64[D]"), np.array(amounts, dtype=np.int64),
         {key: np.array(values, dtype=object) for key, values in texts.items()},
-        np.array(lines, dtype=np.int64),
+        np.array(lines, dtype=np.int64), **about,
     )  # fmt: skip
 
 
+class OptionError(ReviewError):
+    """A source option has a value that cannot work; the schedule reports it at that option's line."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"`{option}`: {message}")
+        self.option, self.message = option, message
+
+
+class Budget:
+    """A load's time budget and its caller's cancel callable, looked at as rows are read."""
+
+    def __init__(self, source: str, seconds: float, cancel: Cancel | None):
+        self.source, self.seconds, self.cancel = source, seconds, cancel
+        self.deadline = time.monotonic() + seconds
+
+    def exceeded(self) -> bool:
+        """True once the caller cancelled or the time is up (also SQLite's progress handler: nonzero stops it)."""
+        return bool(self.cancel and self.cancel()) or time.monotonic() > self.deadline
+
+    def check(self) -> None:
+        """Raise if the load must stop: ReviewInterrupted when cancelled, ReviewError when out of time."""
+        if self.cancel and self.cancel():
+            raise ReviewInterrupted(f"source {self.source!r}: stopped while loading (the run was cancelled)")
+        if time.monotonic() > self.deadline:
+            raise ReviewError(f"source {self.source!r}: loading took longer than its {self.seconds:g} s budget; "
+                              "raise its `timeout_seconds` or read fewer rows")  # fmt: skip
+
+
 @dataclass
-class CsvSource:
-    """A CSV file: delimiter, date format, decimal and thousands separators, column mapping."""
+class Source:
+    """What every source kind has: a name and path, its amounts' decimals and currency, and the review's scale.
+
+    Every field is a schedule key of the same name (schedule.py reads them and refuses any other
+    key) except those in `SET_BY_REVIEW`: `scale` (the review's one scale) and `margin_days` (the
+    largest match tolerance over checks using this source) come from the rest of the schedule.
+    """
+
+    SET_BY_REVIEW: ClassVar[tuple[str, ...]] = ("name", "scale", "margin_days")
 
     name: str
     path: Path
-    columns: dict[str, str]
+    _: KW_ONLY
+    decimals: int | None = None  # None: the currency's minor-unit digits, else 2
+    currency: str | None = None  # ISO 4217 code; sources of one check must agree
+    timeout_seconds: float = 300.0
+    scale: int | None = None
+    margin_days: int = 0
+
+    def __post_init__(self) -> None:
+        if self.currency is not None:
+            try:
+                digits = currency_digits(self.currency)
+            except ReviewError as exc:
+                raise OptionError("currency", str(exc)) from None
+            if self.decimals is None:
+                self.decimals = digits
+        if self.decimals is None:
+            self.decimals = 2
+        if not 0 <= self.decimals <= 9:
+            raise OptionError("decimals", f"{self.decimals} is not between 0 and 9")
+        if self.timeout_seconds <= 0:
+            raise OptionError("timeout_seconds", "should be more than 0")
+
+    @property
+    def held_scale(self) -> int:
+        """The scale amounts are held at: the review's, or this source's own decimals when read alone."""
+        return self.decimals if self.scale is None else self.scale
+
+    def load(self, start: date, end: date, cancel: Cancel | None = None) -> Table:
+        """Rows for a review of `start`..`end` (kinds may read more; `margin_days` widens the window).
+
+        `cancel` is called every few thousand rows (and by SQLite's progress handler); once it
+        returns True the load stops with ReviewInterrupted.
+        """
+        raise NotImplementedError
+
+    def _table(self, rows: Iterable[Row], **about: Any) -> Table:
+        if self.held_scale < self.decimals:
+            raise ReviewError(
+                f"source {self.name!r}: held at {self.held_scale} decimals, fewer than its {self.decimals}"
+            )
+        factor = 10 ** (self.held_scale - self.decimals)
+        return build_table(self.name, self.path, self.held_scale, rows, factor, currency=self.currency, **about)
+
+    def _missing(self) -> ReviewError:
+        return ReviewError(f"source {self.name!r}: no file at {self.path}; fix `path` in the schedule")
+
+
+class _Hashing(io.RawIOBase):
+    """A file read through a SHA-256: the digest and size are of exactly the bytes the reader got."""
+
+    def __init__(self, raw: BinaryIO):
+        self.raw, self.digest, self.size = raw, hashlib.sha256(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = self.raw.readinto(buffer) or 0
+        self.digest.update(memoryview(buffer)[:count])
+        self.size += count
+        return count
+
+
+@dataclass
+class CsvSource(Source):
+    """A CSV file, streamed: encoding, delimiter, date format, amount format, column mapping, sign.
+
+    `columns` maps our columns to the file's headers; `debit` and `credit` may stand in for
+    `amount` (amount = credit - debit; one of the two per row). `sign = "inverted"` negates every amount.
+    """
+
+    columns: dict[str, str] = field(default_factory=lambda: {"date": "date", "amount": "amount"})
+    _: KW_ONLY
+    encoding: str = "utf-8"  # a Python codec name, or "auto": detected (charset-normalizer), noted
     delimiter: str = ","
     date_format: str = "%Y-%m-%d"
     decimal: str = "."
     thousands: str = ""
-    decimals: int = 2
-    encoding: str = "utf-8-sig"
+    grouping: str = "standard"  # or "indian" (12,34,567.00)
+    locale: str | None = None  # a CLDR locale giving decimal, thousands and grouping (de_DE, en_IN)
+    negative: list[str] = field(default_factory=lambda: ["leading", "parentheses"])  # and/or "trailing"
+    sign: str = "as-is"  # or "inverted"
+    amount_format: AmountFormat = field(init=False, default=PLAIN)
 
-    def load(self, start: date, end: date) -> Table:
-        """Every row of the file (the window only narrows SQL queries; checks pick their rows)."""
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from nightshift.app.review.money import GROUPINGS, locale_format
+
+        allowed = {*COLUMNS, "debit", "credit"}
+        has_pair = {"debit", "credit"} <= set(self.columns)
+        unknown = sorted(set(self.columns) - allowed)
+        if unknown or "date" not in self.columns or ("amount" in self.columns) == has_pair:
+            raise OptionError("columns", f"maps {sorted(self.columns)}; it needs date and either amount or both "
+                                         f"debit and credit, and may map {', '.join(TEXT_COLUMNS)} "
+                                         f"(unknown: {unknown})")  # fmt: skip
+        if not all(isinstance(value, str) for value in self.columns.values()):
+            raise OptionError("columns", "should map each of our columns to a header name (a string)")
+        if self.encoding != "auto":
+            try:
+                codecs.lookup(self.encoding)
+            except LookupError:
+                raise OptionError("encoding", f'{self.encoding!r} is not an encoding; use e.g. "utf-8", '
+                                              '"cp1252", "latin-1", "utf-16", or "auto"') from None  # fmt: skip
+        if self.grouping not in GROUPINGS:
+            raise OptionError("grouping", f"{self.grouping!r}; use one of {', '.join(GROUPINGS)}")
+        if self.sign not in ("as-is", "inverted"):
+            raise OptionError("sign", f'{self.sign!r}; use "as-is" or "inverted"')
+        decimal, thousands, grouping = self.decimal, self.thousands, GROUPINGS[self.grouping]
+        if self.locale is not None:
+            try:
+                decimal, thousands, grouping = locale_format(self.locale)
+            except ReviewError as exc:
+                raise OptionError("locale", str(exc)) from None
+        try:
+            self.amount_format = AmountFormat(decimal, thousands, grouping, tuple(self.negative), self.currency)
+        except ReviewError as exc:
+            raise OptionError("locale" if self.locale else "decimal", str(exc)) from None
+
+    def load(self, start: date, end: date, cancel: Cancel | None = None) -> Table:
+        """Every row of the file, streamed (checks pick their rows; the file is hashed as it is read)."""
         if not self.path.is_file():
-            raise ReviewError(f"source {self.name!r}: no file at {self.path}; fix `path` in the schedule")
-        with self.path.open(newline="", encoding=self.encoding) as handle:
+            raise self._missing()
+        budget = Budget(self.name, self.timeout_seconds, cancel)
+        with self.path.open("rb", buffering=0) as raw:
+            hashing = _Hashing(raw)
+            buffered = io.BufferedReader(hashing, DETECT_BYTES)
+            encoding, notes = self._encoding(buffered.peek(DETECT_BYTES)[:DETECT_BYTES])
+            # Undecodable bytes become lone surrogates, found per row: the error names the line they are on.
+            handle = io.TextIOWrapper(buffered, encoding=encoding, errors="surrogateescape", newline="")
             reader = csv.reader(handle, delimiter=self.delimiter)
             try:
                 header = next(reader, None)
                 if header is None:
                     raise ReviewError(f"source {self.name!r}: {self.path} is empty (a header row is needed)")
-                positions = self._positions(header)
-                return build_table(self.name, self.path, self.decimals, self._rows(reader, positions))
-            except UnicodeDecodeError as exc:
-                raise ReviewError(f"source {self.name!r}: {self.path} is not UTF-8 text ({exc.reason}); "
-                                  "save it as UTF-8 CSV") from None  # fmt: skip
+                self._decoded(header, 1, encoding)
+                counted = [0]
+                table = self._table(self._rows(reader, self._positions(header), budget, counted, encoding), notes=notes)
             except csv.Error as exc:
                 raise ReviewError(f"{self._at(reader.line_num)}: not readable as CSV: {exc}") from None
+            table.sha256, table.rows_read = hashing.digest.hexdigest(), counted[0]
+        return table
+
+    def _encoding(self, head: bytes) -> tuple[str, tuple[str, ...]]:
+        """The codec to read with (a UTF-8 BOM is dropped) and a note when it was detected, not declared."""
+        marked = next((name for bom, name in _BOMS if head.startswith(bom)), None)
+        declared = codecs.lookup(self.encoding).name if self.encoding != "auto" else None
+        if marked is not None:
+            if declared is not None and not declared.startswith(marked):  # utf-16-le is utf-16, utf-8-sig utf-8
+                raise ReviewError(f"source {self.name!r}: {self.path} starts with a {marked} byte-order mark but "
+                                  f"`encoding` is {self.encoding!r}; set it to {marked!r}")  # fmt: skip
+            return ("utf-8-sig" if marked == "utf-8" else marked), ()
+        if declared is not None:
+            return ("utf-8-sig" if declared == "utf-8" else self.encoding), ()
+        from charset_normalizer import from_bytes
+
+        best = from_bytes(head).best()
+        if best is None:
+            raise ReviewError(f"source {self.name!r}: cannot tell the encoding of {self.path}; set `encoding`")
+        found = codecs.lookup(best.encoding).name
+        return found, (f"encoding {found} detected by charset-normalizer from the first {len(head):,} bytes",)
+
+    def _decoded(self, record: list[str], line: int, encoding: str) -> None:
+        """Refuse a row holding bytes that are not `encoding` text (read as lone surrogates)."""
+        for cell in record:
+            if bad := _UNDECODABLE.search(cell):
+                byte = ord(bad.group()) - 0xDC00
+                raise ReviewError(f"{self._at(line)}: byte 0x{byte:02x} is not {encoding.removesuffix('-sig')} text; set the source's "
+                                  '`encoding` (e.g. "cp1252", "latin-1", or "auto") or save the file as UTF-8')  # fmt: skip
 
     def _positions(self, header: list[str]) -> dict[str, int]:
         missing = [column for column in self.columns.values() if column not in header]
@@ -151,84 +368,186 @@ class CsvSource:
             )
         return {ours: header.index(theirs) for ours, theirs in self.columns.items()}
 
-    def _at(self, line: int) -> str:
-        return f"source {self.name!r}, {self.path} line {line}"
+    def _at(self, line: int, column: str | None = None) -> str:
+        where = f"source {self.name!r}, {self.path} line {line}"
+        return f"{where}, column {self.columns[column]!r}" if column else where
 
-    def _rows(self, reader, positions: dict[str, int]):
+    def _amount(self, record: list[str], positions: dict[str, int], line: int) -> int:
+        """The row's amount in units: its `amount` cell, or credit - debit (one of them filled)."""
+        parts = {}
+        for column in ("amount", "debit", "credit"):
+            if column in positions:
+                cell = record[positions[column]]
+                try:
+                    parts[column] = parse_amount(cell, self.decimals, self.amount_format) if cell.strip() else None
+                except ReviewError as exc:
+                    raise ReviewError(f"{self._at(line, column)}: {exc}") from None
+                if column != "amount" and (parts[column] or 0) < 0:
+                    raise ReviewError(f"{self._at(line, column)}: {cell!r} is negative in a {column} column; "
+                                      "which way it moves money is unclear")  # fmt: skip
+        if "amount" in parts:
+            if parts["amount"] is None:
+                raise ReviewError(f"{self._at(line, 'amount')}: empty amount")
+            units = parts["amount"]
+        else:
+            debit, credit = parts["debit"], parts["credit"]
+            if (debit is None) == (credit is None) and (debit or credit):
+                raise ReviewError(f"{self._at(line)}: both debit and credit are filled; one of them should be")
+            if debit is None and credit is None:
+                raise ReviewError(f"{self._at(line)}: neither debit nor credit is filled")
+            units = (credit or 0) - (debit or 0)
+        return -units if self.sign == "inverted" else units
+
+    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget, counted: list[int],
+              encoding: str) -> Iterator[Row]:  # fmt: skip
         text_positions = {key: at for key, at in positions.items() if key in TEXT_COLUMNS}
         days: dict[str, date] = {}  # a file has few distinct dates; strptime is the slow part of a row
+        width = max(positions.values()) + 1
         for number, record in enumerate(reader, start=2):
+            if number % CHECK_EVERY == 0:
+                budget.check()
             if not any(cell.strip() for cell in record):
                 continue
+            counted[0] += 1
+            self._decoded(record, number, encoding)
+            if len(record) < width:
+                raise ReviewError(f"{self._at(number)}: {len(record)} fields, fewer than the header's")
+            text = record[positions["date"]].strip()
             try:
-                text = record[positions["date"]].strip()
                 day = days.get(text) or days.setdefault(text, datetime.strptime(text, self.date_format).date())
-                units = parse_amount(record[positions["amount"]], self.decimals, self.decimal, self.thousands)
-            except IndexError:
-                raise ReviewError(f"{self._at(number)}: {len(record)} fields, fewer than the header's") from None
             except ValueError as exc:
-                raise ReviewError(f"{self._at(number)}: {exc} (date_format is {self.date_format!r})") from None
-            except ReviewError as exc:
-                raise ReviewError(f"{self._at(number)}: {exc}") from None
+                raise ReviewError(f"{self._at(number, 'date')}: {text!r} is not a date in the format "
+                                  f"{self.date_format!r} (date_format): {exc}") from None  # fmt: skip
+            units = self._amount(record, positions, number)
             yield number, day, units, {key: record[at].strip() for key, at in text_positions.items()}
 
 
-@dataclass
-class SqliteSource:
-    """A query on a SQLite file, opened read-only; it may use :start and :end (ISO dates).
+_READS = (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE)
+_ACTION_NAMES = (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER", "CREATE_TEMP_VIEW",
+    "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX", "DROP_TEMP_TABLE",
+    "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "PRAGMA", "TRANSACTION", "UPDATE",
+    "ATTACH", "DETACH", "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE", "DROP_VTABLE", "SAVEPOINT",
+)  # fmt: skip
+_ACTIONS = {getattr(sqlite3, f"SQLITE_{name}"): name for name in _ACTION_NAMES if hasattr(sqlite3, f"SQLITE_{name}")}
+PROGRESS_STEPS = 10_000  # SQLite virtual-machine steps between looks at the budget (well under a millisecond)
+INTEGER_AMOUNTS = ("minor units", "whole units")
 
-    Result columns are named like ours (date, amount, reference, account,
-    description); amounts should be TEXT or INTEGER minor units to stay exact.
+
+@dataclass
+class SqliteSource(Source):
+    """A query on a SQLite file, opened read-only by path; it may use :start and :end (ISO dates).
+
+    Result columns are named like ours (date, amount, reference, account, description).
+    Amounts stored as TEXT are parsed like a CSV's ("1234.56"), REAL through their shortest
+    decimal text; INTEGER amounts must be declared: `integer_amounts = "minor units"` (12345 is
+    123.45 at 2 decimals) or `"whole units"` (12345.00). :start and :end are the period widened by
+    `margin_days` (the match tolerance) so items in transit are read as a CSV's would be.
+    Only reading statements run (an authorizer refuses writes, ATTACH, VACUUM INTO, PRAGMA), within
+    `timeout_seconds` (a progress handler, which also polls `cancel`).
     """
 
-    name: str
-    path: Path
     query: str
-    decimals: int = 2
-    amount_in_minor_units: bool = False
+    _: KW_ONLY
+    integer_amounts: str | None = None
 
-    def load(self, start: date, end: date) -> Table:
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.integer_amounts not in (None, *INTEGER_AMOUNTS):
+            raise OptionError("integer_amounts", f'{self.integer_amounts!r}; use "minor units" or "whole units"')
+
+    def load(self, start: date, end: date, cancel: Cancel | None = None) -> Table:
         if not self.path.is_file():
             raise ReviewError(f"source {self.name!r}: no SQLite file at {self.path}; fix `path` in the schedule")
+        budget = Budget(self.name, self.timeout_seconds, cancel)
+        margin = timedelta(days=self.margin_days)
+        window = {"start": (start - margin).isoformat(), "end": (end + margin).isoformat()}
+        refused: list[str] = []
+        # as_uri() percent-escapes the path (%, #, ?), so "ledger%41.sqlite" opens that file; mode=ro never creates one.
+        db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
         try:
-            with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as db:
-                cursor = db.execute(self.query, {"start": start.isoformat(), "end": end.isoformat()})
-                names = [column[0] for column in cursor.description]
-                records = cursor.fetchall()
+            db.execute("BEGIN")  # one read transaction: the hash below is of the file the query read
+            db.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in _READS else _deny(refused, action))
+            db.set_progress_handler(budget.exceeded, PROGRESS_STEPS)
+            cursor = db.execute(self.query, window)
+            names = [column[0] for column in cursor.description or ()]
+            for needed in ("date", "amount"):
+                if needed not in names:
+                    raise ReviewError(f"source {self.name!r}: the query returns {names}, no {needed!r}; "
+                                      f"alias a column AS {needed}")  # fmt: skip
+            counted = [0]
+            table = self._table(self._rows(cursor, names, budget, counted))
+            table.sha256, table.rows_read = _file_sha256(self.path), counted[0]
         except sqlite3.Error as exc:
+            budget.check()
+            if refused:
+                asked = ", ".join(dict.fromkeys(refused))
+                raise ReviewError(f"source {self.name!r}: the query may only read; it asks for {asked}. "
+                                  "Fix `query` (a SELECT)") from None  # fmt: skip
             raise ReviewError(f"source {self.name!r}: the query on {self.path} failed: {exc}; fix `query`") from None
-        for needed in ("date", "amount"):
-            if needed not in names:
-                raise ReviewError(
-                    f"source {self.name!r}: the query returns {names}, no {needed!r}; alias a column AS {needed}"
-                )
-        return build_table(self.name, self.path, self.decimals, self._rows(records, names))
+        finally:
+            db.close()
+        return table
 
-    def _rows(self, records: list[tuple], names: list[str]):
+    def _rows(self, cursor: sqlite3.Cursor, names: list[str], budget: Budget, counted: list[int]) -> Iterator[Row]:
         at = {name: i for i, name in enumerate(names)}
-        for number, record in enumerate(records, start=1):
+        texts = [(key, at[key]) for key in TEXT_COLUMNS if key in at]
+        for number, record in enumerate(cursor, start=1):
+            if number % CHECK_EVERY == 0:
+                budget.check()
+            counted[0] = number
             where = f"source {self.name!r}, query row {number}"
             try:
                 day = date.fromisoformat(str(record[at["date"]])[:10])
             except ValueError:
-                raise ReviewError(f"{where}: date {record[at['date']]!r} is not an ISO date (YYYY-MM-DD)") from None
-            yield (
-                number,
-                day,
-                self._units(record[at["amount"]], where),
-                {key: "" if record[at[key]] is None else str(record[at[key]]) for key in TEXT_COLUMNS if key in at},
-            )
+                raise ReviewError(f"{where}, column 'date': {record[at['date']]!r} is not an ISO date "
+                                  "(YYYY-MM-DD)") from None  # fmt: skip
+            texts_of = {key: "" if record[i] is None else str(record[i]) for key, i in texts}
+            yield number, day, self._units(record[at["amount"]], f"{where}, column 'amount'"), texts_of
 
     def _units(self, value: Any, where: str) -> int:
         try:
-            if isinstance(value, int) and self.amount_in_minor_units:
-                return check_units(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                if self.integer_amounts is None:
+                    raise ReviewError(f"{value} is stored as an INTEGER; say what integers count with the source's "
+                                      '`integer_amounts = "minor units"` (12345 is 123.45) or "whole units"')  # fmt: skip
+                return check_units(value if self.integer_amounts == "minor units" else value * 10**self.decimals)
             if isinstance(value, float):
-                # repr of a float is its shortest exact decimal form: 12.3 -> "12.3"
-                value = repr(value)
-            return parse_amount(str(value), self.decimals)
+                value = repr(value)  # a float's repr is its shortest exact decimal form: 12.3 -> "12.3"
+            if not isinstance(value, str):
+                raise ReviewError(f"{value!r} is not an amount (a {type(value).__name__})")
+            return parse_amount(value, self.decimals)
         except ReviewError as exc:
             raise ReviewError(f"{where}: {exc}") from None
 
 
-Source = CsvSource | SqliteSource
+def _deny(refused: list[str], action: int) -> int:
+    refused.append(_ACTIONS.get(action, f"action {action}"))
+    return sqlite3.SQLITE_DENY
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# Source kinds by a schedule's `type`: "module:Class", imported when a schedule uses the kind.
+SOURCE_KINDS: dict[str, str] = {
+    "csv": "nightshift.app.review.sources:CsvSource",
+    "sqlite": "nightshift.app.review.sources:SqliteSource",
+    "camt053": "nightshift.app.review.formats.camt:Camt053Source",
+    "mt940": "nightshift.app.review.formats.mt940:Mt940Source",
+    "ofx": "nightshift.app.review.formats.ofx:OfxSource",
+    "beancount": "nightshift.app.review.formats.beancount:BeancountSource",
+}
+
+
+def source_kind(kind: str) -> type[Source]:
+    """The Source class for a schedule's `type`; ReviewError lists the kinds when there is none."""
+    if kind not in SOURCE_KINDS:
+        raise ReviewError(f"{kind!r} is not a source type; use one of {', '.join(map(repr, SOURCE_KINDS))}")
+    module, name = SOURCE_KINDS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
