@@ -503,12 +503,9 @@ CHECKS: dict[str, Callable[[dict[str, Any], CheckContext], CheckResult]] = {
     "variance": check_variance,
 }
 
-# Fields each check type needs, checked when the schedule is read, and those it may have.
+# Fields each check type needs, checked when the schedule is read.
 REQUIRED = {"match": ("left", "right"), "duplicates": ("source",), "totals": ("source",),
             "balance": ("balances", "movements"), "variance": ("source",)}  # fmt: skip
-OPTIONAL = {"match": ("date_tolerance_days", "use_reference"), "duplicates": ("keys",), "totals": ("by", "compare"),
-            "balance": ("account",), "variance": ("by", "threshold_pct", "min_change")}  # fmt: skip
-COMMON = ("type", "max_findings")
 
 
 Step = Callable[[str, float], None]  # told a step's name and seconds as it ends (the checks benchmark)

@@ -1,0 +1,53 @@
+"""Generated books (tests/books.py): on every dataset every planted fault is found and no finding is unexplained."""
+
+from __future__ import annotations
+
+import pytest
+
+from nightshift.app.review.runner import run_checks_for
+from nightshift.app.review.schedule import load_schedule
+from tests.books import LANGUAGES, make_books
+
+SEEDS = range(16)
+
+
+def found_and_planted(seed: int, folder, rows_per_month: int | None = None) -> tuple[list, list, str]:
+    books = make_books(seed, folder, rows_per_month)
+    schedule = load_schedule(books.schedule)
+    result = run_checks_for(schedule, schedule.as_of).result
+    assert [run.state for run in result.runs] == ["ran"] * 5, books.about
+    return sorted((f.check, f.title, f.amount) for f in result.findings), sorted(books.planted), books.about
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_planted_fault_is_found_and_nothing_else(tmp_path, seed):
+    found, planted, about = found_and_planted(seed, tmp_path)
+    assert found == planted, about
+
+
+def test_the_seeds_make_many_distinct_books(tmp_path):
+    abouts = [make_books(seed, tmp_path / str(seed)).about for seed in SEEDS if (tmp_path / str(seed)).mkdir() is None]
+    assert len(set(abouts)) == len(abouts)
+    text = "\n".join(abouts)
+    for variant in (
+        "debit/credit",
+        "trailing minus",
+        "signed",
+        "with references",
+        "ledger CSV",
+        "ledger SQLite (TEXT)",
+        "ledger SQLite (INTEGER minor units)",
+        "cp1252",
+        "utf-8-sig",
+        "'\\t'",
+        "';'",
+    ):
+        assert variant in text, variant
+    assert {about.split("(")[1][:2] for about in abouts} == set(LANGUAGES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [3, 10])
+def test_large_generated_books(tmp_path, seed):
+    found, planted, about = found_and_planted(seed, tmp_path, rows_per_month=5000)
+    assert found == planted, about
