@@ -563,9 +563,9 @@ def release_weights(
         trunk_forms = []
         for trunk in TRUNK_FORMS:
             changed = trunk(candidate)
-            if set(changed) != set(candidate) or any(changed[k] is not candidate[k] for k in candidate):
-                if _maps_back(model, changed, target):
-                    candidate, trunk_forms = changed, [*trunk_forms, trunk.__name__.strip("_")]
+            differs = set(changed) != set(candidate) or any(changed[k] is not candidate[k] for k in candidate)
+            if differs and _maps_back(model, changed, target):
+                candidate, trunk_forms = changed, [*trunk_forms, trunk.__name__.strip("_")]
         candidate = _undo_offsets(model, candidate, target)
         got = sanitized(model, candidate)
         transformed = sorted(k for k in target if not mx.array_equal(got[k], target[k]).item())
@@ -646,3 +646,31 @@ def _write_tokenizer(out: Path, config: dict) -> None:
 
     vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or VOCAB
     write_tokenizer(out, vocab)
+
+
+# Quantizations the suite checks: mlx-lm's convert at its defaults for each mode.
+QUANTIZATIONS: dict[str, dict] = {
+    "4bit": {"q_bits": 4, "q_group_size": 64, "q_mode": "affine"},
+    "mxfp4": {"q_bits": 4, "q_group_size": 32, "q_mode": "mxfp4"},
+}
+
+
+def quantized_checkpoint(src: Path, out_dir: Path, quantization: str = "4bit") -> Path:
+    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory) with one of QUANTIZATIONS.
+
+    Raises FamilyError, naming the family, where mlx-lm cannot quantize it so (e.g. a width mxfp4's groups of
+    32 do not divide).
+    """
+    import contextlib
+    import io
+
+    from mlx_lm.convert import convert
+
+    settings = QUANTIZATIONS[quantization]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # convert prints its progress
+            convert(str(src), mlx_path=str(out_dir), quantize=True, **settings)
+    except (ValueError, TypeError, KeyError) as exc:
+        family = json.loads((Path(src) / "config.json").read_text()).get("model_type")
+        raise FamilyError(f"{family}: mlx-lm's convert cannot make a {quantization} model of it: {exc}") from exc
+    return Path(out_dir)
