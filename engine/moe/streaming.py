@@ -32,9 +32,14 @@ class StreamingSwitch(nn.Module):
         # Plain attributes, not children: the experts are not parameters of the resident model.
         object.__setattr__(self, "_switch", switch)
         object.__setattr__(self, "_stream", stream)
-        object.__setattr__(self, "_empty", switch.parameters())
+        object.__setattr__(self, "_empty", {n: switch[n].parameters() for n in expert_projections(switch)})
         self.layer_index = layer.layer
         self.tensor_names = [slot.name for slot in layer.tensors]
+        # Modules a family hangs under its switch beside the experts (muse_spark's post-expert norm): resident,
+        # shared with the switch, and reachable where the family's code looks for them.
+        for name, child in switch.children().items():
+            if name not in self._empty and tree_flatten(child.parameters()):
+                setattr(self, name, child)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         one_row = indices.size == indices.shape[-1]
@@ -71,6 +76,11 @@ class StreamingSwitch(nn.Module):
         return mx.concatenate([outputs[i] for i in slots], axis=-2)
 
 
+def expert_projections(switch: nn.Module) -> list[str]:
+    """The children of a switch module that hold the stacked experts."""
+    return [name for name, child in switch.children().items() if isinstance(child, SWITCH_LINEAR_TYPES)]
+
+
 def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
     """`switch` with one placeholder expert, quantized as the store's experts are; checked against the files."""
     for name, proj in list(switch.children().items()):
@@ -83,7 +93,7 @@ def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
             q = layer.quantization[name]
             setattr(switch, name, proj.to_quantized(group_size=q["group_size"], bits=q["bits"], mode=q["mode"]))
     wanted = {slot.name for slot in layer.tensors}
-    have = {name for name, _ in tree_flatten(switch.parameters())}
+    have = {f"{n}.{leaf}" for n in expert_projections(switch) for leaf, _ in tree_flatten(switch[n].parameters())}
     if have != wanted:
         raise ModelFormatError(
             f"layer {layer.layer}: the store's expert files hold {sorted(wanted)} but the model needs {sorted(have)}; "

@@ -22,11 +22,12 @@ from nightshift.engine.models import get_classes
 
 SWITCH_TYPES = (SwitchGLU, SwitchMLP)
 SWITCH_LINEAR_TYPES = (SwitchLinear, QuantizedSwitchLinear)
-LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# The first numbered part of a name is its block: `model.layers.3.`, `transformer.h.3.`, `backbone.layers.3.`.
+LAYER = re.compile(r"(?:^|\.)(\d+)\.")
 
 
 def layer_of(name: str) -> int | None:
-    """The decoder layer a tensor name belongs to, or None for embeddings, final norm, head."""
+    """The decoder layer (block) a tensor name belongs to, or None for embeddings, final norm, head."""
     match = LAYER.search(name)
     return int(match.group(1)) if match else None
 
@@ -63,6 +64,13 @@ class SwitchSite:
     num_experts: int
     projections: tuple[str, ...]
 
+    def holds(self, name: str) -> bool:
+        """Whether parameter `name` is one of these experts' tensors (stacked over experts).
+
+        Other modules a family hangs under its switch (a norm, say) are not: they belong to the trunk.
+        """
+        return any(name.startswith(f"{self.path}.{p}.") for p in self.projections)
+
 
 def switch_sites(model: nn.Module) -> list[SwitchSite]:
     """Every routed-expert module of `model`, in layer order."""
@@ -76,6 +84,12 @@ def switch_sites(model: nn.Module) -> list[SwitchSite]:
         projections = tuple(sorted(n for n, c in module.children().items() if isinstance(c, SWITCH_LINEAR_TYPES)))
         num_experts = getattr(module, projections[0]).num_experts
         sites.append(SwitchSite(path, layer, num_experts, projections))
+    layers = [s.layer for s in sites]
+    if len(set(layers)) != len(layers):
+        raise UnsupportedModelError(
+            f"{type(model).__module__} has two routed-expert modules in one numbered block "
+            f"({', '.join(s.path for s in sites)}); the store keeps one per layer"
+        )
     if not sites:
         raise UnsupportedModelError(
             f"{type(model).__module__} has no routed experts (no SwitchGLU/SwitchMLP); "

@@ -144,13 +144,13 @@ def plan_import(src: Path, options: ImportOptions, available_ram: int | None = N
     source, model = open_checkpoint(Path(src))
     weights = source.weights
     sites = switch_sites(model)
-    expert_names = {n for s in sites for n in weights if n.startswith(s.path + ".")}
+    expert_names = {n for s in sites for n in weights if s.holds(n)}
     trunk_bytes = sum(v.nbytes for n, v in weights.items() if n not in expert_names)
     _check_trunk_fits(trunk_bytes, options, available_ram)
     trunk_quantized = _trunk_quantization(model, weights, sites, options)
     layers, experts_quantized = [], False
     for site in sites:
-        stacked = {n[len(site.path) + 1 :]: weights[n] for n in weights if n.startswith(site.path + ".")}
+        stacked = {n[len(site.path) + 1 :]: weights[n] for n in weights if site.holds(n)}
         released = expert_quantization(model, site)
         if options.quantize_experts:
             stacked = _quantized_experts(stacked, site.projections)
@@ -373,7 +373,7 @@ def _import_group(
     checksums = {}
     for site in (s for s in plan.sites if s.layer == group):
         layer = next(layer for layer in plan.layers if layer.module == site.path)
-        stacked = {n[len(site.path) + 1 :]: weights.pop(n) for n in list(weights) if n.startswith(site.path + ".")}
+        stacked = {n[len(site.path) + 1 :]: weights.pop(n) for n in list(weights) if site.holds(n)}
         if options.quantize_experts:
             stacked = _quantized_experts(stacked, site.projections)
         mx.eval(list(stacked.values()))

@@ -130,7 +130,8 @@ def _recording(seen: dict[str, tuple[int, ...]]) -> Callable[[dict], tuple[type,
             seen.update({k: tuple(v.shape) for k, v in out.items()})
             return out
 
-        return type(model_class.__name__, (model_class,), {"sanitize": sanitize}), args_class
+        names = {"sanitize": sanitize, "__module__": model_class.__module__, "__qualname__": model_class.__qualname__}
+        return type(model_class.__name__, (model_class,), names), args_class
 
     return classes
 
@@ -193,6 +194,16 @@ def _refuse_what_the_store_cannot_hold(config: dict) -> None:
         )
 
 
+def _declares_experts(config: dict) -> bool:
+    """Whether a config asks for more than one expert anywhere (`num_experts`, `ffn_config.moe_num_experts`, ...)."""
+    for key, value in config.items():
+        if isinstance(value, dict) and _declares_experts(value):
+            return True
+        if "expert" in key and isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return True
+    return False
+
+
 def _refuse_what_the_store_cannot_rebuild(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> None:
     """The store rebuilds a model from its config and its tensors alone; refuse when that is not this model.
 
@@ -204,6 +215,11 @@ def _refuse_what_the_store_cannot_rebuild(model: nn.Module, config: dict, weight
     try:
         switch_sites(model)
     except UnsupportedModelError as exc:
+        if _declares_experts(config):
+            raise UnsupportedModelError(
+                f"{config.get('model_type')}: mlx-lm builds this family's experts as its own modules, not as the "
+                "SwitchGLU/SwitchMLP that nightshift streams, so it cannot be imported exactly"
+            ) from exc
         raise UnsupportedModelError(f"{config.get('model_type')}: {exc}") from exc
     rebuilt = build_model({k: v for k, v in config.items() if k not in ("quantization", "quantization_config")})
     quantize_as_stored(rebuilt, weights)
