@@ -51,7 +51,10 @@ def test_review_run_in_the_foreground_then_jobs_and_reports(home, tiny_model, ca
 
 def test_unknown_review_and_bad_date(home, capsys):
     assert main(["review", "run", "nope"]) == 1
-    assert "no review named 'nope' (known: daily, month-end, weekly)" in capsys.readouterr().err
+    assert (
+        "no review named 'nope' (known: beancount, camt053, daily, month-end, mt940, ofx, weekly)"
+        in capsys.readouterr().err
+    )
     with pytest.raises(SystemExit):
         main(["review", "run", "daily", "--as-of", "30/10/2026"])
     assert "'30/10/2026' is not a date; write YYYY-MM-DD" in capsys.readouterr().err
@@ -62,7 +65,15 @@ def test_review_list_reports_a_broken_schedule_and_lists_the_rest(home, capsys):
     (home / "schedules" / "bad.toml").write_text('when = "every day at 7"\n[sources]\n')
     assert main(["review", "list"]) == 0
     captured = capsys.readouterr()
-    assert [line.split()[0] for line in captured.out.splitlines()] == ["daily", "month-end", "weekly"]
+    assert [line.split()[0] for line in captured.out.splitlines()] == [
+        "beancount",
+        "camt053",
+        "daily",
+        "month-end",
+        "mt940",
+        "ofx",
+        "weekly",
+    ]
     assert f"{home / 'schedules' / 'bad.toml'}:1: field `when`" in captured.err
 
 
