@@ -315,7 +315,7 @@ def test_a_detected_encoding_is_said(tmp_path):
 
 
 def test_debit_and_credit_columns_and_an_inverted_sign(tmp_path):
-    path = write(tmp_path / "bank.csv", "date;Soll;Haben\n2026-10-01;45,00;\n2026-10-02;;1.200,00\n")
+    path = write(tmp_path / "bank.csv", "date;Soll;Haben\n2026-10-01;45,00;\n2026-10-02;0,00;1.200,00\n")
     pair = {"date": "date", "debit": "Soll", "credit": "Haben"}
     source = CsvSource("bank", path, pair, delimiter=";", decimal=",", thousands=".")
     assert source.load(*ANY).amounts.tolist() == [-4500, 120000]
@@ -351,3 +351,25 @@ def test_the_report_lists_each_file_as_it_was_read(tmp_path):
     write(tmp_path / "bank.csv", "date,amount,reference\n2026-10-01,5.00,A\n2026-10-02,7.00,B\n")
     files = {file.source: file for file in source_files(checked)}
     assert files["bank"].sha256 == hashlib.sha256(read).hexdigest() and files["bank"].rows == 1
+
+
+def test_a_csv_keeps_the_rows_of_its_window_and_checks_them_all(tmp_path):
+    """Memory follows the review's rows: rows outside the widened window are parsed (an error fails) but not kept."""
+    rows = "".join(f"20{year}-10-01,1.00,Y{year}\n" for year in range(10, 26)) + "2026-10-02,2.00,NOW\n"
+    path = write(tmp_path / "bank.csv", "date,amount,reference\n" + rows)
+    source = CsvSource("bank", path, {"date": "date", "amount": "amount", "reference": "reference"}, margin_days=3)
+    table = source.load(date(2026, 10, 5), date(2026, 10, 31))
+    assert table.text["reference"].tolist() == ["NOW"] and table.rows_read == 17
+    source.whole = True  # a balance check's balances: an opening balance may be years old
+    assert len(source.load(date(2026, 10, 5), date(2026, 10, 31))) == 17
+    write(path, "date,amount,reference\n2015-01-01,1e5,OLD\n2026-10-02,2.00,NOW\n")
+    with pytest.raises(ReviewError, match="line 2, column 'amount': '1e5' is in exponent notation"):
+        source.load(date(2026, 10, 5), date(2026, 10, 31))
+
+
+def test_the_schedule_sets_each_sources_window_and_scale():
+    from nightshift.app.review.schedule import BUNDLED_DIR
+
+    sources = load_schedule(BUNDLED_DIR / "month-end.toml").sources
+    assert {name: (s.margin_days, s.whole, s.held_scale) for name, s in sources.items()} == {
+        "bank": (3, False, 2), "ledger": (3, False, 2), "balances": (0, True, 2)}  # fmt: skip

@@ -114,14 +114,33 @@ class AmountFormat:
             object.__setattr__(self, "symbols", _currency_symbols(self.currency))
 
     @cached_property
-    def number(self) -> re.Pattern[str]:
-        """The unsigned number: digits, optionally grouped by `thousands`, then `decimal` and the fraction."""
+    def pattern(self) -> re.Pattern[str]:
+        """The whole amount in one expression: parentheses, a sign, the currency, the number, a trailing sign.
+
+        Which of the optional parts may appear together is decided in `parse_amount`; the number is
+        digits, optionally grouped by `thousands` (a group of `last` digits, groups of `before` ahead of
+        it), then `decimal` and the fraction.
+        """
         last, before = self.grouping
         integer = r"\d+"
         if self.thousands:
             sep = f"[{re.escape(_SPACES)}]" if self.thousands in _SPACES else re.escape(self.thousands)
             integer = rf"(?:\d{{1,{before}}}(?:{sep}\d{{{before}}})*{sep}\d{{{last}}}|\d+)"
-        return re.compile(rf"(?P<integer>{integer})(?:{re.escape(self.decimal)}(?P<fraction>\d+))?")
+        currency = "|".join(map(re.escape, self.symbols)) or "(?!)"
+        number = rf"(?P<integer>{integer})(?:{re.escape(self.decimal)}(?P<fraction>\d+))?"
+        return re.compile(
+            rf"\s*(?P<open>\()?\s*(?P<c1>{currency})?\s*(?P<lead>[+{re.escape(_MINUS)}])?\s*(?P<c2>{currency})?\s*{number}"
+            rf"\s*(?P<trail>[{re.escape(_MINUS)}])?\s*(?P<c3>{currency})?\s*(?P<close>\))?\s*"
+        )
+
+    @cached_property
+    def leading(self) -> bool:
+        return "leading" in self.negative
+
+    @cached_property
+    def separators(self) -> dict[int, None]:
+        """str.translate's table that drops thousands characters from the integer part."""
+        return dict.fromkeys(map(ord, _SPACES if self.thousands in _SPACES else self.thousands))
 
     def describe(self) -> str:
         shown = f"decimal {self.decimal!r}, thousands {self.thousands!r}" if self.thousands else (
@@ -134,18 +153,10 @@ class AmountFormat:
 PLAIN = AmountFormat()
 
 
-def _strip_currency(text: str, fmt: AmountFormat) -> str:
-    for symbol in fmt.symbols:
-        if text.startswith(symbol):
-            return text[len(symbol) :].strip()
-        if text.endswith(symbol):
-            return text[: -len(symbol)].strip()
-    return text
-
-
-def _refuse(text: str, rest: str, fmt: AmountFormat) -> ReviewError:
+def _refuse(text: str, fmt: AmountFormat) -> ReviewError:
     """Why `text` is not an amount, as precisely as can be said."""
-    if not text.strip():
+    rest = text.strip()
+    if not rest:
         return ReviewError("empty amount")
     if re.fullmatch(r"[-+]?[\d.,]+[eE][-+]?\d+", rest):
         return ReviewError(f"{text!r} is in exponent notation, which has lost digits (Excel writes long numbers so); "
@@ -161,30 +172,32 @@ def parse_amount(text: str, scale: int, fmt: AmountFormat = PLAIN) -> int:
 
     Raises ReviewError when the text does not fit `fmt` or has more decimals than `scale`.
     """
-    rest = text.strip()
-    negative = signed = False
-    if rest[:1] == "(" and rest[-1:] == ")" and "parentheses" in fmt.negative:
-        negative = signed = True
-        rest = rest[1:-1].strip()
-    for _ in range(2):  # one sign and a currency, in either order: -€5.00, €-5.00, 5,00- EUR
-        if rest and not signed and (rest[0] == "+" or (rest[0] in _MINUS and "leading" in fmt.negative)):
-            negative, signed, rest = rest[0] != "+", True, rest[1:].strip()
-        if rest and not signed and rest[-1] in _MINUS and "trailing" in fmt.negative:
-            negative = signed = True
-            rest = rest[:-1].strip()
-        rest = _strip_currency(rest, fmt)
-    found = fmt.number.fullmatch(rest)
+    found = fmt.pattern.fullmatch(text)
     if found is None:
-        raise _refuse(text, rest, fmt)
-    digits = re.sub(r"\D", "", found.group("integer"))
-    fraction = found.group("fraction") or ""
-    if len(fraction) > scale and int(fraction[scale:]):
+        raise _refuse(text, fmt)
+    opened, c1, lead, c2, integer, fraction, trail, c3, closed = found.groups()
+    plain_sign = lead is None or lead == "+" or fmt.leading  # the common case, decided without a call
+    if (opened or trail or closed or c1 or c2 or c3 or not plain_sign) and not _signs_fit(
+            fmt, opened, lead, trail, closed, (c1, c2, c3)):  # fmt: skip
+        raise _refuse(text, fmt)
+    digits = integer.translate(fmt.separators) if fmt.thousands else integer
+    if fraction is None:
+        fraction = ""
+    elif len(fraction) > scale and int(fraction[scale:]):
         raise ReviewError(f"{text!r} has more than {scale} decimals; set `decimals` in the source to match the data")
-    fraction = fraction[:scale].ljust(scale, "0")
-    units = int(digits + fraction)  # int() reads every script's decimal digits (Arabic-Indic ١٢٣ too)
+    units = int(digits + fraction[:scale].ljust(scale, "0"))  # int() reads every script's digits (Arabic-Indic too)
     if units >= UNITS_LIMIT:
         raise ReviewError(f"{text!r} is too large an amount (at most 17 digits with the decimals)")
-    return -units if negative else units
+    return -units if opened or (lead or trail or "+") in _MINUS else units
+
+
+def _signs_fit(fmt: AmountFormat, opened: str | None, lead: str | None, trail: str | None, closed: str | None,
+               currencies: tuple[str | None, ...]) -> bool:  # fmt: skip
+    """At most one sign and one currency, each in a form the source declared: (€5.00), -€5.00, 5,00- EUR."""
+    if bool(opened) != bool(closed) or sum(map(bool, (opened, lead, trail))) > 1 or sum(map(bool, currencies)) > 1:
+        return False
+    return ((not opened or "parentheses" in fmt.negative) and (not trail or "trailing" in fmt.negative)
+            and (lead in (None, "+") or "leading" in fmt.negative))  # fmt: skip
 
 
 def check_units(units: int) -> int:

@@ -287,6 +287,8 @@ def _checks(read: _Reader, sources: dict[str, Source]) -> list[dict[str, Any]]:
             shown = ", ".join(f"{source.name} in {source.currency}" for source in named if source.currency)
             raise read.fail(where, f"compares {shown}: amounts in two currencies are never compared. Convert one "
                                    "source (e.g. in its query) and declare the currency it is then in")  # fmt: skip
+        if kind == "balance":  # its opening balance is the last before the period, however old
+            sources[check["balances"]].whole = True
         if kind == "match":
             tolerance = read.get((*where, "date_tolerance_days"), int, DEFAULT_TOLERANCE_DAYS, check)
             if tolerance < 0:

@@ -133,7 +133,7 @@ def build_table(name: str, origin: Path, scale: int, rows: Iterable[Row], factor
     for line, day, units, text in rows:
         lines.append(line)
         days.append(day.toordinal() - EPOCH_ORDINAL)
-        amounts.append(check_units(units * factor))
+        amounts.append(units if factor == 1 else check_units(units * factor))
         for key in TEXT_COLUMNS:
             value, seen = text.get(key, ""), shared[key]
             if (same := seen.get(value)) is not None:
@@ -182,11 +182,12 @@ class Source:
     """What every source kind has: a name and path, its amounts' decimals and currency, and the review's scale.
 
     Every field is a schedule key of the same name (schedule.py reads them and refuses any other
-    key) except those in `SET_BY_REVIEW`: `scale` (the review's one scale) and `margin_days` (the
-    largest match tolerance over checks using this source) come from the rest of the schedule.
+    key) except those in `SET_BY_REVIEW`, which come from the rest of the schedule: `scale` (the
+    review's one scale), `margin_days` (the largest match tolerance over checks using this source)
+    and `whole` (a balance check's balances).
     """
 
-    SET_BY_REVIEW: ClassVar[tuple[str, ...]] = ("name", "scale", "margin_days")
+    SET_BY_REVIEW: ClassVar[tuple[str, ...]] = ("name", "scale", "margin_days", "whole")
 
     name: str
     path: Path
@@ -196,6 +197,7 @@ class Source:
     timeout_seconds: float = 300.0
     scale: int | None = None
     margin_days: int = 0
+    whole: bool = False  # keep rows outside the widened window too (a balance check's balances: openings may be old)
 
     def __post_init__(self) -> None:
         if self.currency is not None:
@@ -218,7 +220,7 @@ class Source:
         return self.decimals if self.scale is None else self.scale
 
     def load(self, start: date, end: date, cancel: Cancel | None = None) -> Table:
-        """Rows for a review of `start`..`end` (kinds may read more; `margin_days` widens the window).
+        """Rows for a review of `start`..`end` widened by `margin_days` (every row when `whole`).
 
         `cancel` is called every few thousand rows (and by SQLite's progress handler); once it
         returns True the load stops with ReviewInterrupted.
@@ -309,7 +311,11 @@ class CsvSource(Source):
             raise OptionError("locale" if self.locale else "decimal", str(exc)) from None
 
     def load(self, start: date, end: date, cancel: Cancel | None = None) -> Table:
-        """Every row of the file, streamed (checks pick their rows; the file is hashed as it is read)."""
+        """The rows in the widened window (every row when `whole`), streamed and hashed as read.
+
+        Every row is parsed and checked, so an error anywhere in the file fails the load; rows outside
+        the window are then dropped, so memory follows the review's rows, not the file's.
+        """
         if not self.path.is_file():
             raise self._missing()
         budget = Budget(self.name, self.timeout_seconds, cancel)
@@ -319,14 +325,17 @@ class CsvSource(Source):
             encoding, notes = self._encoding(buffered.peek(DETECT_BYTES)[:DETECT_BYTES])
             # Undecodable bytes become lone surrogates, found per row: the error names the line they are on.
             handle = io.TextIOWrapper(buffered, encoding=encoding, errors="surrogateescape", newline="")
-            reader = csv.reader(handle, delimiter=self.delimiter)
+            reader = csv.reader(self._decoded(handle, encoding), delimiter=self.delimiter)
             try:
                 header = next(reader, None)
                 if header is None:
                     raise ReviewError(f"source {self.name!r}: {self.path} is empty (a header row is needed)")
-                self._decoded(header, 1, encoding)
                 counted = [0]
-                table = self._table(self._rows(reader, self._positions(header), budget, counted, encoding), notes=notes)
+                rows = self._rows(reader, self._positions(header), budget, counted)
+                margin = timedelta(days=self.margin_days)
+                first, last = start - margin, end + margin
+                kept = rows if self.whole else (row for row in rows if first <= row[1] <= last)
+                table = self._table(kept, notes=notes)
             except csv.Error as exc:
                 raise ReviewError(f"{self._at(reader.line_num)}: not readable as CSV: {exc}") from None
             table.sha256, table.rows_read = hashing.digest.hexdigest(), counted[0]
@@ -351,13 +360,15 @@ class CsvSource(Source):
         found = codecs.lookup(best.encoding).name
         return found, (f"encoding {found} detected by charset-normalizer from the first {len(head):,} bytes",)
 
-    def _decoded(self, record: list[str], line: int, encoding: str) -> None:
-        """Refuse a row holding bytes that are not `encoding` text (read as lone surrogates)."""
-        for cell in record:
-            if bad := _UNDECODABLE.search(cell):
+    def _decoded(self, lines: Iterable[str], encoding: str) -> Iterator[str]:
+        """`lines`, refused at the first holding bytes that are not `encoding` text (decoded as lone surrogates)."""
+        for number, line in enumerate(lines, start=1):
+            if bad := _UNDECODABLE.search(line):
                 byte = ord(bad.group()) - 0xDC00
-                raise ReviewError(f"{self._at(line)}: byte 0x{byte:02x} is not {encoding.removesuffix('-sig')} text; set the source's "
-                                  '`encoding` (e.g. "cp1252", "latin-1", or "auto") or save the file as UTF-8')  # fmt: skip
+                raise ReviewError(f"{self._at(number)}: byte 0x{byte:02x} is not {encoding.removesuffix('-sig')} text; "
+                                  'set the source\'s `encoding` (e.g. "cp1252", "latin-1", or "auto") or save the '
+                                  "file as UTF-8")  # fmt: skip
+            yield line
 
     def _positions(self, header: list[str]) -> dict[str, int]:
         missing = [column for column in self.columns.values() if column not in header]
@@ -372,34 +383,33 @@ class CsvSource(Source):
         where = f"source {self.name!r}, {self.path} line {line}"
         return f"{where}, column {self.columns[column]!r}" if column else where
 
+    def _parsed(self, record: list[str], positions: dict[str, int], line: int, column: str) -> int:
+        try:
+            return parse_amount(record[positions[column]], self.decimals, self.amount_format)
+        except ReviewError as exc:
+            raise ReviewError(f"{self._at(line, column)}: {exc}") from None
+
     def _amount(self, record: list[str], positions: dict[str, int], line: int) -> int:
-        """The row's amount in units: its `amount` cell, or credit - debit (one of them filled)."""
-        parts = {}
-        for column in ("amount", "debit", "credit"):
-            if column in positions:
-                cell = record[positions[column]]
-                try:
-                    parts[column] = parse_amount(cell, self.decimals, self.amount_format) if cell.strip() else None
-                except ReviewError as exc:
-                    raise ReviewError(f"{self._at(line, column)}: {exc}") from None
-                if column != "amount" and (parts[column] or 0) < 0:
-                    raise ReviewError(f"{self._at(line, column)}: {cell!r} is negative in a {column} column; "
-                                      "which way it moves money is unclear")  # fmt: skip
-        if "amount" in parts:
-            if parts["amount"] is None:
-                raise ReviewError(f"{self._at(line, 'amount')}: empty amount")
-            units = parts["amount"]
+        """The row's amount in units: its `amount` cell, or credit - debit (one of them filled, or the other 0)."""
+        if "amount" in positions:
+            units = self._parsed(record, positions, line, "amount")
         else:
-            debit, credit = parts["debit"], parts["credit"]
-            if (debit is None) == (credit is None) and (debit or credit):
-                raise ReviewError(f"{self._at(line)}: both debit and credit are filled; one of them should be")
+            sides = {side: self._parsed(record, positions, line, side) if record[positions[side]].strip() else None
+                     for side in ("debit", "credit")}  # fmt: skip
+            for side, value in sides.items():
+                if value is not None and value < 0:
+                    raise ReviewError(f"{self._at(line, side)}: {record[positions[side]]!r} is negative in a {side} "
+                                      "column; which way it moves money is unclear")  # fmt: skip
+            debit, credit = sides["debit"], sides["credit"]
             if debit is None and credit is None:
                 raise ReviewError(f"{self._at(line)}: neither debit nor credit is filled")
+            if debit and credit:
+                raise ReviewError(f"{self._at(line)}: both debit and credit are filled; one of them should be")
             units = (credit or 0) - (debit or 0)
         return -units if self.sign == "inverted" else units
 
-    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget, counted: list[int],
-              encoding: str) -> Iterator[Row]:  # fmt: skip
+    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget,
+              counted: list[int]) -> Iterator[Row]:  # fmt: skip
         text_positions = {key: at for key, at in positions.items() if key in TEXT_COLUMNS}
         days: dict[str, date] = {}  # a file has few distinct dates; strptime is the slow part of a row
         width = max(positions.values()) + 1
@@ -409,7 +419,6 @@ class CsvSource(Source):
             if not any(cell.strip() for cell in record):
                 continue
             counted[0] += 1
-            self._decoded(record, number, encoding)
             if len(record) < width:
                 raise ReviewError(f"{self._at(number)}: {len(record)} fields, fewer than the header's")
             text = record[positions["date"]].strip()
