@@ -43,6 +43,7 @@ class Outcome:
 
     refused: str | None = None
     differences: list[str] | None = None
+    tokens_unchecked: str | None = None  # why greedy tokens could not be compared (mlx-lm cannot run it here)
 
     @property
     def passed(self) -> bool:
@@ -80,7 +81,10 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
     reference, _ = load_model(src, get_model_classes=get_classes)
     in_ram, _ = load_store(store)
     differences = tensor_differences(in_ram, reference)
-    expected = greedy_tokens(reference)
+    try:
+        expected = greedy_tokens(reference)
+    except RuntimeError as exc:  # e.g. a family whose mlx-lm code needs a Metal kernel, on another backend
+        return Outcome(differences=differences, tokens_unchecked=f"mlx-lm cannot run it here: {exc}")
     for how, model in (("in RAM", in_ram), ("streamed", None)):
         if model is None:
             model, _, stream = load_streaming(store)
@@ -117,6 +121,8 @@ def assert_exact_or_refused(family: str, outcome: Outcome) -> None:
         assert family in outcome.refused, f"the refusal does not name the family: {outcome.refused}"
         return
     assert not outcome.differences, f"{family}: " + "; ".join(outcome.differences[:8])
+    if outcome.tokens_unchecked:
+        pytest.skip(f"tensors equal; tokens not compared: {outcome.tokens_unchecked}")
 
 
 def test_families_are_found_from_mlx_lm():
