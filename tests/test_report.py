@@ -176,3 +176,15 @@ def test_a_check_that_cannot_run_shows_in_the_report_and_its_title_page(tmp_path
     assert "ran, <span" in title_page and "could not run</span>" in title_page
     assert any(run.state == "not run" for run in context["runs"])
     assert context["headline"].by_severity["high"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("pdftotext"), reason="pdftotext (poppler-utils) is not installed")
+def test_the_pdf_says_which_check_could_not_run(tmp_path):
+    schedule = month_end_with(tmp_path, BALANCES_QUERY, 'query = "SELECT date, balance AS amount FROM balances"')
+    html, _ = report_of(schedule, "Nothing to say.")
+    target = write_pdf(html, tmp_path / "month-end.pdf")
+    text = subprocess.run(["pdftotext", "-layout", str(target), "-"], capture_output=True, text=True, check=True).stdout
+    first_page = text.split("\f")[0]
+    assert "Checks: 4 of 5 ran, 1 could not run" in first_page and "not run" in first_page
+    assert "could not run: balances has no balances for account" in first_page
