@@ -216,6 +216,9 @@ def test_beancount_errors_refused_with_line_but_a_failed_assertion_is_a_balance(
     assert "includes other files" in message
     message = refused("beancount", write(tmp_path, "beancount", 'option "title"', 'plugin "os"\noption "title"'))
     assert "loads plugins ['os']" in message
+    path = tmp_path / "latin1.beancount"
+    path.write_bytes((SAMPLES / FILES["beancount"]).read_text().replace("GmbH", "Gesellschaft für").encode("latin-1"))
+    assert "is not UTF-8 text; Beancount files are UTF-8" in refused("beancount", path)
 
 
 def test_currencies_are_never_mixed_and_an_unknown_account_is_named(tmp_path):
@@ -264,3 +267,13 @@ def test_each_format_goes_through_the_month_end_checks_to_a_pdf(review, home):
     for _, _, named in planted(review):
         assert named in text
     assert FILES[review].split("/")[-1] in text  # the provenance lists the file read
+
+
+def test_a_check_over_files_stating_two_currencies_is_refused(tmp_path):
+    """Neither source declares a currency; each file states its own, and a check never compares EUR with USD."""
+    (tmp_path / "books.beancount").write_text((SAMPLES / FILES["beancount"]).read_text().replace(" EUR", " USD"))
+    text = (BUNDLED_DIR / "beancount.toml").read_text().replace('"sample-data/camt053/', f'"{SAMPLES}/camt053/')
+    (tmp_path / "mixed.toml").write_text(text.replace('"sample-data/beancount/books.beancount"', '"books.beancount"'))
+    schedule = load_schedule(tmp_path / "mixed.toml")
+    with pytest.raises(ReviewError, match=r"check 1 \(match\) compares bank in EUR, ledger in USD"):
+        run_checks_for(schedule, schedule.as_of)

@@ -17,8 +17,8 @@ from typing import Any
 
 from nightshift.app.models import open_for_generation
 from nightshift.app.review.charts import bar_chart
-from nightshift.app.review.checks import SEVERITIES, CheckContext, CheckResult, Step, run_checks
-from nightshift.app.review.errors import ReviewInterrupted
+from nightshift.app.review.checks import REQUIRED, SEVERITIES, CheckContext, CheckResult, Step, run_checks
+from nightshift.app.review.errors import ReviewError, ReviewInterrupted
 from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
@@ -73,8 +73,20 @@ def run_checks_for(schedule: Schedule, as_of: date, step: Step | None = None) ->
         tables[name] = source.load(previous.start, window.end)
         if step is not None:
             step(f"load {name}", time.perf_counter() - started)
+    _one_currency_per_check(schedule.checks, tables)
     result = run_checks(schedule.checks, CheckContext(tables, window, previous, schedule.materiality), step)
     return Checked(window, previous, tables, result)
+
+
+def _one_currency_per_check(checks: list[dict[str, Any]], tables: dict[str, Table]) -> None:
+    """Refuse a check over tables in two currencies: a file may state its own (a camt.053's Ccy), undeclared."""
+    for number, config in enumerate(checks, start=1):
+        named = [config[key] for key in (*REQUIRED[config["type"]], "compare") if key in config]
+        known = {name: tables[name].currency for name in named if tables[name].currency}
+        if len(set(known.values())) > 1:
+            shown = ", ".join(f"{name} in {currency}" for name, currency in known.items())
+            raise ReviewError(f"check {number} ({config['type']}) compares {shown}: amounts in two currencies are "
+                              "never compared; point it at sources of one currency")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,13 @@ class StatementSource(Source):
         """The whole file (its bytes as read); each format implements it with its library."""
         raise NotImplementedError
 
+    def decode(self, data: bytes, what: str) -> str:
+        """The file as UTF-8 text (a BOM dropped); `what` says what the format expects when it is not."""
+        try:
+            return data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"{self.where()}: byte {exc.start} is not UTF-8 text; {what}") from None
+
     def where(self, line: int | None = None) -> str:
         return f"source {self.name!r} ({self.kind}), {self.path}" + (f" line {line}" if line else "")
 

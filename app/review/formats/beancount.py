@@ -39,10 +39,7 @@ class BeancountSource(StatementSource):
         from beancount.ops.balance import BalanceError
         from beancount.parser import parser
 
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise FormatError(f"{self.where()}: not UTF-8 text (byte {exc.start}); Beancount files are UTF-8") from None
+        text = self.decode(data, "Beancount files are UTF-8")
         _, _, options = parser.parse_string(text)
         if options["include"]:
             raise FormatError(f"{self.where()}: includes other files ({', '.join(options['include'])}); only one "

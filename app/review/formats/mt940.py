@@ -42,11 +42,7 @@ class Mt940Source(StatementSource):
     def read(self, data: bytes) -> Statement:
         import mt940
 
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise FormatError(f"{self.where()}: not UTF-8 or ASCII text (byte {exc.start}); MT940 is SWIFT "
-                              "ASCII") from None  # fmt: skip
+        text = self.decode(data, "MT940 is SWIFT's ASCII character set")
         tags = _tag_lines(text)
         for number, line in enumerate(text.splitlines(), start=1):
             if _UNCOLONED.match(line):  # the library would glue it to the text before it
