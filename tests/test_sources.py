@@ -373,3 +373,12 @@ def test_the_schedule_sets_each_sources_window_and_scale():
     sources = load_schedule(BUNDLED_DIR / "month-end.toml").sources
     assert {name: (s.margin_days, s.whole, s.held_scale) for name, s in sources.items()} == {
         "bank": (3, False, 2), "ledger": (3, False, 2), "balances": (0, True, 2)}  # fmt: skip
+
+
+def test_a_schedule_declares_a_csv_encoding(tmp_path):
+    """A cp1252 bank export read through a schedule (before, `encoding` was not a schedule key)."""
+    (tmp_path / "bank.csv").write_bytes(b"date;amount;reference\n2026-10-01;-12,50;M\xfcller\n")
+    bank = ('type = "csv"\npath = "bank.csv"\ndelimiter = ";"\ndecimal = ","\nencoding = "cp1252"\n'
+            'columns = { date = "date", amount = "amount", reference = "reference" }')  # fmt: skip
+    loaded = load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=LEDGER_CSV, check=MATCH)))
+    assert loaded.sources["bank"].load(*ANY).text["reference"].tolist() == ["Müller"]

@@ -56,7 +56,7 @@ DETECT_BYTES = 1 << 20  # how much of a file `encoding = "auto"` looks at
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
 
-Cancel = Callable[[], bool]  # returns True once the run should stop (the service's cancel or SIGTERM)
+Cancel = Callable[[], bool]  # True once the run should stop (e.g. the service's cancel Event's `is_set`)
 
 
 @dataclass
@@ -240,10 +240,10 @@ class Source:
 
 
 class _Hashing(io.RawIOBase):
-    """A file read through a SHA-256: the digest and size are of exactly the bytes the reader got."""
+    """A file read through a SHA-256: the digest is of exactly the bytes the reader got."""
 
     def __init__(self, raw: BinaryIO):
-        self.raw, self.digest, self.size = raw, hashlib.sha256(), 0
+        self.raw, self.digest = raw, hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -251,7 +251,6 @@ class _Hashing(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         count = self.raw.readinto(buffer) or 0
         self.digest.update(memoryview(buffer)[:count])
-        self.size += count
         return count
 
 
