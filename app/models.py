@@ -36,10 +36,14 @@ def resolve_model(name: str | None) -> Path:
     )
 
 
-def open_for_generation(path: Path, in_ram: bool = False, drafter: Path | None = None) -> Model:
-    """Open `path` to generate: a store streams its experts from its drives unless `in_ram`;
+def open_for_generation(
+    path: Path, in_ram: bool = False, drafter: Path | None = None, memory_budget: str = "auto"
+) -> Model:
+    """Open `path` to generate: a store streams its experts from its drives unless `in_ram`, keeping what
+    `memory_budget` allows in RAM (auto: sized from the RAM available; 0: none; or a size such as 12G);
     `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
-    from nightshift.engine import StreamSettings, open_model  # MLX and mlx-lm: only when a model is opened
+    from nightshift.engine import StreamSettings, open_model, parse_budget  # MLX and mlx-lm: only when opened
 
-    streamed = StreamSettings(verify_checksums="first") if is_store(path) and not in_ram else None
+    budget = parse_budget(memory_budget)
+    streamed = StreamSettings(verify_checksums="first", cache_bytes=budget) if is_store(path) and not in_ram else None
     return open_model(path, stream=streamed, drafter=drafter)

@@ -27,6 +27,7 @@ sys.meta_path.insert(0, _SystemBlasBeforeMlx())
 
 # public name -> "module under engine/" or "module:attribute" where the public name differs.
 _EXPORTS: dict[str, str] = {
+    "AUTO_BUDGET": "moe.settings",
     "BLAS_IN_USE": "cpu_blas",
     "CACHE_POLICIES": "moe.settings",
     "CEILINGS_FILE": "io.ceilings",
@@ -71,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "RigState": "bench.rig",
     "Run": "instruments.catalogue",
     "StreamSettings": "moe.settings",
+    "describe_budget": "moe.settings",
+    "parse_budget": "moe.settings",
     "UnsupportedModelError": "errors",
     "best_depth": "bench.draft",
     "calibration_prompts": "store.upkeep",
@@ -95,6 +98,7 @@ _EXPORTS: dict[str, str] = {
     "prefill_bench": "bench.prefill",
     "probe_drive": "bench.probe",
     "read_manifest": "store.manifest",
+    "with_drives": "moe.load",
     "record_best_depth": "speculative",
     "replicate_everywhere": "bench.layout",
     "require_free_space": "store.gguf_import",

@@ -49,11 +49,16 @@ def prefill(
 
 
 def counted_prefill(
-    model: nn.Module, prompt: list[int], cache: list, chunk: int, stream: ExpertStream | None
+    model: nn.Module,
+    prompt: list[int],
+    cache: list,
+    chunk: int,
+    stream: ExpertStream | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[mx.array, PrefillReads | None]:
     """`prefill`, with the streamed model's prefill reads (bytes read, unique expert bytes) when it streams."""
     if stream is None:
-        return prefill(model, prompt, cache, chunk), None
+        return prefill(model, prompt, cache, chunk, progress), None
     stream.begin_prefill()
-    logprobs = prefill(model, prompt, cache, chunk)
+    logprobs = prefill(model, prompt, cache, chunk, progress)
     return logprobs, stream.end_prefill()

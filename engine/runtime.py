@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.moe.stream import ExpertStream, StreamFigures
 from nightshift.engine.prefill import DEFAULT_CHUNK, counted_prefill, prefill
 from nightshift.engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens
 from nightshift.engine.store.loader import load_store
@@ -46,14 +46,20 @@ class GenerationStats:
     """Live figures of one generation; times in seconds."""
 
     prompt_tokens: int = 0
+    prompt_done: int = 0  # prompt rows prefilled so far (the prompt is read a chunk at a time)
     generated_tokens: int = 0
     time_to_first_token: float = 0.0
     elapsed: float = 0.0
     peak_memory_bytes: int = 0
     finish_reason: str | None = None
-    # Streamed stores only: bytes read per drive, experts served by the RAM cache, prefetch recall so far.
+    # Streamed stores only, this generation's own (the stream outlives it): bytes read per drive,
+    # experts served by the RAM cache, prefetch recall so far.
     drive_bytes: dict[str, int] = field(default_factory=dict)
     cache_hits: int = 0
+    cache_misses: int = 0
+    # The expert cache's budget now and the bytes it holds (streamed stores with a cache; not deltas).
+    cache_budget: int = 0
+    cache_used: int = 0
     prefetch_recall: float = 0.0
     # Expert bytes the prompt needed (each (layer, expert) once) and bytes read while prefilling it.
     prefill_unique_bytes: int = 0
@@ -72,6 +78,12 @@ class GenerationStats:
     def prefill_read_amplification(self) -> float:
         """Bytes read during prefill / unique expert bytes the prompt needed (1.0: each expert read once)."""
         return self.prefill_bytes_read / self.prefill_unique_bytes if self.prefill_unique_bytes else 0.0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """This generation's expert lookups served from RAM."""
+        lookups = self.cache_hits + self.cache_misses
+        return self.cache_hits / lookups if lookups else 0.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -152,8 +164,12 @@ class Model:
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
         draft_switch_off: bool = True,
+        on_prefill: Callable[[GenerationStats], None] | None = None,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
+
+        `on_prefill` sees the statistics after each prefilled chunk (`prompt_done` of `prompt_tokens`):
+        on a slow machine reading the prompt takes most of a generation's time.
 
         With a drafter, `draft_depth` tokens are drafted per verify pass (None: the measured best
         depth for this model and drafter, see `engine.speculative.default_depth`; 0: no drafting);
@@ -173,8 +189,16 @@ class Model:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
         detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
+        before = self.stream.figures() if self.stream is not None else None  # this generation's figures: deltas
+
+        def prefilled(done: int, total: int) -> None:
+            stats.prompt_done, stats.elapsed = done, time.perf_counter() - start
+            self._stream_figures(stats, before)
+            if on_prefill is not None:
+                on_prefill(stats)
+
         for token in self._token_ids(
-            prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats, draft_switch_off
+            prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats, draft_switch_off, prefilled
         ):
             now = time.perf_counter() - start
             if stats.generated_tokens == 0:
@@ -182,7 +206,7 @@ class Model:
             stats.generated_tokens += 1
             stats.elapsed = now
             stats.peak_memory_bytes = mx.get_peak_memory()
-            self._stream_figures(stats)
+            self._stream_figures(stats, before)
             done = token in self.tokenizer.eos_token_ids
             if not done:
                 detokenizer.add_token(token)
@@ -204,10 +228,11 @@ class Model:
         prefill_chunk: int,
         stats: GenerationStats,
         draft_switch_off: bool = True,
+        prefilled: Callable[[int, int], None] | None = None,
     ) -> Iterator[int]:
         """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
         cache = make_prompt_cache(self.model)
-        logprobs, reads = counted_prefill(self.model, prompt, cache, prefill_chunk, self.stream)
+        logprobs, reads = counted_prefill(self.model, prompt, cache, prefill_chunk, self.stream, prefilled)
         if reads is not None:
             stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
         first = sampler(logprobs[None]).item()
@@ -239,13 +264,17 @@ class Model:
         pair = Pair(self.model, cache, self.drafter.model, draft_cache, sampler, self.stream)
         yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit, switch_off=switch_off)
 
-    def _stream_figures(self, stats: GenerationStats) -> None:
-        if self.stream is None:
+    def _stream_figures(self, stats: GenerationStats, before: StreamFigures | None) -> None:
+        """The stream's counters since `before` (taken as the generation began): a loaded model serves many."""
+        if self.stream is None or before is None:
             return
         figures = self.stream.figures()
-        stats.drive_bytes = {name: d.bytes for name, d in figures.drives.items()}
-        stats.cache_hits = figures.cache_hits
-        stats.prefetch_recall = figures.prefetch_recall
+        stats.drive_bytes = {name: d.bytes - before.drives[name].bytes for name, d in figures.drives.items()}
+        stats.cache_hits = figures.cache_hits - before.cache_hits
+        stats.cache_misses = figures.cache_misses - before.cache_misses
+        stats.cache_budget, stats.cache_used = figures.cache_budget, figures.cache_used
+        needed = figures.recall_needed - before.recall_needed
+        stats.prefetch_recall = (figures.recall_hits - before.recall_hits) / needed if needed else 0.0
         barriers = self.stream.trace.barrier_counts()
         stats.last_landed = max(barriers, key=barriers.get) if barriers else ""
 

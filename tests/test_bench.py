@@ -73,7 +73,7 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--no-prefill-prefetch", "prefill_prefetch", False),
         ("--no-prefetch-tail", "prefetch_tail", False),
         ("--no-overlap", "overlap", False),
-        ("--cache-mb 30", "cache_bytes", 30_000_000),
+        ("--memory-budget 30M", "cache_bytes", 30 << 20),
         ("--cache-policy lru", "cache_policy", "lru"),
         ("--verify-checksums first", "verify_checksums", "first"),
         ("--trace", "trace", True),
@@ -88,7 +88,7 @@ def test_every_setting_is_a_flag_under_its_documented_name():
 
 
 def test_verify_passes_for_streaming_and_fails_on_a_different_record(store, home, capsys):
-    assert main(["verify", "--model", str(store), "--cache-mb", "1"]) == 0
+    assert main(["verify", "--model", str(store), "--memory-budget", "1M"]) == 0
     assert "pass" in capsys.readouterr().err
     record = home / "verify" / f"{store.name}.json"
     data = json.loads(record.read_text())

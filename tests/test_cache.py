@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nightshift.engine.moe.cache import ExpertCache
-from nightshift.engine.moe.settings import FREQUENCY
+from nightshift.engine.moe.settings import FREQUENCY, LRU_ADMIT, S3FIFO
 
 
 def test_lru_evicts_the_least_recently_used_within_budget():
@@ -38,3 +38,37 @@ def test_hits_and_misses_are_counted_and_oversized_items_are_not_kept():
     cache.put((1, 2), "ok", 50)
     cache.get((1, 2))
     assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_lru_admit_keeps_lru_order_but_refuses_a_cold_newcomer():
+    cache = ExpertCache(200, LRU_ADMIT)
+    cache.put((0, 0), "a", 100)
+    cache.put((0, 1), "b", 100)
+    cache.get((0, 0))
+    cache.get((0, 1))
+    cache.get((0, 1))  # 0 is the least recent, looked up once
+    assert cache.get((0, 2)) is None and cache.put((0, 2), "c", 100)  # as often as its victim: admitted
+    assert (0, 0) not in cache and cache.get((0, 2)) == "c"
+    assert cache.get((0, 3)) is None and not cache.put((0, 3), "d", 100)  # colder than the LRU resident
+
+
+def test_s3fifo_evicts_one_off_experts_first_and_promotes_those_used_again():
+    cache = ExpertCache(1000, S3FIFO)
+    for e in range(10):  # newcomers enter the small queue
+        cache.put((0, e), e, 100)
+    cache.get((0, 0))  # the oldest is used again
+    cache.put((0, 10), 10, 100)  # full: 0 moves on to the main queue, 1 (a one-off) goes and becomes a ghost
+    assert (0, 0) in cache and (0, 1) not in cache and cache.used == 1000
+    cache.put((0, 1), 1, 100)  # back from the ghost list: into main; the small queue gives up its oldest
+    cache.put((0, 11), 11, 100)
+    assert (0, 1) in cache and (0, 2) not in cache and (0, 3) not in cache and cache.used == 1000
+
+
+def test_resize_evicts_down_to_the_new_budget_in_policy_order():
+    cache = ExpertCache(400, "lru")
+    for e in range(4):
+        cache.put((0, e), e, 100)
+    cache.get((0, 0))
+    assert cache.resize(200) == [(0, 1), (0, 2)]
+    assert cache.used == 200 and cache.budget == 200 and cache.evictions == 2
+    assert cache.resize(400) == [] and cache.put((0, 5), 5, 100)

@@ -51,12 +51,15 @@ def test_streamed_prefill_in_chunks_gives_the_tokens_of_the_model_in_ram(arch, c
 
 def test_one_chunk_reads_each_needed_expert_once_and_small_chunks_read_more(stores):  # noqa: F811
     store = stores["qwen3_moe"]
-    _, whole = tokens_and_stats(store, len(PROMPT), StreamSettings())
-    _, rows = tokens_and_stats(store, 1, StreamSettings())
+    no_cache = StreamSettings(cache_bytes=0)  # what the reads cost when nothing is kept in RAM
+    _, whole = tokens_and_stats(store, len(PROMPT), no_cache)
+    _, rows = tokens_and_stats(store, 1, no_cache)
+    _, cached = tokens_and_stats(store, 1, StreamSettings())  # auto: every expert of this small store fits
     assert whole.prefill_bytes_read == whole.prefill_unique_bytes
     assert whole.prefill_read_amplification == 1.0
     assert rows.prefill_unique_bytes == whole.prefill_unique_bytes  # same prompt, same experts needed
     assert rows.prefill_read_amplification > 2.0  # row by row: each token re-reads what the last one read
+    assert cached.prefill_read_amplification < rows.prefill_read_amplification / 2  # kept, not read again
 
 
 def test_a_chunk_of_zero_rows_is_refused(stores):  # noqa: F811

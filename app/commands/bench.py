@@ -1,4 +1,4 @@
-"""`nightshift bench decode|ab|ladder|prefill|draft`: timed runs of the streaming engine, recorded in the run catalogue.
+"""`nightshift bench decode|ab|ladder|prefill|draft|cache`: timed runs of the streaming engine, recorded in the run catalogue.
 
 Run them on the rig for drive-bound figures: `nightshift rig run -- nightshift bench decode --model M
 --drives RIG/drives.toml`. Every run is recorded, losses included; an A/B records its variant only when
@@ -18,6 +18,8 @@ from nightshift.app.commands import say
 from nightshift.app.commands.runs import catalogue
 from nightshift.engine import FIRST_REPLICA, FREQUENCY, LEAST_COMPLETION, LRU
 
+SHARES = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)  # budgets `bench cache` simulates, of the store's expert bytes
+
 # mechanism -> (baseline settings, variant settings, counter that proves the variant fired)
 MECHANISMS = {
     "split": ({"split_reads": False}, {"split_reads": True}, "split_reads"),
@@ -31,16 +33,21 @@ MECHANISMS = {
     ),
     "overlap": ({"overlap": False}, {"overlap": True}, "overlapped_experts"),
     "prefetch-tail": ({"prefetch_tail": False}, {"prefetch_tail": True}, "tail_prefetch"),
-    "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --cache-mb (must be > 0)
+    "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --memory-budget (not 0)
     "cache-policy": ({"cache_policy": LRU}, {"cache_policy": FREQUENCY}, "cache_hits"),
 }
 
 
-def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
+# The benchmarks measure the drives: no expert cache unless a run asks for one (`--memory-budget`).
+BENCH_DEFAULTS = {"cache_bytes": 0}
+
+
+def add_stream_arguments(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     """The store and where to read it, then one flag per StreamSettings field (shared with `nightshift verify`).
 
     The settings' flags are made from the fields: their names, defaults, choices and help are written once,
     in engine/moe/settings.py. A bool is `--name/--no-name`; a set or tuple, comma-separated values.
+    `defaults` replaces some fields' defaults (the benchmarks': BENCH_DEFAULTS).
     """
     from nightshift.engine import StreamSettings
 
@@ -52,10 +59,15 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
         option, kind = setting.metadata["option"], kinds[setting.name]
         flag = "--" + _flag_name(setting)
         default = setting.default if setting.default is not MISSING else setting.default_factory()
+        default = (defaults or {}).get(setting.name, default)
         if kind is bool:
             on_off = "on" if default else "off"
             parser.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=default, help=f"{option.help} (default: {on_off})"
+            )
+        elif option.parse is not None:  # the setting's own notation (a memory budget: auto, 12G, 0)
+            parser.add_argument(
+                flag, type=option.parse, default=default, help=f"{option.help} (default: {option.show(default)})"
             )
         elif get_origin(kind) in (frozenset, tuple):  # empty by default: the help says what none means
             parser.add_argument(flag, type=comma_list(get_args(kind)[0]), default=default, help=option.help)
@@ -182,7 +194,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     base_change, variant_change, counter = MECHANISMS[args.mechanism]
     settings = settings_from(args)
     if args.mechanism in ("cache", "cache-policy") and not settings.cache_bytes:
-        raise NightshiftError(f"the {args.mechanism} A/B needs a cache: pass --cache-mb N")
+        raise NightshiftError(f"the {args.mechanism} A/B needs a cache: pass --memory-budget auto or a size")
     baseline = replace(settings, **base_change)
     variant = replace(settings, **variant_change)
     results = {}
@@ -330,6 +342,80 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shares(text: str) -> tuple[float, ...]:
+    """Comma-separated shares of the expert bytes, each in (0, 1]; empty: none."""
+    shares = tuple(float(part) for part in text.split(",") if part.strip())
+    if shares and (min(shares) <= 0 or max(shares) > 1):
+        raise argparse.ArgumentTypeError(f"give shares of the expert bytes in (0, 1], e.g. 0.1,0.25,0.5; got {text!r}")
+    return shares
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Record a routing trace (or take one), replay it against every policy and Belady, then measure the pick."""
+    from nightshift.app.paths import ensure_data_dir
+    from nightshift.engine import Proof, decode_bench, read_manifest, with_drives
+    from nightshift.engine.bench.cache_sim import (
+        BELADY,
+        Call,
+        belady,
+        best_policy,
+        load_trace,
+        replay,
+        save_trace,
+        sweep,
+    )
+
+    store, drives, ceilings = sources_from(args)
+    settings = settings_from(args)
+    manifest = with_drives(read_manifest(store), drives)
+    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    if args.routing:
+        calls, where = load_trace(Path(args.routing)), Path(args.routing)
+    else:  # a real run with no cache: the lookups the engine makes, prompt and decode passes
+        result = decode_bench(store, replace(settings, cache_bytes=0), args.tokens, drives, ceilings, False,
+                              args.bandwidth_seconds, routing=True)  # fmt: skip
+        calls = [Call(layer, experts, rows) for layer, experts, rows in result["routing"]]
+        where = ensure_data_dir() / "traces" / f"{store.name}-{len(calls)}-calls.jsonl"
+        where.parent.mkdir(exist_ok=True)
+        save_trace(calls, where)
+    say(f"trace: {len(calls)} layer calls ({sum(c.rows > 1 for c in calls)} of many rows) in {where}")
+    table = sweep(calls, sizes, manifest.expert_bytes, args.shares)
+    policies = [p for p in next(iter(table.values())) if p != BELADY]
+    say("| budget | " + " | ".join([*policies, BELADY]) + " |")
+    for share, row in table.items():
+        say(f"| {share:.0%} | " + " | ".join(f"{row[p].hit_rate:.1%}" for p in [*policies, BELADY]) + " |")
+    pick = best_policy(table)
+    sim = {f"{p} {share:g}": round(r.hit_rate, 4) for share, row in table.items() for p, r in row.items()}
+    run = _record(args, "cache-sim", store, settings, {"figures": {**sim, "pick": pick, "calls": len(calls)},
+                  "drives": {}, "counters": {"calls": len(calls)}}, f"pick {pick}", note=f"trace {where}")  # fmt: skip
+    say(f"simulator's pick: {pick} (highest mean hit rate at 10/25/50 %); recorded as run {run}")
+    compute_floor_ms = None
+    for share in args.measure:
+        budget = int(share * manifest.expert_bytes)
+        measured = replace(settings, cache_bytes=budget, cache_policy=pick)
+        result = decode_bench(store, measured, args.tokens, drives, ceilings, compute_floor_ms is None,
+                              args.bandwidth_seconds)  # fmt: skip
+        f, c = result["figures"], result["counters"]
+        compute_floor_ms = f.get("compute_floor_ms", compute_floor_ms)
+        f["roofline_fraction"] = max(f["disk_floor_ms"], compute_floor_ms) / f["ms_per_token"]
+        f["hit_rate"] = c["cache_hits"] / max(1, c["cache_hits"] + c["cache_misses"])
+        f["predicted_hit_rate"] = replay(calls, sizes, budget, pick).hit_rate
+        f["belady_hit_rate"] = belady(calls, sizes, budget).hit_rate
+        f["of_belady"] = f["hit_rate"] / f["belady_hit_rate"] if f["belady_hit_rate"] else 1.0
+        f["budget_share"] = share
+        close = abs(f["hit_rate"] - f["predicted_hit_rate"]) <= 0.02
+        verdict = "pass" if close and f["of_belady"] >= 0.9 and f["roofline_fraction"] >= 0.9 else "miss"
+        say(
+            f"{share:.0%} ({budget / 1e6:.0f} MB, {pick}): hit rate {f['hit_rate']:.1%} measured, "
+            f"{f['predicted_hit_rate']:.1%} predicted, {f['of_belady']:.0%} of Belady's {f['belady_hit_rate']:.1%}; "
+            f"{f['ms_per_token']:.0f} ms/token, roofline fraction {f['roofline_fraction']:.2f} ({verdict})"
+        )
+        note = f"trace {where}; timed on a shared machine"
+        run = _record(args, "cache", store, measured, result, verdict, [Proof("cache", "cache_hits")], note=note)
+        say(f"  recorded as run {run}")
+    return 0
+
+
 def cmd_replicate(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
     from nightshift.engine import replicate_everywhere
@@ -356,12 +442,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     ab.add_argument("--mechanism", choices=sorted(MECHANISMS), required=True)
     ladder = sub.add_parser("ladder", help="the same decode on 1, 2, ... n drives (experts on every drive)")
     for parser, run in ((decode, cmd_decode), (ab, cmd_ab), (ladder, cmd_ladder)):
-        add_stream_arguments(parser)
+        add_stream_arguments(parser, BENCH_DEFAULTS)
         parser.add_argument("--tokens", type=int, default=16, help="tokens to decode (16)")
         _add_bandwidth_seconds(parser)
         parser.set_defaults(run=run)
     prefill = sub.add_parser("prefill", help="a long prompt's time to first token vs its floors; read amplification")
-    add_stream_arguments(prefill)
+    add_stream_arguments(prefill, BENCH_DEFAULTS)
     prefill.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (512)")
     prefill.add_argument("--chunk", type=int, default=512, help="prompt rows per forward pass (512)")
     prefill.add_argument("--row-tokens", type=int, default=0, help="also prefill N tokens row by row, to compare (0)")
@@ -369,12 +455,26 @@ def register(parser: argparse.ArgumentParser) -> None:
     prefill.add_argument("--no-compute-floor", action="store_true", help="skip the in-RAM run")
     prefill.set_defaults(run=cmd_prefill)
     draft = sub.add_parser("draft", help="sweep speculative draft depth: acceptance, union per verify, tok/s")
-    add_stream_arguments(draft)
+    add_stream_arguments(draft, BENCH_DEFAULTS)
     draft.add_argument("--drafter", required=True, help="drafter model (name or directory) sharing the tokenizer")
     draft.add_argument("--depths", type=_depths, default=[0, 1, 2, 3, 4, 5, 6], help="comma-separated (0,1,...,6)")
     draft.add_argument("--tokens", type=int, default=32, help="tokens to decode per depth (32)")
     draft.add_argument("--repeats", type=int, default=1, help="runs per depth, alternating; each keeps its median (1)")
     draft.set_defaults(run=cmd_draft)
+    cache = sub.add_parser(
+        "cache", help="replay a routing trace against cache policies and Belady; measure the pick at some budgets"
+    )
+    add_stream_arguments(cache, BENCH_DEFAULTS)
+    cache.add_argument("--tokens", type=int, default=16, help="tokens to decode, in the trace and each measured run")
+    cache.add_argument("--routing", help="a routing trace recorded before (JSON lines) instead of recording one")
+    cache.add_argument(
+        "--shares", type=_shares, default=SHARES, help="budgets simulated, as shares of the expert bytes"
+    )
+    cache.add_argument(
+        "--measure", type=_shares, default=(0.1, 0.25, 0.5), help="budgets measured with the pick (none: '')"
+    )
+    _add_bandwidth_seconds(cache)
+    cache.set_defaults(run=cmd_cache)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     replicate.set_defaults(run=cmd_replicate)

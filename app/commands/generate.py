@@ -18,7 +18,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.draft_depth is not None and args.drafter is None:
         raise NightshiftError("--draft-depth needs --drafter (a small model sharing the tokenizer)")
     drafter = resolve_model(args.drafter) if args.drafter else None
-    model = open_for_generation(resolve_model(args.model), in_ram=args.in_ram, drafter=drafter)
+    model = open_for_generation(
+        resolve_model(args.model), in_ram=args.in_ram, drafter=drafter, memory_budget=args.memory_budget
+    )
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
@@ -54,6 +56,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 + f"; prefetch recall {stats.prefetch_recall:.0%}; "
                 f"prefill read amplification {stats.prefill_read_amplification:.2f}x"
             )
+            say(
+                f"{model.stream.budget.describe()}; holds {stats.cache_used / 1e6:.0f} MB now, "
+                f"hit rate {stats.cache_hit_rate:.1%}"
+            )
         if stats.draft is not None:
             say(stats.draft.describe())
     return 0
@@ -80,6 +86,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def memory_budget(text: str) -> str:
+    """An argparse type: the text of a valid budget (auto, 0, 12G, 500M), refused with the forms it takes."""
+    from nightshift.engine.moe.settings import parse_budget  # light: no MLX
+
+    try:
+        parse_budget(text)
+    except NightshiftError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Answer PROMPT (chat-formatted) and print tokens as they come; "
@@ -101,6 +118,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--in-ram",
         action="store_true",
         help="load a store's experts into RAM instead of streaming them from its drives",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=memory_budget,
+        default="auto",
+        metavar="auto|SIZE|0",
+        help="RAM for a streamed store's experts: auto (from the RAM available, given back when another "
+        "process needs it), a size such as 12G or 500M, or 0 (read every expert from the drives each time)",
     )
     parser.add_argument(
         "--drafter",

@@ -101,6 +101,7 @@ def counters_of(figures: StreamFigures) -> dict[str, float]:
         **asdict(figures.reads),
         "replica_choices": figures.replica_choices,
         "cache_hits": figures.cache_hits,
+        "cache_misses": figures.cache_misses,
         "prefetch_recall_pct": round(100 * figures.prefetch_recall, 1),
         "overlapped_experts": figures.calls.overlapped,
     }
@@ -119,12 +120,16 @@ def decode_bench(
     ceilings: Ceilings | None = None,
     compute_floor: bool = True,
     bandwidth_s: float = 2.0,
+    routing: bool = False,
 ) -> dict:
-    """One decode run: figures (time per token, floors, roofline fraction), counters, trace summary."""
+    """One decode run: figures (time per token, floors, roofline fraction), counters, trace summary;
+    with `routing`, also every layer call's routing from the warm-up on (`ExpertStream.record_routing`)."""
     manifest = with_drives(read_manifest(store), drives)
     in_use = list(settings.use_drives) or list(manifest.drives)
     bandwidth = measure_bandwidth(manifest, in_use, bandwidth_s)
     model, _, stream = load_streaming(store, settings, drives, ceilings)
+    if routing:
+        stream.record_routing()
     try:
         time_decode(model, WARMUP)  # first calls build MLX kernels and fault in the trunk: not what we time
         before: dict[str, int] = {}
@@ -171,6 +176,7 @@ def decode_bench(
         "drives": drives_of(figures),
         "trace": trace,
         "tokens": streamed.tokens,
+        "routing": stream.routing or [],
     }
 
 

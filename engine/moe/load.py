@@ -10,6 +10,7 @@ import mlx.nn as nn
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.budget import size_budget
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.moe.streaming import install
@@ -36,15 +37,22 @@ def load_streaming(
     drives: list[Drive] | None = None,
     ceilings: Ceilings | None = None,
 ) -> tuple[nn.Module, dict, ExpertStream]:
-    """The model of the store at `store` with streaming expert layers, its config, and the stream behind them."""
+    """The model of the store at `store` with streaming expert layers, its config, and the stream behind them.
+
+    An auto cache budget is sized here, before the trunk is loaded, from the RAM available now.
+    """
     store = Path(store)
+    settings = settings or StreamSettings()
     manifest = with_drives(read_manifest(store), drives)
     trunk_path = store / manifest.trunk["file"]
     if not trunk_path.is_file():
         raise ModelFormatError(f"{trunk_path} is missing; import the model again")
+    drives_in_use = len(settings.use_drives or manifest.drives)
+    threads = (settings.demand_threads + settings.prefetch_threads) * drives_in_use
+    budget = size_budget(settings.cache_bytes, manifest, store, threads)
     weights = {entry.name: read_tensor(entry) for entry in read_header(trunk_path)}
     model = build_model(manifest.config)
-    stream = ExpertStream(manifest, settings or StreamSettings(), ceilings)
+    stream = ExpertStream(manifest, settings, budget, ceilings)
     try:
         install(model, manifest, stream)
         quantize_as_stored(model, weights)

@@ -7,34 +7,70 @@ help text is written here once.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from nightshift.engine.errors import NightshiftError
 
 LEAST_COMPLETION, FIRST_REPLICA = "least_completion", "first_replica"
 DISPATCH_POLICIES = (LEAST_COMPLETION, FIRST_REPLICA)
-LRU, FREQUENCY = "lru", "frequency"
-CACHE_POLICIES = (LRU, FREQUENCY)
+LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, S3FIFO = "lru", "lru-admit", "frequency", "frequency-open", "s3fifo"
+CACHE_POLICIES = (LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, S3FIFO)
+AUTO_BUDGET = -1  # cache_bytes: size the expert cache from the RAM available at open (engine/moe/budget.py)
 CHECKSUM_MODES = ("off", "first", "always")
+
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_budget(text: str) -> int:
+    """`auto` -> AUTO_BUDGET; `0` -> no cache; `12G`, `500M`, `1.5G`, `4096K` or bytes -> bytes (binary units)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    if value == "AUTO":
+        return AUTO_BUDGET
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)", value)
+    if match is None:
+        raise NightshiftError(f"memory budget {text!r}: give auto, 0 (no cache), or a size such as 12G, 500M or 1.5G")
+    return int(float(match[1]) * UNITS[match[2]])
+
+
+def describe_budget(cache_bytes: int) -> str:
+    """The setting as a user writes it: auto, 0, or a size."""
+    if cache_bytes == AUTO_BUDGET or cache_bytes == 0:
+        return "auto" if cache_bytes else "0"
+    return f"{cache_bytes / (1 << 30):.2f}G" if cache_bytes >= 1 << 30 else f"{cache_bytes / (1 << 20):.0f}M"
 
 
 @dataclass(frozen=True)
 class Option:
     """How one setting appears as a command-line flag.
 
-    flag: the flag's name where it is not the field's name with dashes (`--cache-mb` for `cache_bytes`).
+    flag: the flag's name where it is not the field's name with dashes (`--memory-budget` for `cache_bytes`).
     scale: what one unit of the flag is in the setting's unit (1e6 bytes per MB).
+    parse: the flag's text to the setting's value, where the setting has its own notation (`auto`, `12G`);
+    show: the value as that notation writes it (for the help's default).
     """
 
     help: str
     choices: tuple[str, ...] = ()
     flag: str = ""
     scale: float = 1
+    parse: Callable[[str], Any] | None = None
+    show: Callable[[Any], str] | None = None
 
 
-def option(help: str, choices: tuple[str, ...] = (), flag: str = "", scale: float = 1) -> dict[str, Option]:
+def option(
+    help: str,
+    choices: tuple[str, ...] = (),
+    flag: str = "",
+    scale: float = 1,
+    parse: Callable[[str], Any] | None = None,
+    show: Callable[[Any], str] | None = None,
+) -> dict[str, Option]:
     """Field metadata holding the setting's `Option`."""
-    return {"option": Option(help, choices, flag, scale)}
+    return {"option": Option(help, choices, flag, scale, parse, show)}
 
 
 @dataclass(frozen=True)
@@ -96,11 +132,19 @@ class StreamSettings:
         default=True, metadata=option("in decode, run each expert as it lands while the rest are still read")
     )
     cache_bytes: int = field(
-        default=0, metadata=option("RAM expert cache budget in MB (0: off)", flag="cache-mb", scale=1e6)
+        default=AUTO_BUDGET,
+        metadata=option(
+            "RAM for the expert cache: auto (from the RAM available at open, given back under memory pressure), "
+            "0 (off) or a size such as 12G or 500M",
+            flag="memory-budget",
+            parse=parse_budget,
+            show=describe_budget,
+        ),
     )
     # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).
     cache_policy: str = field(
-        default=FREQUENCY, metadata=option("what the RAM cache evicts (frequency: measured best)", CACHE_POLICIES)
+        default=FREQUENCY,
+        metadata=option("what the RAM cache evicts and admits (frequency: measured best)", CACHE_POLICIES),
     )
     # "first" catches a corrupt copy for the cost of one hash per file.
     verify_checksums: str = field(
@@ -126,8 +170,8 @@ class StreamSettings:
             raise NightshiftError(f"cache policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}")
         if self.verify_checksums not in CHECKSUM_MODES:
             raise NightshiftError(f"checksum mode {self.verify_checksums!r}: choose one of {', '.join(CHECKSUM_MODES)}")
-        if self.cache_bytes < 0:
-            raise NightshiftError("the expert cache budget must be 0 (off) or more bytes")
+        if self.cache_bytes < 0 and self.cache_bytes != AUTO_BUDGET:
+            raise NightshiftError("the expert cache budget must be auto, 0 (off) or more bytes")
         object.__setattr__(self, "prefetch_off", frozenset(self.prefetch_off))
         object.__setattr__(self, "use_drives", tuple(self.use_drives))
 

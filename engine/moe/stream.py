@@ -9,6 +9,13 @@ One layer call (`ExpertStream.experts`) takes these steps, in this order:
 5. land the experts, running each as it lands while the others are still being read;
 6. prefetch the next layer's guesses, now that the drives are idle;
 7. keep what was read in the cache, and record the pass.
+
+When the cache's budget holds every expert of the model, a layer whose experts have all been read is made
+resident: its experts are stacked once (as the model held in RAM has them) and its calls skip all of the
+above, running the family's switch on the stack with the router's own indices, as in RAM; their lookups are
+counted as cache hits afterwards (`figures()`), from the indices once evaluated, so nothing waits on them.
+An auto budget is checked against the RAM available now and then (`budget.Pressure`); when another process
+takes RAM, resident layers are unstacked and the cache evicts down to what is left.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 from nightshift.engine.instruments.trace import CACHE, ExpertRead, PassTrace, Trace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.moe.budget import Budget, Pressure
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.dispatch import Dispatcher, estimates_from
 from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
@@ -33,6 +41,7 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.manifest import Manifest, MoeLayer
 
 WINDOW_SMOOTHING = 0.2
+RESIDENT_BACKLOG, RESIDENT_KEEP = 1024, 64  # resident calls held before counting; the newest left to evaluate
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,12 @@ class StreamFigures:
     reads: what the reader did (demand, prefetch, joined, split, fallbacks, ...): config assertions check these.
     replica_choices: reads that had more than one replica to choose from (where the dispatch policy mattered).
     cache_hits, cache_misses: lookups in the RAM expert cache (0 without one).
-    prefetch_recall: of the experts predicted layers needed, the share their prediction had named.
+    cache_budget, cache_used: the cache's budget now (auto: lowered while another process needs the RAM)
+    and the bytes it holds; resident_layers: layers held stacked, as in RAM; cache_evictions.
+    distinct_experts_read: (layer, expert) pairs read and used; with the drives' reads summed, the proof that
+    no expert was read twice (equal when split reads are off).
+    prefetch_recall: of the experts predicted layers needed, the share their prediction had named
+        (recall_hits of recall_needed: the counts, so a caller can take the recall of a stretch of them).
     recall_per_layer: the same per predicted layer, rounded to 4 places.
     calls: streaming layer calls, the rows they carried, their unique and overlapped experts.
     """
@@ -106,14 +120,26 @@ class StreamFigures:
     replica_choices: int
     cache_hits: int
     cache_misses: int
+    cache_budget: int
+    cache_used: int
+    cache_evictions: int
+    resident_layers: int
+    distinct_experts_read: int
     prefetch_recall: float
     recall_per_layer: dict[int, float]
     calls: CallCounts
+    recall_needed: int = 0
+    recall_hits: int = 0
 
     @property
     def bytes_read(self) -> int:
         """Bytes read from all drives together."""
         return sum(d.bytes for d in self.drives.values())
+
+    @property
+    def cache_hit_rate(self) -> float:
+        lookups = self.cache_hits + self.cache_misses
+        return self.cache_hits / lookups if lookups else 0.0
 
 
 @dataclass
@@ -162,7 +188,8 @@ class ExpertStream:
     Every streaming MoE layer of the model calls `experts` once per forward pass (see the module docstring).
     """
 
-    def __init__(self, manifest: Manifest, settings: StreamSettings, ceilings: Ceilings | None = None):
+    def __init__(self, manifest: Manifest, settings: StreamSettings, budget: Budget, ceilings: Ceilings | None = None):
+        """`budget`: the expert cache's, sized by `budget.size_budget` before the trunk was loaded."""
         self.manifest = manifest
         self.settings = settings
         drives = list(manifest.drives)
@@ -170,9 +197,15 @@ class ExpertStream:
         self.dispatcher = Dispatcher(estimates_from(ceilings, drives), settings.dispatch)
         self.trace = Trace(keep=100_000 if settings.trace else 4096)
         self.reader = ExpertReader(manifest, settings, self.dispatcher, self.counters, self.trace.now)
-        self.cache: ExpertCache[Tensors] | None = (
-            ExpertCache(settings.cache_bytes, settings.cache_policy) if settings.cache_bytes else None
+        self.budget = budget
+        self.cache: ExpertCache[Tensors | None] | None = (
+            ExpertCache(budget.bytes, settings.cache_policy) if budget.bytes else None
         )
+        self.pressure = Pressure(budget) if budget.auto and budget.bytes else None
+        self.stacks: dict[int, Tensors] = {}  # resident layers: every expert stacked, as in RAM
+        self._resident_calls: list[tuple[int, mx.array]] = []  # (layer, indices) not yet counted as hits
+        self._read: set[tuple[int, int]] = set()  # experts read and used: drive reads beyond these are re-reads
+        self.routing: list[tuple[int, tuple[int, ...], int]] | None = None  # see record_routing
         self.recall: dict[int, Recall] = {}
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
@@ -195,9 +228,12 @@ class ExpertStream:
         are still being read.
         """
         # Mirrors the steps in the module docstring; each helper's docstring says why it runs where it does.
+        self._give_back()
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
         unique = np.unique(host).tolist()
+        if self.routing is not None:
+            self.routing.append((layer, tuple(unique), record.rows))
         self._count_needed(layer, unique)
         landing = Landing(record, unique, self._look_up(layer, unique), self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
@@ -225,8 +261,27 @@ class ExpertStream:
     def _bytes_read(self) -> int:
         return sum(s.bytes for s in self.counters.snapshot())
 
+    def record_routing(self) -> None:
+        """From now on, log every call's (layer, sorted unique experts, rows) in `self.routing`, in the order
+        the cache is asked (`nightshift bench cache` replays it). Resident calls are logged when counted."""
+        self.routing = []
+
+    def resident(self, layer: int, indices: mx.array) -> Tensors | None:
+        """`layer`'s stacked experts if it is resident (its call is then counted later), else None.
+
+        Also where memory pressure is looked at: a resident model calls nothing else of the stream.
+        """
+        self._give_back()
+        stack = self.stacks.get(layer)
+        if stack is not None:
+            self._resident_calls.append((layer, indices))
+            if len(self._resident_calls) > RESIDENT_BACKLOG:
+                self._count_resident(keep=RESIDENT_KEEP)
+        return stack
+
     def figures(self) -> StreamFigures:
         """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall, calls (copies)."""
+        self._count_resident()
         drives = {
             name: DriveFigures(s.bytes, s.reads) for name, s in zip(self.counters.names, self.counters.snapshot())
         }
@@ -238,9 +293,16 @@ class ExpertStream:
             replica_choices=self.dispatcher.choices,
             cache_hits=self.cache.hits if self.cache else 0,
             cache_misses=self.cache.misses if self.cache else 0,
+            cache_budget=self.cache.budget if self.cache else 0,
+            cache_used=self.cache.used if self.cache else 0,
+            cache_evictions=self.cache.evictions if self.cache else 0,
+            resident_layers=len(self.stacks),
+            distinct_experts_read=len(self._read),
             prefetch_recall=hits / needed if needed else 0.0,
             recall_per_layer={layer: round(r.recall, 4) for layer, r in sorted(self.recall.items())},
             calls=replace(self.calls),
+            recall_needed=needed,
+            recall_hits=hits,
         )
 
     def close(self) -> None:
@@ -347,12 +409,68 @@ class ExpertStream:
         return max(1, int(self._window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
 
     def _keep(self, layer: int, landing: Landing) -> None:
-        """Every read expert in its stored dtypes (those not already run as they landed), and in the cache."""
+        """Every read expert in its stored dtypes (those not already run as they landed), and in the cache;
+        the layer made resident once all its experts are, when the budget holds every expert."""
+        self._read.update((layer, e) for e in landing.missing)
         for expert, loaded in zip(landing.missing, landing.loaded):
             if expert not in landing.found:
                 landing.found[expert] = as_stored(loaded.tensors, landing.spec)
             if self.cache is not None:
                 self.cache.put((layer, expert), landing.found[expert], loaded.nbytes)
+        if self.cache is not None and landing.missing and self.cache.budget >= self.budget.expert_bytes:
+            self._stack(layer)
+
+    def _stack(self, layer: int) -> None:
+        """Stack `layer`'s experts once all are cached; the cache keeps their keys and bytes, not the copies."""
+        keys = [(layer, e) for e in range(self.reader.layers[layer].num_experts)]
+        experts = self.cache.values(keys)
+        if any(tensors is None for tensors in experts):
+            return
+        names = self.reader.layers[layer].tensors
+        stack = {slot.name: mx.stack([tensors[slot.name] for tensors in experts]) for slot in names}
+        mx.eval(stack)
+        self.stacks[layer] = stack
+        for key in keys:
+            self.cache.update(key, None)
+
+    def _unstack(self) -> None:
+        """Resident layers back to one cache entry per expert (one layer's copy in flight at a time)."""
+        for layer, stack in list(self.stacks.items()):
+            for expert in range(self.reader.layers[layer].num_experts):
+                tensors = {name: stacked[expert] for name, stacked in stack.items()}
+                mx.eval(tensors)
+                self.cache.update((layer, expert), tensors)
+            del self.stacks[layer], stack
+            mx.clear_cache()
+
+    def _give_back(self) -> None:
+        """Follow an auto budget to the RAM available now: evict down when another process took RAM."""
+        if self.pressure is None:
+            return
+        budget = self.pressure.budget_now(self.cache.used)
+        if budget is None or budget == self.cache.budget:
+            return
+        if budget < self.budget.expert_bytes and self.stacks:
+            self._count_resident()
+            self._unstack()
+        if self.cache.resize(budget):
+            mx.clear_cache()  # MLX keeps freed buffers for reuse; hand them back to the system
+
+    def _count_resident(self, keep: int = 0) -> None:
+        """Count the lookups of resident calls (all but the last `keep`) as cache hits: their indices are
+        evaluated by now, as the tokens that used them have been."""
+        counted = self._resident_calls[: len(self._resident_calls) - keep]
+        del self._resident_calls[: len(counted)]
+        for layer, indices in counted:
+            host = np.array(indices)
+            unique = np.unique(host).tolist()
+            if self.routing is not None:
+                self.routing.append((layer, tuple(unique), host.size // host.shape[-1]))
+            for expert in unique:
+                self.cache.get((layer, expert))
+            self.calls.calls += 1
+            self.calls.rows += host.size // host.shape[-1]
+            self.calls.unique += len(unique)
 
     def _record(self, landing: Landing) -> None:
         """The pass into the trace (its reads in demand order, then the cache hits) and into the call counts."""

@@ -18,6 +18,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
@@ -42,17 +43,25 @@ class StreamingSwitch(nn.Module):
                 setattr(self, name, child)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        resident = self._stream.resident(self.layer_index, indices)
+        if resident is not None:  # every expert of the layer in RAM, stacked: the in-RAM model's own call
+            return self._run(list(resident.items()), x, indices)
         one_row = indices.size == indices.shape[-1]
         if one_row and self._stream.settings.overlap:
             return self._overlapped(x, indices)
         unique, host, experts = self._stream.experts(self.layer_index, x, indices)
         stacked = [(name, mx.stack([e[name] for e in experts])) for name in self.tensor_names]
         local = mx.array(np.searchsorted(unique, host).astype(np.uint32)).astype(indices.dtype)
+        return self._run(stacked, x, local)
+
+    def _run(self, stacked: list[tuple[str, mx.array]], x: mx.array, indices: mx.array) -> mx.array:
+        """The family's switch on `stacked` experts, `indices` into the stack; the stack dropped after the call
+        (the lazy output holds what it needs)."""
         self._switch.update(tree_unflatten(stacked))
         try:
-            return self._switch(x, local)
+            return self._switch(x, indices)
         finally:
-            self._switch.update(self._empty)  # the output holds what it needs; drop the stack here
+            self._switch.update(self._empty)
 
     def _overlapped(self, x: mx.array, indices: mx.array) -> mx.array:
         """One row: run each expert alone as it lands, then put the outputs back in the row's slot order.
@@ -113,6 +122,7 @@ def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
         parent_path, name = site.path.rsplit(".", 1)
         parent = module_at(model, parent_path)
         switch = slim_switch(getattr(parent, name), layers[site.layer])
+        use_gemm_prefill(switch)  # a prompt's experts: dequantized once per pass, one GEMM each (on the CPU)
         setattr(parent, name, StreamingSwitch(switch, layers[site.layer], stream))
     for site, nxt in itertools.pairwise(sites):
         stream.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)

@@ -1,0 +1,114 @@
+"""The expert memory budget: `auto` sized from free RAM, resident layers read once, RAM given back under
+pressure, and the simulator's replay of a recorded trace equal to what the engine's cache did."""
+
+from __future__ import annotations
+
+import numpy as np
+import psutil
+import pytest
+
+from nightshift.engine.bench.cache_sim import Call, belady, replay
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.budget import Budget, Pressure, size_budget
+from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, StreamSettings, parse_budget
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.manifest import read_manifest
+from tests.test_prefill import PROMPT, in_ram, tokens_and_stats  # noqa: F401  (module fixture)
+from tests.test_stream import sources, stores  # noqa: F401  (module fixtures: tiny two-drive stores)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("auto", AUTO_BUDGET), ("AUTO", AUTO_BUDGET), ("0", 0), ("12G", 12 << 30), ("500M", 500 << 20),
+     ("1.5G", int(1.5 * (1 << 30))), ("64MiB", 64 << 20), ("4096", 4096)],
+)  # fmt: skip
+def test_budgets_are_written_as_auto_zero_or_a_size(text, expected):
+    assert parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1G", "12Q", "1e9"])
+def test_other_budgets_are_refused_with_the_forms_that_work(text):
+    with pytest.raises(NightshiftError, match="auto, 0"):
+        parse_budget(text)
+
+
+def test_auto_leaves_room_for_the_model_and_the_system_and_never_exceeds_the_experts(stores):  # noqa: F811
+    store = stores["qwen3_moe"]
+    manifest = read_manifest(store)
+    budget = size_budget(AUTO_BUDGET, manifest, store, reader_threads=12)
+    assert budget.auto and budget.bytes == manifest.expert_bytes  # a tiny store fits on any machine
+    assert budget.reserved > 0 and budget.margin >= 1 << 30
+    assert budget.available + budget.reserved <= psutil.virtual_memory().total + budget.reserved
+    given = size_budget(1000, manifest, store, reader_threads=12)
+    assert not given.auto and given.bytes == 1000
+
+
+def test_a_store_that_fits_is_read_once_then_resident_with_the_tokens_of_the_model_in_ram(stores, in_ram):  # noqa: F811
+    store = stores["qwen3_moe"]
+    model = open_model(store, stream=StreamSettings())
+    try:
+        first = list(model.generate_tokens(PROMPT, max_tokens=12))
+        after_first = model.stream.figures()
+        second = list(model.generate_tokens(PROMPT, max_tokens=12))
+        after_second = model.stream.figures()
+    finally:
+        model.close()
+    assert [c.token for c in first] == [c.token for c in second] == in_ram["qwen3_moe"]
+    assert after_first.resident_layers == len(read_manifest(store).layers)
+    reads = sum(d.reads for d in after_second.drives.values())
+    assert reads == after_second.distinct_experts_read  # no expert read twice
+    assert after_second.bytes_read == after_first.bytes_read  # the second answer read nothing
+    assert sum(second[-1].stats.drive_bytes.values()) == 0 and second[-1].stats.cache_hit_rate == 1.0
+    assert after_second.cache_hits > after_first.cache_hits  # resident calls are counted as hits
+
+
+def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):  # noqa: F811
+    """A margin larger than what is available stands for another process taking the RAM: the cache shrinks."""
+    store = stores["qwen3_moe"]
+    model, _, stream = load_streaming(store, StreamSettings())
+    try:
+        from tests.test_family_conformance import greedy_tokens
+
+        tokens = greedy_tokens(model, 8)
+        held = stream.cache.used
+        assert held > 0 and stream.stacks
+        short = psutil.virtual_memory().available + held // 2  # half of what the cache holds must go
+        stream.pressure = Pressure(Budget(stream.budget.bytes, True, stream.budget.expert_bytes, margin=short))
+        assert greedy_tokens(model, 8) == tokens  # still the same answer, reading again what it gave back
+        figures = stream.figures()
+    finally:
+        stream.close()
+    assert figures.cache_budget < held and figures.cache_used <= figures.cache_budget
+    assert figures.resident_layers == 0 and figures.cache_evictions > 0
+
+
+def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):  # noqa: F811
+    store = stores["kimi_k3"]
+    manifest = read_manifest(store)
+    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    budget = manifest.expert_bytes // 3
+    for policy in CACHE_POLICIES:
+        model = open_model(store, stream=StreamSettings(cache_bytes=budget, cache_policy=policy))
+        model.stream.record_routing()
+        try:
+            list(model.generate_tokens(PROMPT[:20], max_tokens=10))
+            figures = model.stream.figures()
+            calls = [Call(*entry) for entry in model.stream.routing]
+        finally:
+            model.close()
+        predicted = replay(calls, sizes, budget, policy)
+        assert (predicted.hits, predicted.lookups) == (figures.cache_hits, figures.cache_hits + figures.cache_misses)
+        assert belady(calls, sizes, budget).hits >= predicted.hits
+
+
+def test_belady_bounds_every_policy_on_random_traces():
+    rng = np.random.default_rng(3)
+    skew = rng.zipf(1.3, size=4000) % 40  # a few hot experts, a long tail
+    calls = [Call(int(i % 4), tuple(sorted({int(e), int(e + 7) % 40})), 1) for i, e in enumerate(skew)]
+    sizes = dict.fromkeys(range(4), 100)
+    for budget in (500, 2000, 8000):
+        bound = belady(calls, sizes, budget)
+        for policy in CACHE_POLICIES:
+            assert replay(calls, sizes, budget, policy).hits <= bound.hits
+    assert belady(calls, sizes, 16000).hits == bound.lookups - len({(c.layer, e) for c in calls for e in c.experts})
