@@ -382,3 +382,12 @@ def test_a_schedule_declares_a_csv_encoding(tmp_path):
             'columns = { date = "date", amount = "amount", reference = "reference" }')  # fmt: skip
     loaded = load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=LEDGER_CSV, check=MATCH)))
     assert loaded.sources["bank"].load(*ANY).text["reference"].tolist() == ["Müller"]
+
+
+def test_a_currency_column_must_hold_the_sources_currency(tmp_path):
+    path = write(tmp_path / "bank.csv", "date,amount,ccy\n2026-10-01,5.00,EUR\n2026-10-02,7.00,USD\n")
+    source = CsvSource("bank", path, {"date": "date", "amount": "amount", "currency": "ccy"}, currency="EUR")
+    with pytest.raises(ReviewError, match=r"line 3, column 'ccy': 'USD' is not the source's currency EUR"):
+        source.load(*ANY)
+    with pytest.raises(ReviewError, match=r"declare the source's `currency`"):
+        CsvSource("bank", path, {"date": "date", "amount": "amount", "currency": "ccy"})

@@ -259,7 +259,8 @@ class CsvSource(Source):
     """A CSV file, streamed: encoding, delimiter, date format, amount format, column mapping, sign.
 
     `columns` maps our columns to the file's headers; `debit` and `credit` may stand in for
-    `amount` (amount = credit - debit; one of the two per row). `sign = "inverted"` negates every amount.
+    `amount` (amount = credit - debit; one of the two per row), and a `currency` column must hold the
+    source's `currency` on every row. `sign = "inverted"` negates every amount.
     """
 
     columns: dict[str, str] = field(default_factory=lambda: {"date": "date", "amount": "amount"})
@@ -279,7 +280,7 @@ class CsvSource(Source):
         super().__post_init__()
         from nightshift.app.review.money import GROUPINGS, locale_format
 
-        allowed = {*COLUMNS, "debit", "credit"}
+        allowed = {*COLUMNS, "debit", "credit", "currency"}
         has_pair = {"debit", "credit"} <= set(self.columns)
         unknown = sorted(set(self.columns) - allowed)
         if unknown or "date" not in self.columns or ("amount" in self.columns) == has_pair:
@@ -288,6 +289,10 @@ class CsvSource(Source):
                                          f"(unknown: {unknown})")  # fmt: skip
         if not all(isinstance(value, str) for value in self.columns.values()):
             raise OptionError("columns", "should map each of our columns to a header name (a string)")
+        if "currency" in self.columns and self.currency is None:
+            raise OptionError(
+                "columns", "maps a currency column; declare the source's `currency` (every row's must be it)"
+            )
         if self.encoding != "auto":
             try:
                 codecs.lookup(self.encoding)
@@ -427,6 +432,9 @@ class CsvSource(Source):
                 raise ReviewError(f"{self._at(number, 'date')}: {text!r} is not a date in the format "
                                   f"{self.date_format!r} (date_format): {exc}") from None  # fmt: skip
             units = self._amount(record, positions, number)
+            if "currency" in positions and record[positions["currency"]].strip() != self.currency:
+                raise ReviewError(f"{self._at(number, 'currency')}: {record[positions['currency']]!r} is not the "
+                                  f"source's currency {self.currency}; amounts in two currencies are never added up")  # fmt: skip
             yield number, day, units, {key: record[at].strip() for key, at in text_positions.items()}
 
 
