@@ -1,7 +1,7 @@
 """The families x layouts x quantizations table of docs/store.md, from the conformance suite's own checks.
 
     .venv/bin/python -m bench.family_table SCRATCH_DIR [--out TABLE.md] [--catalogue PATH] [--families a,b]
-        [--rss-layers 4,16]
+        [--rss-layers 4,32] [--rss-scale 4]
 
 For every MoE family of the installed mlx-lm (tests/moe_families.py): a tiny random checkpoint in mlx-lm's
 converted layout and in the release layout, and mlx-lm `convert` 4-bit and mxfp4 conversions of it, each
@@ -36,13 +36,14 @@ from tests.moe_families import (
     moe_families,
     quantized_checkpoint,
     random_weights,
+    release_weights,
     switch_sites,
     tiny_config,
     write_checkpoint,
 )
 from tests.test_family_conformance import check_import
 
-COLUMNS = [*LAYOUTS, *QUANTIZATIONS]
+COLUMNS = [*LAYOUTS, *QUANTIZATIONS, "release experts as"]
 
 
 def _cell(outcome) -> str:
@@ -83,6 +84,10 @@ def family_row(family: str, root: Path) -> dict[str, str]:
             row[name] = f"-: {_short(str(exc))}"
             continue
         row[name] = _checked(converted, root / f"{family}-{name}-work")
+    if "release" in sources:
+        release = release_weights(family)
+        transformed = f"; sanitize changes {len(release.transformed)} tensors" if release.transformed else ""
+        row["release experts as"] = f"{release.expert_form}{transformed}"
     return row
 
 
@@ -177,8 +182,6 @@ def import_rss(family: str, layers: int, scale: int, root: Path) -> dict:
 
 def _has_release(family: str) -> bool:
     try:
-        from tests.moe_families import release_weights
-
         release_weights(family)
         return True
     except FamilyError:
@@ -191,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
     parser.add_argument("--families", help="comma-separated subset (default: every MoE family of mlx-lm)")
-    parser.add_argument("--rss-layers", default="4,16", help="two layer counts for the RSS measure ('' skips it)")
-    parser.add_argument("--rss-scale", type=int, default=8, help="width factor of the RSS model over the tiny one")
+    parser.add_argument("--rss-layers", default="4,32", help="two layer counts for the RSS measure ('' skips it)")
+    parser.add_argument("--rss-scale", type=int, default=4, help="width factor of the RSS model over the tiny one")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     catalogue = Catalogue(args.catalogue or catalogue_file())
     command = shlex.join(["python", "-m", "bench.family_table", *argv])
     counts = {c: {k: sum(r.get(c, "").startswith(k) for r in rows.values()) for k in ("pass", "refused", "fail", "-")}
-              for c in COLUMNS}  # fmt: skip
+              for c in [*LAYOUTS, *QUANTIZATIONS]}  # fmt: skip
     run = Run(
         kind="family-conformance", model=f"{len(families)} mlx-lm MoE families", verdict="table", command=command,
         config={"families": families}, figures={"cells": counts}, note=json.dumps(rows),

@@ -88,7 +88,7 @@ def model_classes(model_type: str) -> tuple[type, type]:
 
 # The generic rule: a ModelArgs field's tiny value, by its name. Names outside the table keep their default
 # (a required one without a rule makes the family fail loudly, naming the field).
-SIZES: dict[str, object] = {
+RULE: dict[str, object] = {
     **dict.fromkeys(("vocab_size", "num_vocab", "vocab_size_per_layer_input"), VOCAB),
     **dict.fromkeys(("hidden_size", "d_model", "model_dim", "hidden_size_per_layer_input"), HIDDEN),
     **dict.fromkeys(("intermediate_size", "ffn_hidden_size", "dense_intermediate_size"), INTERMEDIATE),
@@ -172,13 +172,29 @@ def tiny_config(model_type: str) -> dict:
 
     Raises FamilyError naming the family and what could not be built.
     """
-    if model_type in UNBUILDABLE:
-        raise FamilyError(f"{model_type}: {UNBUILDABLE[model_type]}")
     config = _tiny_args(model_type)
     override = OVERRIDES.get(model_type)
     if override:
         _merge(config, override[0])
+    _, args_class = model_classes(model_type)
+    _check_required(model_type, args_class, config)
+    if "text_config" in config:
+        _check_required(model_type, _text_args_class(model_type), config["text_config"])
     return json.loads(json.dumps(config))
+
+
+def _check_required(model_type: str, args_class: type, config: dict) -> None:
+    """FamilyError naming the required ModelArgs fields neither the rule nor an override gives a value."""
+    missing = [
+        f.name
+        for f in dataclasses.fields(args_class)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in config
+    ]
+    if missing:
+        raise FamilyError(
+            f"{model_type}: no tiny value for required {args_class.__name__} field(s) {', '.join(missing)}; "
+            "give them a rule in RULE or an entry in OVERRIDES"
+        )
 
 
 def _merge(config: dict, update: dict) -> None:
@@ -191,7 +207,7 @@ def _merge(config: dict, update: dict) -> None:
 
 
 def _rule(args_class: type) -> dict:
-    return {f.name: SIZES[f.name] for f in dataclasses.fields(args_class) if f.name in SIZES}
+    return {f.name: RULE[f.name] for f in dataclasses.fields(args_class) if f.name in RULE}
 
 
 def _tiny_args(model_type: str) -> dict:
@@ -322,9 +338,6 @@ OVERRIDES: dict[str, tuple[dict, str]] = {
     ),
     "nemotron_h": ({"hybrid_override_pattern": ["M", "E", "*", "E"]}, "layer kinds as pattern letters"),
 }
-
-# Families no tiny float checkpoint can exist for, and why (the suite reports them as such).
-UNBUILDABLE: dict[str, str] = {}
 
 
 def build(model_type: str, config: dict | None = None) -> nn.Module:
@@ -551,6 +564,8 @@ def release_weights(
     """
     target = random_weights(model_type, seed, config, dtype)
     model = build(model_type, config)
+    if not hasattr(model, "sanitize"):
+        raise FamilyError(f"{model_type}: no sanitize(), so its checkpoints carry the model's own names only")
     sites = sorted(switch_sites(model))
     if not sites:
         raise FamilyError(f"{model_type}: the tiny model has no routed experts, so it has no release expert layout")
