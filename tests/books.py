@@ -2,13 +2,14 @@
 with faults planted on purpose and the findings they must produce.
 
 Each seed picks a company and its language (headers, account names and descriptions in English, German,
-French or Spanish), a month, a size, and how each file is written: the bank statement as CSV (delimiter,
-date format, decimal and thousands characters, trailing minus, debit/credit columns, encoding with or
-without a BOM, with or without references), the ledger and the balances as CSV or SQLite (TEXT decimals or
-INTEGER minor units). The books reconcile except for the planted faults (a posting booked twice, bank
-charges and a direct debit never booked, a cheque not cleared, an amount keyed wrong, a closing balance
-off, an expense that jumps), and `Books.planted` lists the (check, title, amount) each must produce.
-The bundled sample (schedules/sample-data) is one such set of books; these are many more.
+French or Spanish), a currency, a month, a size, and how each file is written: the bank statement as CSV
+(delimiter, date format, decimal and thousands characters, trailing minus, debit/credit columns, encoding
+with or without a BOM, with or without references) or SWIFT MT940; the ledger and its balances as CSV,
+SQLite (TEXT decimals or INTEGER minor units) or a Beancount file (its balance assertions are the
+balances). The books reconcile except for the planted faults (a posting booked twice, bank charges and a
+direct debit never booked, a cheque not cleared, an amount keyed wrong, a closing balance off, an expense
+that jumps), and `Books.planted` lists the (check, title, amount) each must produce. The bundled sample
+(schedules/sample-data) is one such set of books; these are many more.
 
     books = make_books(7, tmp_path)      # writes the files and books.schedule, the review's TOML
 """
@@ -19,6 +20,7 @@ import calendar
 import csv
 import random
 import sqlite3
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal
@@ -184,8 +186,57 @@ def _month_entries(rng: random.Random, year: int, month: int, usual: Usual, firs
     return entries
 
 
-def _account(words: Language, role: str) -> str:
-    return words.accounts["purchases" if role == "cheque" else role]
+@dataclass(frozen=True)
+class Layout:
+    """How one company's files are written, drawn from the seed."""
+
+    bank: str  # "csv" or "mt940"
+    ledger: str  # "csv", "sqlite" or "beancount"
+    references: bool  # the bank states references
+    decimal: str = "."
+    thousands: str = ""
+    date_format: str = "%Y-%m-%d"
+    trailing: bool = False  # negative amounts written 12.50-
+    pair: bool = False  # debit and credit columns instead of a signed amount
+    encoding: str = "utf-8"
+    delimiter: str = ","
+    minor: bool = False  # SQLite amounts as INTEGER minor units
+
+    @classmethod
+    def draw(cls, rng: random.Random, code: str, words: Language) -> Layout:
+        bank = "mt940" if rng.random() < 0.2 else "csv"
+        ledger = rng.choice(("csv", "sqlite", "sqlite", "beancount"))
+        decimal, thousands = rng.choice(words.numbers)
+        return cls(
+            bank, ledger, rng.random() < 0.6, decimal, thousands, rng.choice(words.date_formats),
+            code == "de" and rng.random() < 0.4, rng.random() < 0.35,
+            rng.choice(("utf-8", "utf-8-sig", "cp1252")) if thousands != "\u202f" else "utf-8",
+            "," if decimal == "." else rng.choice((";", "\t")), ledger == "sqlite" and rng.random() < 0.5,
+        )  # fmt: skip
+
+    def accounts(self, words: Language) -> dict[str, str]:
+        return BEANCOUNT_ACCOUNTS if self.ledger == "beancount" else words.accounts
+
+    def says(self, words: Language, role: str) -> str:
+        """A row's description as the bank writes it (MT940 allows no accents)."""
+        text = words.says[role]
+        return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode() if self.bank == "mt940" else text
+
+    def about(self) -> str:
+        if self.bank == "mt940":
+            bank = "bank MT940"
+        else:
+            amounts = "debit/credit" if self.pair else ("trailing minus" if self.trailing else "signed")
+            bank = (f"bank CSV {self.encoding} {self.delimiter!r} {self.date_format} {self.decimal!r}/"
+                    f"{self.thousands!r} {amounts}")  # fmt: skip
+        ledger = {"csv": "ledger CSV", "beancount": "ledger Beancount",
+                  "sqlite": f"ledger SQLite ({'INTEGER minor units' if self.minor else 'TEXT'})"}[self.ledger]  # fmt: skip
+        return f"{bank}{' with references' if self.references else ''}; {ledger}"
+
+
+BEANCOUNT_ACCOUNTS = {"bank": "Assets:Bank", "sales": "Income:Sales", "rent": "Expenses:Rent",
+                      "payroll": "Expenses:Payroll", "travel": "Expenses:Travel", "purchases": "Expenses:Purchases",
+                      "software": "Expenses:Software", "utilities": "Expenses:Utilities"}  # fmt: skip
 
 
 def make_books(seed: int, folder: Path, rows_per_month: int | None = None) -> Books:
@@ -193,6 +244,8 @@ def make_books(seed: int, folder: Path, rows_per_month: int | None = None) -> Bo
     rng = random.Random(seed)
     company, code, currency = COMPANIES[seed % len(COMPANIES)]
     words = LANGUAGES[code]
+    layout = Layout.draw(rng, code, words)
+    accounts = layout.accounts(words)
     year, month = rng.randint(2024, 2027), rng.randint(1, 12)
     before = _month_before(year, month)
     rows = rows_per_month or rng.choice((20, 40, 120))
@@ -207,7 +260,6 @@ def make_books(seed: int, folder: Path, rows_per_month: int | None = None) -> Bo
     days = _business_days(year, month)
     label = f"{calendar.month_name[before[1]]} {before[0]}"
     faults = rng.sample(FAULTS, rng.randint(3, len(FAULTS)))
-    bank_references = rng.random() < 0.6
     books = Books(seed, folder / f"books-{seed}.toml", "")
     receipts_now = [e for e in current if e.role == "sales"]
     rng.shuffle(receipts_now)
@@ -220,10 +272,11 @@ def make_books(seed: int, folder: Path, rows_per_month: int | None = None) -> Bo
                               ("match", f"In ledger, not in bank: {twice.reference}", twice.amount)]  # fmt: skip
         elif fault in ("fee", "debit"):
             amount = -_money(rng, 5, 60) if fault == "fee" else -_money(rng, 800, 2500)
-            reference = f"DD-{rng.randint(10000, 99999)}" if fault == "debit" and bank_references else ""
+            reference = f"DD-{rng.randint(10000, 99999)}" if fault == "debit" and layout.references else ""
             day = rng.choice(days)
             entries.append(Entry(day, amount, fault, reference, day, amount, in_ledger=False))
-            books.planted.append(("match", f"In bank, not in ledger: {reference or words.says[fault]}", amount))
+            label_of = reference or layout.says(words, fault)
+            books.planted.append(("match", f"In bank, not in ledger: {label_of}", amount))
         elif fault == "cheque":
             amount, reference = -_money(rng, 300, 1500), f"CHQ-{rng.randint(1000, 9999)}"
             entries.append(Entry(rng.choice(days), amount, "cheque", reference))
@@ -231,15 +284,16 @@ def make_books(seed: int, folder: Path, rows_per_month: int | None = None) -> Bo
         elif fault == "differs":
             wrong = receipts_now.pop()
             wrong.bank_amount = wrong.amount - _money(rng, 5, 99)
-            if bank_references:
+            if layout.references:
                 books.planted.append(("match", f"Amount differs for reference {wrong.reference}",
                                       wrong.bank_amount - wrong.amount))  # fmt: skip
             else:
-                books.planted += [("match", f"In bank, not in ledger: {words.says['sales']}", wrong.bank_amount),
+                books.planted += [("match", f"In bank, not in ledger: {layout.says(words, 'sales')}",
+                                   wrong.bank_amount),
                                   ("match", f"In ledger, not in bank: {wrong.reference}", wrong.amount)]  # fmt: skip
         elif fault == "balance":
             extra_balance = _money(rng, 10, 500)
-            books.planted.append(("balance", f"{words.accounts['bank']}: opening + movements does not equal closing",
+            books.planted.append(("balance", f"{accounts['bank']}: opening + movements does not equal closing",
                                   -extra_balance))  # fmt: skip
         elif fault == "variance":
             travel = [e for e in current if e.role == "travel"]
@@ -249,128 +303,173 @@ def make_books(seed: int, folder: Path, rows_per_month: int | None = None) -> Bo
             now = sum(e.amount for e in travel)
             was = sum(e.amount for e in entries if e.role == "travel" and (e.day.year, e.day.month) == before)
             percent = ((abs(now) - abs(was)) / abs(was) * 100).quantize(Decimal("1"))
-            books.planted.append(("variance", f"account {words.accounts['travel']}: up {percent}% against {label}",
+            books.planted.append(("variance", f"account {accounts['travel']}: up {percent}% against {label}",
                                   now - was))  # fmt: skip
-    opening = _money(rng, 20000, 90000)
-    books.about = _write(rng, books, folder, company, code, currency, words, entries, opening, extra_balance,
-                         (year, month), bank_references)  # fmt: skip
+    files = Files(books.seed, folder, company, currency, words, layout, (year, month))
+    sources = files.bank(entries, rng) + files.ledger(entries, _money(rng, 20000, 90000), extra_balance)
+    books.schedule.write_text(files.schedule(sources), encoding="utf-8")
+    faults_found = sorted({check for check, _, _ in books.planted})
+    books.about = f"{company} ({code}, {currency}, {rows} postings a month): {layout.about()}; faults {faults_found}"
     return books
 
 
-def _write(rng: random.Random, books: Books, folder: Path, company: str, code: str, currency: str, words: Language,
-           entries: list[Entry], opening: Decimal, extra: Decimal, period: tuple[int, int],
-           bank_references: bool) -> str:  # fmt: skip
-    """The files in a layout the seed picks, and the schedule that reads them; returns the layout in words."""
-    year, month = period
-    end = date(year, month, calendar.monthrange(year, month)[1])
-    before = _month_before(year, month)
-    start_before = date(*before, 1)
-    decimal, thousands = rng.choice(words.numbers)
-    date_format = rng.choice(words.date_formats)
-    trailing = code == "de" and rng.random() < 0.4
-    pair = rng.random() < 0.35
-    encoding = rng.choice(("utf-8", "utf-8-sig", "cp1252")) if thousands != "\u202f" else "utf-8"
-    delimiter = "," if decimal == "." else rng.choice((";", "\t"))
-    header = [words.bank["date"], *(words.bank[c] for c in (("debit", "credit") if pair else ("amount",)))]
-    header += [words.bank["reference"]] if bank_references else []
-    header.append(words.bank["description"])
-    bank_rows = []
-    for entry in sorted((e for e in entries if e.bank_day is not None), key=lambda e: (e.bank_day, e.reference)):
-        text = _amount_text(abs(entry.bank_amount), decimal, thousands, trailing)
-        amounts = ([text, ""] if entry.bank_amount < 0 else ["", text]) if pair else [
-            _amount_text(entry.bank_amount, decimal, thousands, trailing)]  # fmt: skip
-        row = [entry.bank_day.strftime(date_format), *amounts]
-        row += [entry.reference if entry.role not in ("fee",) else ""] if bank_references else []
-        row.append(words.says[entry.role])
-        bank_rows.append(row)
-    bank = folder / f"bank-{books.seed}.csv"
-    with bank.open("w", newline="", encoding=encoding) as out:
-        writer = csv.writer(out, delimiter=delimiter)
-        writer.writerow(header)
-        writer.writerows(bank_rows)
-    columns = {"date": words.bank["date"], "description": words.bank["description"]}
-    columns |= (
-        {"debit": words.bank["debit"], "credit": words.bank["credit"]} if pair else {"amount": words.bank["amount"]}
-    )
-    columns |= {"reference": words.bank["reference"]} if bank_references else {}
-    negative = '["trailing"]' if trailing else '["leading"]'
-    bank_toml = (f'type = "csv"\npath = "{bank.name}"\nencoding = "{encoding}"\ndelimiter = "{_toml(delimiter)}"\n'
-                 f'date_format = "{date_format}"\ndecimal = "{decimal}"\nthousands = "{_toml(thousands)}"\n'
-                 f'negative = {negative}\ncurrency = "{currency}"\ncolumns = {_table(columns)}\n')  # fmt: skip
-    posted = sorted((e for e in entries if e.in_ledger), key=lambda e: (e.day, e.reference))
-    closing_before = opening + sum(e.amount for e in posted if (e.day.year, e.day.month) == before)
-    closing = closing_before + sum(e.amount for e in posted if (e.day.year, e.day.month) == period) + extra
-    balances = [(start_before - timedelta(days=1), opening), (date(*before, calendar.monthrange(*before)[1]),
-                                                               closing_before), (end, closing)]  # fmt: skip
-    bank_account = words.accounts["bank"]
-    sql = rng.random() < 0.6
-    names = words.ledger
-    if sql:
-        minor = rng.random() < 0.5
-        ledger = folder / f"ledger-{books.seed}.sqlite"
-        with sqlite3.connect(ledger) as db:
-            kind = "INTEGER" if minor else "TEXT"
-            db.execute(f"CREATE TABLE {names['table']} ({names['date']} TEXT, {names['account']} TEXT, "
-                       f"{names['amount']} {kind}, {names['reference']} TEXT, {names['description']} TEXT)")  # fmt: skip
-            db.executemany(f"INSERT INTO {names['table']} VALUES (?, ?, ?, ?, ?)", [
-                (e.day.isoformat(), _account(words, e.role),
-                 int(e.amount * 100) if minor else str(e.amount), e.reference, words.says[e.role]) for e in posted])  # fmt: skip
-            db.execute("CREATE TABLE saldo (account TEXT, day TEXT, balance TEXT)")
-            db.executemany("INSERT INTO saldo VALUES (?, ?, ?)",
-                           [(bank_account, day.isoformat(), str(amount)) for day, amount in balances])  # fmt: skip
-        ledger_toml = (f'type = "sqlite"\npath = "{ledger.name}"\ncurrency = "{currency}"\n'
-                       + ('integer_amounts = "minor units"\n' if minor else "")
-                       + f'query = """\nSELECT {names["date"]} AS date, {names["amount"]} AS amount, '
-                       f'{names["reference"]} AS reference, {names["account"]} AS account, '
-                       f'{names["description"]} AS description\nFROM {names["table"]} WHERE {names["date"]} '
-                       'BETWEEN :start AND :end\n"""\n')  # fmt: skip
-        balances_toml = (
-            f'type = "sqlite"\npath = "{ledger.name}"\ncurrency = "{currency}"\n'
-            'query = "SELECT day AS date, balance AS amount, account FROM saldo"\n'
+@dataclass
+class Files:
+    """Writes one company's files in its layout and the schedule that reads them."""
+
+    seed: int
+    folder: Path
+    company: str
+    currency: str
+    words: Language
+    layout: Layout
+    period: tuple[int, int]
+
+    @property
+    def end(self) -> date:
+        return date(*self.period, calendar.monthrange(*self.period)[1])
+
+    def bank(self, entries: list[Entry], rng: random.Random) -> str:
+        """The bank statement (every entry with a bank line); returns its [sources.bank] table."""
+        lines = sorted((e for e in entries if e.bank_day is not None), key=lambda e: (e.bank_day, e.reference))
+        if self.layout.bank == "mt940":
+            path = self.folder / f"bank-{self.seed}.sta"
+            path.write_text(self._mt940(lines, _money(rng, 5000, 50000)), encoding="ascii", newline="")
+            return f'[sources.bank]\ntype = "mt940"\npath = "{path.name}"\ncurrency = "{self.currency}"\n'
+        layout, words = self.layout, self.words
+        header = [words.bank["date"], *(words.bank[c] for c in (("debit", "credit") if layout.pair else ("amount",)))]
+        header += [words.bank["reference"]] if layout.references else []
+        header.append(words.bank["description"])
+        path = self.folder / f"bank-{self.seed}.csv"
+        with path.open("w", newline="", encoding=layout.encoding) as out:
+            writer = csv.writer(out, delimiter=layout.delimiter)
+            writer.writerow(header)
+            for entry in lines:
+                text = _amount_text(abs(entry.bank_amount), layout.decimal, layout.thousands, layout.trailing)
+                signed = _amount_text(entry.bank_amount, layout.decimal, layout.thousands, layout.trailing)
+                amounts = ([text, ""] if entry.bank_amount < 0 else ["", text]) if layout.pair else [signed]
+                references = [entry.reference] if layout.references else []
+                writer.writerow([entry.bank_day.strftime(layout.date_format), *amounts, *references,
+                                 words.says[entry.role]])  # fmt: skip
+        columns = {"date": words.bank["date"], "description": words.bank["description"]}
+        amounts = ("debit", "credit") if layout.pair else ("amount",)
+        columns |= {c: words.bank[c] for c in amounts} | (
+            {"reference": words.bank["reference"]} if layout.references else {}
         )
-        layout = f"ledger SQLite ({'INTEGER minor units' if minor else 'TEXT'})"
-    else:
-        ledger = folder / f"ledger-{books.seed}.csv"
-        with ledger.open("w", newline="", encoding="utf-8") as out:
+        return (f'[sources.bank]\ntype = "csv"\npath = "{path.name}"\nencoding = "{layout.encoding}"\n'
+                f'delimiter = "{_toml(layout.delimiter)}"\ndate_format = "{layout.date_format}"\n'
+                f'decimal = "{layout.decimal}"\nthousands = "{_toml(layout.thousands)}"\n'
+                f'negative = ["{"trailing" if layout.trailing else "leading"}"]\ncurrency = "{self.currency}"\n'
+                f"columns = {_table(columns)}\n")  # fmt: skip
+
+    def _mt940(self, lines: list[Entry], opening: Decimal) -> str:
+        """One statement per month with bank lines: :60F: opening, a :61: and :86: per line, :62F: closing."""
+        months = sorted({(e.bank_day.year, e.bank_day.month) for e in lines})
+        account, out, balance = f"GB{self.seed:02d}NWBK60161331926819", [], opening
+        for number, month in enumerate(months, start=1):
+            first = date(*month, 1)
+            out += [f":20:STMT{number:04d}", f":25:{account}", f":28C:{number:05d}/001",
+                    _mt_balance("60F", balance, first - timedelta(days=1), self.currency)]  # fmt: skip
+            for entry in (e for e in lines if (e.bank_day.year, e.bank_day.month) == month):
+                mark = "D" if entry.bank_amount < 0 else "C"
+                reference = entry.reference if self.layout.references and entry.reference else "NONREF"
+                out += [f":61:{entry.bank_day:%y%m%d}{entry.bank_day:%m%d}{mark}{_mt_amount(entry.bank_amount)}"
+                        f"NTRF{reference}", f":86:{self.layout.says(self.words, entry.role)}"]  # fmt: skip
+                balance += entry.bank_amount
+            last = date(*month, calendar.monthrange(*month)[1])
+            out += [_mt_balance("62F", balance, last, self.currency), "-"]
+        return "\r\n".join(out) + "\r\n"
+
+    def ledger(self, entries: list[Entry], opening: Decimal, extra: Decimal) -> str:
+        """The ledger and the bank account's balances (end of the month before last, last month, this month)."""
+        posted = sorted((e for e in entries if e.in_ledger), key=lambda e: (e.day, e.reference))
+        before = _month_before(*self.period)
+        closing_before = opening + sum(e.amount for e in posted if (e.day.year, e.day.month) == before)
+        closing = closing_before + sum(e.amount for e in posted if (e.day.year, e.day.month) == self.period) + extra
+        balances = [(date(*before, 1) - timedelta(days=1), opening),
+                    (date(*before, calendar.monthrange(*before)[1]), closing_before), (self.end, closing)]  # fmt: skip
+        return {"csv": self._ledger_csv, "sqlite": self._ledger_sqlite, "beancount": self._beancount}[
+            self.layout.ledger
+        ](posted, balances)
+
+    def _account(self, role: str) -> str:
+        return self.layout.accounts(self.words)["purchases" if role == "cheque" else role]
+
+    def _ledger_sqlite(self, posted: list[Entry], balances: list[tuple[date, Decimal]]) -> str:
+        names, minor, bank = self.words.ledger, self.layout.minor, self._account("bank")
+        path = self.folder / f"ledger-{self.seed}.sqlite"
+        with sqlite3.connect(path) as db:
+            db.execute(f"CREATE TABLE {names['table']} ({names['date']} TEXT, {names['account']} TEXT, "
+                       f"{names['amount']} {'INTEGER' if minor else 'TEXT'}, {names['reference']} TEXT, "
+                       f"{names['description']} TEXT)")  # fmt: skip
+            db.executemany(f"INSERT INTO {names['table']} VALUES (?, ?, ?, ?, ?)", [
+                (e.day.isoformat(), self._account(e.role), int(e.amount * 100) if minor else str(e.amount),
+                 e.reference, self.words.says[e.role]) for e in posted])  # fmt: skip
+            db.execute("CREATE TABLE saldo (account TEXT, day TEXT, balance TEXT)")
+            db.executemany("INSERT INTO saldo VALUES (?, ?, ?)", [(bank, d.isoformat(), str(a)) for d, a in balances])
+        common = f'type = "sqlite"\npath = "{path.name}"\ncurrency = "{self.currency}"\n'
+        return (f'[sources.ledger]\n{common}' + ('integer_amounts = "minor units"\n' if minor else "")
+                + f'query = """\nSELECT {names["date"]} AS date, {names["amount"]} AS amount, {names["reference"]} '
+                f'AS reference, {names["account"]} AS account, {names["description"]} AS description\n'
+                f'FROM {names["table"]} WHERE {names["date"]} BETWEEN :start AND :end\n"""\n\n'
+                f'[sources.balances]\n{common}query = "SELECT day AS date, balance AS amount, account FROM saldo"\n')  # fmt: skip
+
+    def _ledger_csv(self, posted: list[Entry], balances: list[tuple[date, Decimal]]) -> str:
+        names, ours = self.words.ledger, ("date", "account", "amount", "reference", "description")
+        path, balance_path = self.folder / f"ledger-{self.seed}.csv", self.folder / f"balances-{self.seed}.csv"
+        with path.open("w", newline="", encoding="utf-8") as out:
             writer = csv.writer(out)
-            writer.writerow([names[c] for c in ("date", "account", "amount", "reference", "description")])
-            writer.writerows([e.day.isoformat(), _account(words, e.role),
-                              str(e.amount), e.reference, words.says[e.role]] for e in posted)  # fmt: skip
-        balance_file = folder / f"balances-{books.seed}.csv"
-        with balance_file.open("w", newline="", encoding="utf-8") as out:
+            writer.writerow([names[c] for c in ours])
+            writer.writerows([e.day.isoformat(), self._account(e.role), str(e.amount), e.reference,
+                              self.words.says[e.role]] for e in posted)  # fmt: skip
+        with balance_path.open("w", newline="", encoding="utf-8") as out:
             writer = csv.writer(out)
             writer.writerow(["date", "account", "balance"])
-            writer.writerows([day.isoformat(), bank_account, str(amount)] for day, amount in balances)
-        ledger_toml = (f'type = "csv"\npath = "{ledger.name}"\ncurrency = "{currency}"\n'
-                       f'columns = {_table({c: names[c] for c in ("date", "account", "amount", "reference", "description")})}\n')  # fmt: skip
-        balances_toml = (
-            f'type = "csv"\npath = "{balance_file.name}"\ncurrency = "{currency}"\n'
-            'columns = { date = "date", amount = "balance", account = "account" }\n'
-        )
-        layout = "ledger CSV"
-    books.schedule.write_text(f'''# {company}: generated books (tests/books.py, seed {books.seed})
-name = "books-{books.seed}"
-title = "{company}: month-end review"
+            writer.writerows([day.isoformat(), self._account("bank"), str(amount)] for day, amount in balances)
+        return (f'[sources.ledger]\ntype = "csv"\npath = "{path.name}"\ncurrency = "{self.currency}"\n'
+                f"columns = {_table({c: names[c] for c in ours})}\n\n"
+                f'[sources.balances]\ntype = "csv"\npath = "{balance_path.name}"\ncurrency = "{self.currency}"\n'
+                'columns = { date = "date", amount = "balance", account = "account" }\n')  # fmt: skip
+
+    def _beancount(self, posted: list[Entry], balances: list[tuple[date, Decimal]]) -> str:
+        """Transactions linked by reference (^INV-4001); `balance` directives assert at the start of the next day."""
+        bank, currency = self._account("bank"), self.currency
+        lines = [f'option "title" "{self.company}"', f'option "operating_currency" "{currency}"', ""]
+        lines += [f"2000-01-01 open {account} {currency}" for account in sorted(set(BEANCOUNT_ACCOUNTS.values()))]
+        lines += ["2000-01-01 open Equity:Opening-Balances", ""]
+        first, opening = balances[0]
+        lines += [f'{first.isoformat()} * "Opening balance"', f"  {bank}  {opening:.2f} {currency}",
+                  "  Equity:Opening-Balances", ""]  # fmt: skip
+        for e in posted:
+            narration = self.words.says[e.role].replace('"', "'")
+            lines += [f'{e.day.isoformat()} * "{narration}" ^{e.reference}', f"  {bank}  {e.amount:.2f} {currency}",
+                      f"  {self._account(e.role)}", ""]  # fmt: skip
+        lines += [f"{(day + timedelta(days=1)).isoformat()} balance {bank}  {amount:.2f} {currency}"
+                  for day, amount in balances[1:]]  # fmt: skip
+        path = self.folder / f"books-{self.seed}.beancount"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        common = f'type = "beancount"\npath = "{path.name}"\naccount = "{bank}"\n'
+        return f'[sources.ledger]\n{common}\n[sources.balances]\n{common}rows = "balances"\n'
+
+    def schedule(self, sources: str) -> str:
+        return f'''# {self.company}: generated books (tests/books.py, seed {self.seed})
+name = "books-{self.seed}"
+title = "{self.company}: month-end review"
 when = "last business day of the month at 22:00"
 timezone = "Europe/London"
 materiality = "1000.00"
 
 [window]
 period = "month"
-as_of = {end.isoformat()}
+as_of = {self.end.isoformat()}
 
-[sources.bank]
-{bank_toml}
-[sources.ledger]
-{ledger_toml}
-[sources.balances]
-{balances_toml}
+{sources}
 [[checks]]
 type = "match"
 left = "bank"
 right = "ledger"
 date_tolerance_days = 3
-use_reference = {"true" if bank_references else "false"}
+use_reference = {"true" if self.layout.references else "false"}
 
 [[checks]]
 type = "duplicates"
@@ -385,7 +484,7 @@ by = "account"
 type = "balance"
 balances = "balances"
 movements = "ledger"
-account = "{bank_account}"
+account = "{self._account("bank")}"
 
 [[checks]]
 type = "variance"
@@ -393,11 +492,15 @@ source = "ledger"
 by = "account"
 threshold_pct = 50
 min_change = "500.00"
-''', encoding="utf-8")  # fmt: skip
-    amounts = "debit/credit" if pair else ("trailing minus" if trailing else "signed")
-    return (f"{company} ({code}, {currency}, {len(posted)} postings): bank CSV {encoding} {delimiter!r} "
-            f"{date_format} {decimal!r}/{thousands!r} {amounts}{' with references' if bank_references else ''}; "
-            f"{layout}; faults {sorted({check for check, _, _ in books.planted})}")  # fmt: skip
+'''
+
+
+def _mt_amount(amount: Decimal) -> str:
+    return f"{abs(amount):.2f}".replace(".", ",")
+
+
+def _mt_balance(tag: str, amount: Decimal, day: date, currency: str) -> str:
+    return f":{tag}:{'C' if amount >= 0 else 'D'}{day:%y%m%d}{currency}{_mt_amount(amount)}"
 
 
 def _toml(text: str) -> str:
