@@ -277,3 +277,18 @@ def test_a_check_over_files_stating_two_currencies_is_refused(tmp_path):
     schedule = load_schedule(tmp_path / "mixed.toml")
     with pytest.raises(ReviewError, match=r"check 1 \(match\) compares bank in EUR, ledger in USD"):
         run_checks_for(schedule, schedule.as_of)
+
+
+def test_qfx_in_ofx_1_sgml_with_intuit_tags_reads_as_the_xml_file(tmp_path):
+    """The sample as OFX 1.02 SGML (leaf elements left open, a v1 header) with QFX's private INTU.BID."""
+    text = (SAMPLES / FILES["ofx"]).read_text()
+    body = re.sub(r"</(TRNTYPE|DTPOSTED|TRNAMT|FITID|REFNUM|NAME|MEMO|CODE|SEVERITY|DTSERVER|LANGUAGE|TRNUID|CURDEF"
+                  r"|BANKID|ACCTID|ACCTTYPE|DTSTART|DTEND|BALAMT|DTASOF)>", "", text[text.index("<OFX>"):])  # fmt: skip
+    header = ("OFXHEADER:100\nDATA:OFXSGML\nVERSION:102\nSECURITY:NONE\nENCODING:USASCII\nCHARSET:1252\n"
+              "COMPRESSION:NONE\nOLDFILEUID:NONE\nNEWFILEUID:NONE\n\n")  # fmt: skip
+    path = tmp_path / "statements.qfx"
+    path.write_text(header + body.replace("<SONRS>", "<SONRS><INTU.BID>3000", 1))
+    for rows in ("entries", "balances"):
+        sgml, xml = source("ofx", path=path, rows=rows).load(*OCTOBER), source("ofx", rows=rows).load(*OCTOBER)
+        assert sgml.dates.tolist() == xml.dates.tolist() and sgml.amounts.tolist() == xml.amounts.tolist()
+        assert sgml.text["reference"].tolist() == xml.text["reference"].tolist()
