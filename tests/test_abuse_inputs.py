@@ -161,7 +161,7 @@ def test_malformed_schedules_are_named_and_the_others_still_load(home):
     for number, (text, _) in enumerate(BROKEN_SCHEDULES.values()):
         (folder / f"broken{number}.toml").write_text(text)
     schedules, errors = load_schedules()
-    assert set(schedules) == {"daily", "weekly", "month-end"}
+    assert set(schedules) == {"daily", "weekly", "month-end", "camt053", "mt940", "ofx", "beancount"}
     by_file = {Path(str(error).split(":")[0]).name: str(error) for error in errors}
     for number, (case, (_, message)) in enumerate(BROKEN_SCHEDULES.items()):
         assert f"broken{number}.toml" in by_file, case
