@@ -79,7 +79,7 @@ def family_row(family: str, root: Path) -> dict[str, str]:
             row[name] = "-: no checkpoint to convert"
             continue
         try:
-            converted = quantized_checkpoint(base, root / f"{family}-{name}", name)
+            converted = quantized_checkpoint(base, root / f"{family}-{name}", **QUANTIZATIONS[name])
         except FamilyError as exc:
             row[name] = f"-: {_short(str(exc))}"
             continue

@@ -663,29 +663,27 @@ def _write_tokenizer(out: Path, config: dict) -> None:
     write_tokenizer(out, vocab)
 
 
-# Quantizations the suite checks: mlx-lm's convert at its defaults for each mode.
+# Quantizations the suite checks, by name: mlx-lm's convert settings (its default group size for each mode).
 QUANTIZATIONS: dict[str, dict] = {
-    "4bit": {"q_bits": 4, "q_group_size": 64, "q_mode": "affine"},
-    "mxfp4": {"q_bits": 4, "q_group_size": 32, "q_mode": "mxfp4"},
+    "4bit": {"bits": 4, "mode": "affine", "group_size": 64},
+    "mxfp4": {"bits": 4, "mode": "mxfp4", "group_size": 32},
 }
 
 
-def quantized_checkpoint(src: Path, out_dir: Path, quantization: str = "4bit") -> Path:
-    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory) with one of QUANTIZATIONS.
+def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64) -> Path:
+    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked.
 
-    Raises FamilyError, naming the family, where mlx-lm cannot quantize it so (e.g. a width mxfp4's groups of
-    32 do not divide).
+    Raises FamilyError, naming the family, where mlx-lm cannot quantize it so.
     """
     import contextlib
     import io
 
     from mlx_lm.convert import convert
 
-    settings = QUANTIZATIONS[quantization]
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # convert prints its progress
-            convert(str(src), mlx_path=str(out_dir), quantize=True, **settings)
+            convert(str(src), mlx_path=str(out_dir), quantize=True, q_bits=bits, q_mode=mode, q_group_size=group_size)
     except (ValueError, TypeError, KeyError) as exc:
         family = json.loads((Path(src) / "config.json").read_text()).get("model_type")
-        raise FamilyError(f"{family}: mlx-lm's convert cannot make a {quantization} model of it: {exc}") from exc
+        raise FamilyError(f"{family}: mlx-lm's convert cannot make a {mode} {bits}-bit model of it: {exc}") from exc
     return Path(out_dir)

@@ -143,7 +143,7 @@ def test_family_imports_exactly_or_is_refused(family, layout, tmp_path):
 def test_mlx_lm_4bit_conversion_imports_token_for_token(family, tmp_path):
     """A 4-bit conversion made with mlx-lm's own convert keeps its quantization and its tokens."""
     src = written_or_skipped(family, tmp_path / "src", "release")
-    converted = quantized_checkpoint(src, tmp_path / "4bit", "4bit")
+    converted = quantized_checkpoint(src, tmp_path / "4bit", bits=4)
     outcome = check_import(converted, tmp_path)
     assert outcome.refused is None, outcome.refused
     assert not outcome.differences, "; ".join(outcome.differences[:8])
