@@ -116,7 +116,7 @@ def test_model_text_is_escaped_and_unverified_numbers_highlighted(month_end_html
     assert '<span class="unverified" title="not a figure of what it is about">7,777</span>' in html
     assert '<span class="verified">1,480.00</span>' in html
     assert 'Check <span class="verified">INV-5010</span> &amp; its duplicate.' in html
-    assert "ssd0: 123,456,789" in html and "1,234 hits; prefetch recall 87 %" in html
+    assert "ssd0: 123,456,789" in html and "1,234 hits" in html and "prefetch recall 87 %" in html
     assert "prefill 20.0 tok/s, decode 5.9 tok/s" in html and "60 generated (length)" in html  # the stats' own
 
 

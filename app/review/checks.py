@@ -389,7 +389,8 @@ def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
     movements = context.current(config["movements"], "balance")
     window = context.window
     start, end = np.datetime64(window.start, "D"), np.datetime64(window.end, "D")
-    accounts_of = text_column(balances, "account") if config.get("account") is None else balances.text["account"]
+    accounts_of = text_column(balances, "account") if config.get("account") is None else balances.text.get("account")
+    accounts_of = np.full(len(balances), "", dtype=object) if accounts_of is None else accounts_of
     known = sorted(set(accounts_of.tolist()) - {""})
     fixed = config.get("account")
     if fixed is not None and fixed not in known:

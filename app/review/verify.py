@@ -321,7 +321,8 @@ class Verifier:
 
     def __init__(self, findings: list[Finding], general: Scope, period: Scope):
         self.findings, self.period = findings, period
-        self.scopes = [Scope().add(f.figures).merge(Scope(identifiers={f"f{n}"})) for n, f in enumerate(findings, 1)]
+        # A finding's own figures, and those its title states (a could-not-run finding's date, say).
+        self.scopes = [Scope(identifiers={f"f{n}"}).add(f.figures).add_text(f.title) for n, f in enumerate(findings, 1)]
         self.general = general
         words: dict[str, set[int]] = {}
         for n, finding in enumerate(findings):
