@@ -86,6 +86,12 @@ def load(path: Path, revision: str | None) -> dict:
     }  # fmt: skip
 
 
+def _verdict(figures: dict, base: dict) -> str:
+    """ "win" when neither CPU seconds nor peak RSS is worse than the baseline's, "loss" when both are, else "mixed"."""
+    worse = [figures[key] > base[key] for key in ("cpu_seconds", "peak_rss_mb")]
+    return "loss" if all(worse) else "mixed" if any(worse) else "win"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=int, default=100)
@@ -110,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         catalogue = Catalogue(args.catalogue)
         base = results.get(args.against)
         for revision, figures in results.items():
-            verdict = "baseline" if revision is not None or base is None else (
-                "win" if figures["peak_rss_mb"] < base["peak_rss_mb"] else "loss")  # fmt: skip
+            verdict = "baseline" if revision is not None or base is None else _verdict(figures, base)
             run = Run(kind="csv-load", model="-", verdict=verdict, command=shlex.join(["python", *sys.argv]),
                       config={"code": revision or head, "mb": args.mb, "rows": rows, "bytes": size},
                       figures=figures)  # fmt: skip

@@ -327,9 +327,8 @@ class CsvSource(Source):
             hashing = _Hashing(raw)
             buffered = io.BufferedReader(hashing, DETECT_BYTES)
             encoding, notes = self._encoding(buffered.peek(DETECT_BYTES)[:DETECT_BYTES])
-            # Undecodable bytes become lone surrogates, found per row: the error names the line they are on.
-            handle = io.TextIOWrapper(buffered, encoding=encoding, errors="surrogateescape", newline="")
-            reader = csv.reader(self._decoded(handle, encoding), delimiter=self.delimiter)
+            handle = io.TextIOWrapper(buffered, encoding=encoding, newline="")
+            reader = csv.reader(handle, delimiter=self.delimiter)
             try:
                 header = next(reader, None)
                 if header is None:
@@ -342,6 +341,8 @@ class CsvSource(Source):
                 table = self._table(kept, notes=notes)
             except csv.Error as exc:
                 raise ReviewError(f"{self._at(reader.line_num)}: not readable as CSV: {exc}") from None
+            except UnicodeDecodeError:
+                raise self._undecodable(encoding) from None
             table.sha256, table.rows_read = hashing.digest.hexdigest(), counted[0]
         return table
 
@@ -364,15 +365,16 @@ class CsvSource(Source):
         found = codecs.lookup(best.encoding).name
         return found, (f"encoding {found} detected by charset-normalizer from the first {len(head):,} bytes",)
 
-    def _decoded(self, lines: Iterable[str], encoding: str) -> Iterator[str]:
-        """`lines`, refused at the first holding bytes that are not `encoding` text (decoded as lone surrogates)."""
-        for number, line in enumerate(lines, start=1):
-            if bad := _UNDECODABLE.search(line):
-                byte = ord(bad.group()) - 0xDC00
-                raise ReviewError(f"{self._at(number)}: byte 0x{byte:02x} is not {encoding.removesuffix('-sig')} text; "
-                                  'set the source\'s `encoding` (e.g. "cp1252", "latin-1", or "auto") or save the '
-                                  "file as UTF-8")  # fmt: skip
-            yield line
+    def _undecodable(self, encoding: str) -> ReviewError:
+        """The first line holding bytes that are not `encoding` text, found by reading again (only on failure)."""
+        shown = encoding.removesuffix("-sig")
+        with self.path.open(encoding=encoding, errors="surrogateescape", newline="") as handle:
+            for number, line in enumerate(handle, start=1):
+                if bad := _UNDECODABLE.search(line):  # an undecodable byte reads as a lone surrogate
+                    return ReviewError(f"{self._at(number)}: byte 0x{ord(bad.group()) - 0xDC00:02x} is not {shown} text; "
+                                       'set the source\'s `encoding` (e.g. "cp1252", "latin-1", or "auto") or save '
+                                       "the file as UTF-8")  # fmt: skip
+        return ReviewError(f"source {self.name!r}: {self.path} is not {shown} text; set the source's `encoding`")
 
     def _positions(self, header: list[str]) -> dict[str, int]:
         missing = [column for column in self.columns.values() if column not in header]
@@ -420,7 +422,7 @@ class CsvSource(Source):
         for number, record in enumerate(reader, start=2):
             if number % CHECK_EVERY == 0:
                 budget.check()
-            if not any(cell.strip() for cell in record):
+            if not "".join(record).strip():
                 continue
             counted[0] += 1
             if len(record) < width:
