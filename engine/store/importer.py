@@ -122,7 +122,7 @@ class Plan:
     trunk_quantized: dict[str, dict]  # module path -> {"bits", "group_size"} quantized on import
     trunk_bytes: int  # of the trunk as the checkpoint has it
     experts_quantized: bool  # some experts quantized on import (--quantize-experts)
-    sizes: dict[int | None, int] = field(default_factory=dict)  # layer -> bytes of its parameters as loaded
+    sizes: dict[int | None, int] = field(init=False)  # layer -> bytes of its parameters (kept as they are written)
 
     def __post_init__(self):
         self.sizes = {g: sum(self.source.weights[n].nbytes for n in names) for g, names in self.groups.items()}
