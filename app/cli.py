@@ -16,7 +16,7 @@ from collections.abc import Collection
 from importlib import import_module
 
 from nightshift.app.commands import say
-from nightshift.app.paths import data_dir
+from nightshift.app.paths import data_dir, ensure_data_dir
 from nightshift.engine import NightshiftError
 
 # Command -> its one-line help, in the order `--help` lists them. Each is app/commands/<command>.py,
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        ensure_data_dir()  # owner-only from the first command that runs, whichever it is
         return args.run(args)
     except NightshiftError as exc:
         say(f"error: {exc}")

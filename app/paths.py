@@ -8,9 +8,14 @@ through the import system, so a wheel in site-packages works like the checkout.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import stat
 import sys
 from pathlib import Path
+
+log = logging.getLogger("nightshift.paths")
+_warned: set[Path] = set()
 
 
 def data_dir() -> Path:
@@ -21,6 +26,40 @@ def data_dir() -> Path:
         return Path.home() / "Library" / "Application Support" / "nightshift"
     xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(xdg) / "nightshift"
+
+
+def ensure_data_dir() -> Path:
+    """The data dir, created owner-only (0700) if missing; one the user already had keeps its mode.
+
+    Reviews hold the user's numbers, so a data dir that others can read is warned about (once per
+    process), never changed: it may be a shared folder on purpose.
+    """
+    home = data_dir()
+    try:
+        home.mkdir(mode=0o700, parents=True)
+        home.chmod(0o700)  # whatever the umask
+    except FileExistsError:
+        mode = stat.S_IMODE(home.stat().st_mode)
+        if mode & 0o077 and home not in _warned:
+            _warned.add(home)
+            log.warning(
+                "the data dir %s is mode %04o: other users may read or enter it; nightshift leaves it so "
+                "(chmod 700 %s to keep reviews private); its own files are created owner-only",
+                home, mode, home,
+            )  # fmt: skip
+    return home
+
+
+def private_file(path: Path) -> Path:
+    """`path` created empty and owner-only (0600) if it does not exist, its folders 0700; returns it.
+
+    Called before a file in the data dir is first opened, whichever command gets there first.
+    """
+    if path.is_relative_to(data_dir()):
+        ensure_data_dir()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    return path
 
 
 def bundled(folder: str) -> Path:

@@ -18,6 +18,7 @@ from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
+from tests.test_reliability_service import dead_pid
 
 UTC = UTC
 
@@ -147,7 +148,7 @@ def test_runs_left_running_are_interrupted_and_queued_again(home):
     due = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
     run_id = queue.enqueue("month-end", due=due, origin="schedule")
     waiting = queue.enqueue("daily")
-    queue.claim(run_id, pid=123)
+    queue.claim(run_id, pid=dead_pid())  # the service that held it was killed
     (retry,) = RunQueue().recover()
     assert queue.get(run_id).state == "interrupted"
     assert (queue.get(retry).state, queue.get(retry).due, queue.get(retry).origin) == ("queued", due, "retry")

@@ -120,3 +120,43 @@ def test_a_users_schedule_overrides_a_bundled_one(home):
     assert errors == [] and schedules["daily"].when == "every business day at 07:15"
     now = datetime(2026, 11, 2, tzinfo=UTC)
     assert schedules["daily"].trigger.get_next_fire_time(None, now).hour == 7
+
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def utc_fires(when: str, zone: ZoneInfo, start: datetime, until: datetime) -> list[str]:
+    """Every fire time from `start` to `until` as APScheduler asks for them (previous fire, now), in UTC."""
+    trigger, fires, previous = parse_when(when, zone), [], None
+    while (previous := trigger.get_next_fire_time(previous, previous or start)) and previous < until:
+        fires.append(previous.astimezone(UTC).strftime("%m-%d %H:%M"))
+    return fires
+
+
+@pytest.mark.parametrize("when", ["every day at 02:30", "30 2 * * *"])
+def test_a_time_that_occurs_twice_fires_once(when):
+    # 25 October 2026, Berlin: 03:00 CEST becomes 02:00 CET, so 02:30 happens at 00:30 and again at 01:30 UTC.
+    fires = utc_fires(when, BERLIN, datetime(2026, 10, 24, 12, tzinfo=UTC), datetime(2026, 10, 27, tzinfo=UTC))
+    assert fires == ["10-25 00:30", "10-26 01:30"]  # the first occurrence only; then 02:30 CET
+
+
+@pytest.mark.parametrize("when", ["every day at 02:30", "30 2 * * *", "every day at 02:00"])
+def test_a_time_that_does_not_exist_fires_when_the_clocks_jump(when):
+    # 29 March 2026, Berlin: 02:00 CET becomes 03:00 CEST; 02:00-02:59 do not exist. Next valid time: 03:00 CEST.
+    fires = utc_fires(when, BERLIN, datetime(2026, 3, 28, 12, tzinfo=UTC), datetime(2026, 3, 31, tzinfo=UTC))
+    minute = when.split(":")[-1] if ":" in when else "30"
+    assert fires == ["03-29 01:00", f"03-30 00:{minute}"]
+
+
+def test_a_half_hour_change_and_every_half_hour_through_the_repeated_hour():
+    # Lord Howe Island moves its clocks by 30 minutes: 02:15 does not exist on 4 October 2026 (02:00 -> 02:30).
+    fires = utc_fires("every day at 02:15", ZoneInfo("Australia/Lord_Howe"), datetime(2026, 10, 3, tzinfo=UTC),
+                      datetime(2026, 10, 5, tzinfo=UTC))  # fmt: skip
+    assert fires == ["10-03 15:30", "10-04 15:15"]  # 02:30 (+11:00) on the 4th, when the clocks jump; then 02:15
+    # Every 30 minutes across Berlin's repeated hour: 02:00 and 02:30 once each, no hour counted twice.
+    local = [
+        datetime.strptime(f"2026-{fire}", "%Y-%m-%d %H:%M").replace(tzinfo=UTC).astimezone(BERLIN).strftime("%H:%M")
+        for fire in utc_fires("*/30 * * * *", BERLIN, datetime(2026, 10, 24, 23, 0, tzinfo=UTC),
+                              datetime(2026, 10, 25, 3, 0, tzinfo=UTC))
+    ]  # fmt: skip
+    assert local == ["01:00", "01:30", "02:00", "02:30", "03:00", "03:30"]

@@ -21,13 +21,23 @@ def progress_line(figures: GenerationStats | RunProgress) -> str:
     return f"{figures.generated_tokens} tokens, {figures.decode_tokens_per_s:.1f} tok/s, {figures.elapsed:.0f} s"
 
 
+DETAIL_SHOWN = 300  # characters of a run's error shown on its line
+
+
 def format_runs(runs: list[Run]) -> list[str]:
+    """One line a run. A run still marked running whose process is gone shows as what it is: interrupted."""
+    from nightshift.app.daemon.runs import gone_reason
+    from nightshift.app.review.index import clip
+
     lines = []
     for run in runs:
-        live = progress_line(run.progress) if run.state == "running" and run.progress else ""
+        state, live = run.state, progress_line(run.progress) if run.state == "running" and run.progress else ""
         detail = run.report or run.error or live
+        if run.orphaned:
+            state, detail = "interrupted", f"{gone_reason(run.pid)}; `nightshift serve` queues it again"
         when = run.due.isoformat() if run.due else run.created
-        lines.append(f"{run.id:>4}  {run.state:<11} {run.review:<14} {run.origin:<8} {when}  {detail}")
+        detail = " ".join((clip(detail, DETAIL_SHOWN) or "").split())
+        lines.append(f"{run.id:>4}  {state:<11} {run.review:<14} {run.origin:<8} {when}  {detail}")
     return lines
 
 
@@ -58,6 +68,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         queue = jobs_without_service(args.limit)
     else:
         print("service: running")
+        if queue.worker_restarts:
+            print(f"service: its worker died and was restarted {queue.worker_restarts} time(s)")
+        if queue.worker_error:
+            print(f"service: the worker's last failure: {queue.worker_error}")
+        for error in queue.schedule_errors:
+            print(f"service: schedule not loaded (its last good version, if any, stays): {error}")
     for name, when in sorted(queue.next_runs.items(), key=lambda item: item[1] or ""):
         print(f"   -  scheduled   {name:<14} next     {when}")
     for line in format_runs(queue.runs):

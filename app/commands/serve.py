@@ -8,12 +8,11 @@ import signal
 import threading
 
 from nightshift.app.commands import say
-from nightshift.app.paths import service_log
+from nightshift.app.paths import private_file, service_log
 
 
 def _logging() -> None:
-    service_log().parent.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(service_log()), logging.StreamHandler()]
+    handlers = [logging.FileHandler(private_file(service_log())), logging.StreamHandler()]
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in handlers:
         handler.setFormatter(formatter)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nightshift.app.paths import engine_lock_file, service_lock
+from nightshift.app.paths import engine_lock_file, private_file, service_lock
 from nightshift.engine import NightshiftError
 
 
@@ -28,8 +28,7 @@ class InstanceLock:
         self._handle = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self.path.open("a+")
+        handle = private_file(self.path).open("a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -55,9 +54,7 @@ class InstanceLock:
 @contextmanager
 def engine_lock(waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Held while a review generates, across processes: one engine at a time. `waiting` is told if it blocks."""
-    path = engine_lock_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    with private_file(engine_lock_file()).open("a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

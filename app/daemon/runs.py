@@ -1,10 +1,13 @@
 """The run queue: every review run, waiting or done, in a SQLite file in the data dir.
 
-It outlives the service: a killed service finds its queued runs on restart,
-and a run it was in the middle of becomes `interrupted` and is queued again.
-A scheduled run is recorded once per (review, due time), so two services, or a
-restart, never queue the same run twice; claiming a run is one atomic update,
-so it never starts twice.
+A run's life is one state machine in this one file: queued -> running -> done,
+failed or interrupted. A running run has an owner: the pid and start time of the
+process working on it (the `serve` worker or a foreground `review run`). Whoever
+reads the queue checks the owner: a run whose process is gone is `interrupted`
+and queued again exactly once (`recover`, one transaction); a live one is never
+touched. A scheduled run is recorded once per (review, due time), so two
+services, or a restart, never queue the same run twice; claiming a run is one
+atomic update, so it never starts twice.
 """
 
 from __future__ import annotations
@@ -18,8 +21,12 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from nightshift.app.daemon import clock
-from nightshift.app.paths import run_queue
+from nightshift.app.paths import private_file, run_queue
+from nightshift.app.review.index import clip
+from nightshift.engine import NightshiftError
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 
@@ -36,14 +43,37 @@ CREATE TABLE IF NOT EXISTS runs (
     finished TEXT,
     report TEXT,
     error TEXT,
-    pid INTEGER,
-    progress TEXT            -- JSON: live figures of the generation
+    pid INTEGER,             -- the owner of a running run: its process id
+    progress TEXT,           -- JSON: live figures of the generation
+    pid_start REAL           -- and that process's start time (a pid reused by another process is not the owner)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS one_run_per_due ON runs (review, due) WHERE due IS NOT NULL AND origin = 'schedule';
 """
 _ENQUEUE = "INSERT OR IGNORE INTO runs (review, as_of, due, origin, state, created) VALUES (?, ?, ?, ?, 'queued', ?)"
-_FINISH = "UPDATE runs SET state = ?, finished = ?, report = ?, error = ? WHERE id = ?"
+_FINISH = "UPDATE runs SET state = ?, finished = ?, report = ?, error = ? WHERE id = ? AND state = 'running'"
 INTERRUPTED_BY_STOP = "the service stopped during this run; queued again"
+ERROR_KEPT = 2000  # characters of a reason stored with a run (a 10 MB exception text is not kept whole)
+
+
+class QueueError(NightshiftError):
+    """The run queue's file cannot be read or written (disk full, read-only, locked, no descriptors left)."""
+
+
+def process_start(pid: int) -> float | None:
+    """When process `pid` started (the kernel's figure, so the same on every read); None when there is none."""
+    try:
+        return round(psutil.Process(pid).create_time(), 3)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def alive(pid: int | None, started: float | None) -> bool:
+    """Whether the process that claimed a run (pid and start time) still runs: the same pid, started then."""
+    return pid is not None and started is not None and process_start(pid) == started
+
+
+def gone_reason(pid: int | None) -> str:
+    return f"its process (pid {pid}) ended without finishing it"
 
 
 @dataclass(frozen=True)
@@ -56,6 +86,7 @@ class RunProgress:
     """
 
     prompt_tokens: int = 0
+    prompt_done: int = 0  # prompt tokens read so far (a chunk at a time)
     generated_tokens: int = 0
     time_to_first_token: float = 0.0
     elapsed: float = 0.0
@@ -67,6 +98,7 @@ class RunProgress:
     prefetch_recall: float | None = None
     read_amplification: float | None = None  # bytes read while prefilling / unique expert bytes the prompt needed
     last_landed: str | None = None  # the drive whose read landed last (the barrier) most often in recent passes
+    finish_reason: str | None = None  # stop (an end token), length (max_tokens) or cancelled, once it ended
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunProgress:
@@ -91,6 +123,12 @@ class Run:
     error: str | None  # why it failed or was interrupted
     pid: int | None
     progress: RunProgress | None
+    pid_start: float | None = None  # the owner's start time: with `pid`, who holds a running run
+
+    @property
+    def orphaned(self) -> bool:
+        """Running, but its owner is gone (killed, power lost): it will be interrupted and queued again."""
+        return self.state == "running" and not alive(self.pid, self.pid_start)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Run:
@@ -116,24 +154,47 @@ class Run:
 
 
 class RunQueue:
-    """Runs in a SQLite file; every method opens its own connection, so threads and processes can share it."""
+    """Runs in a SQLite file; every method opens its own connection, so threads and processes can share it.
+
+    SQLite's own errors (disk full, read-only, locked, no descriptors) come out as `QueueError`.
+    """
 
     def __init__(self, path: Path | None = None):
         self.path = path or run_queue()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect()) as db, db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(_SCHEMA)
+        with self._guard():
+            private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files take its mode
+            with closing(self._connect()) as db, db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+                if "pid_start" not in {row["name"] for row in db.execute("PRAGMA table_info(runs)")}:
+                    db.execute("ALTER TABLE runs ADD COLUMN pid_start REAL")  # a queue from before owners
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            raise QueueError(
+                f"the run queue {self.path} cannot be read or written: {clip(str(exc), 300)}; check that the "
+                f"data dir {self.path.parent} is yours, writable and has free space"
+            ) from exc
+
+    busy_timeout_s = 30.0  # how long a statement waits for another process's write before it fails
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         db.row_factory = sqlite3.Row
         return db
 
     @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._guard(), closing(self._connect()) as db:
+            yield db
+
+    @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: everything in it is stored, or nothing (also when the process dies)."""
-        with closing(self._connect()) as db:
+        with self._guard(), closing(self._connect()) as db:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -155,49 +216,69 @@ class RunQueue:
 
     def claim_next(self, pid: int) -> Run | None:
         """The oldest queued run, now marked running by `pid`; None when nothing waits."""
-        with closing(self._connect()) as db:
+        with self._read() as db:
             row = db.execute("SELECT id FROM runs WHERE state = 'queued' ORDER BY id LIMIT 1").fetchone()
         if row is None:
             return None
         return self.claim(row["id"], pid) or self.claim_next(pid)
 
     def claim(self, run_id: int, pid: int) -> Run | None:
-        """Mark a queued run as running by `pid`; None if it is not queued (someone else took it)."""
+        """Mark a queued run as running by process `pid`; None if it is not queued (someone else took it)."""
         cursor = self._write(
-            "UPDATE runs SET state = 'running', started = ?, pid = ? WHERE id = ? AND state = 'queued'",
-            (clock.now().isoformat(timespec="seconds"), pid, run_id),
+            "UPDATE runs SET state = 'running', started = ?, pid = ?, pid_start = ? WHERE id = ? AND state = 'queued'",
+            (clock.now().isoformat(timespec="seconds"), pid, process_start(pid), run_id),
         )
         return self.get(run_id) if cursor.rowcount else None
 
-    def finish(self, run_id: int, state: str, report: str | None = None, error: str | None = None) -> None:
-        self._write(_FINISH, (state, clock.now().isoformat(timespec="seconds"), report, error, run_id))
+    def finish(self, run_id: int, state: str, report: str | None = None, error: str | None = None) -> bool:
+        """End a running run (the reason clipped); False if it was not running any more."""
+        now = clock.now().isoformat(timespec="seconds")
+        return bool(self._write(_FINISH, (state, now, report, clip(error, ERROR_KEPT), run_id)).rowcount)
+
+    def interrupt(self, run_id: int, reason: str, again: bool) -> int | None:
+        """End a running run as interrupted and, if `again`, queue its retry in the same transaction.
+
+        Returns the retry's id (None: not queued again, or the run was not running any more).
+        """
+        with self._transaction() as db:
+            return self._interrupt(db, run_id, reason, again)
+
+    @staticmethod
+    def _interrupt(db: sqlite3.Connection, run_id: int, reason: str, again: bool) -> int | None:
+        row = db.execute("SELECT * FROM runs WHERE id = ? AND state = 'running'", (run_id,)).fetchone()
+        if row is None:
+            return None
+        now = clock.now().isoformat(timespec="seconds")
+        db.execute(_FINISH, ("interrupted", now, None, clip(reason, ERROR_KEPT), run_id))
+        if not again:
+            return None
+        return db.execute(_ENQUEUE, (row["review"], row["as_of"], row["due"], "retry", now)).lastrowid
 
     def set_progress(self, run_id: int, progress: RunProgress) -> None:
         self._write("UPDATE runs SET progress = ? WHERE id = ?", (json.dumps(asdict(progress)), run_id))
 
-    def recover(self) -> list[int]:
-        """Runs left `running` by a service that died: marked interrupted and queued again. Returns the new ids.
+    def recover(self, lost_by: int | None = None) -> list[int]:
+        """Running runs whose owner is gone: interrupted and queued again, once. Returns the retries' ids.
 
-        One transaction: a service that dies while recovering leaves each run either still `running`
+        `lost_by`: a live process whose runs are lost all the same (the service's worker thread died
+        and was restarted). A run whose owner still runs (a foreground `review run`) is left alone.
+        One transaction: a process that dies while recovering leaves each run either still `running`
         (recovered next time) or interrupted with its retry queued, never interrupted and not queued.
         """
-        now = clock.now().isoformat(timespec="seconds")
         with self._transaction() as db:
-            rows = db.execute("SELECT * FROM runs WHERE state = 'running'").fetchall()
-            retried = []
-            for row in rows:
-                db.execute(_FINISH, ("interrupted", now, None, INTERRUPTED_BY_STOP, row["id"]))
-                retried.append(db.execute(_ENQUEUE, (row["review"], row["as_of"], row["due"], "retry", now)).lastrowid)
-        return retried
+            rows = db.execute("SELECT id, pid, pid_start FROM runs WHERE state = 'running'").fetchall()
+            lost = [row for row in rows if row["pid"] == lost_by or not alive(row["pid"], row["pid_start"])]
+            retries = [self._interrupt(db, row["id"], f"{gone_reason(row['pid'])}; queued again", True) for row in lost]
+        return [retry for retry in retries if retry is not None]
 
     def get(self, run_id: int) -> Run | None:
-        with closing(self._connect()) as db:
+        with self._read() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         return Run.from_row(row) if row else None
 
     def recent(self, limit: int = 30) -> list[Run]:
         """Waiting and running runs, then the latest finished ones, newest first."""
-        with closing(self._connect()) as db:
+        with self._read() as db:
             rows = db.execute(
                 "SELECT * FROM runs ORDER BY state IN ('queued', 'running') DESC, id DESC LIMIT ?", (limit,)
             ).fetchall()

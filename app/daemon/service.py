@@ -14,7 +14,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import date, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,19 @@ from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
 from nightshift.app.daemon.runs import RunQueue
-from nightshift.app.daemon.work import execute
+from nightshift.app.daemon.work import Cancel, Unsettled, execute
 from nightshift.app.models import open_for_generation
-from nightshift.app.paths import data_dir
-from nightshift.app.review.index import read_index
+from nightshift.app.paths import data_dir, private_file
+from nightshift.app.review.index import clip, read_index
 from nightshift.app.review.schedule import Schedule, load_schedules
-from nightshift.engine import Model
+from nightshift.engine import Model, NightshiftError
 
 log = logging.getLogger("nightshift.serve")
 WATCHDOG_S = 20
 JUMP_S = 30  # wall time running ahead of monotonic time by more than this: a suspend or a clock jump
+IDLE_S = 2.0  # the worker looks at the queue at least this often
+BACKOFF_S = (1.0, 60.0)  # the worker's wait after a failure of its own, doubling up to the second figure
+STOP_WAIT_S = 30  # how long `stop` waits for the worker to end a run it was asked to stop
 
 
 def record_due_run(review: str, due: datetime) -> None:
@@ -94,7 +99,13 @@ class ReviewScheduler(BackgroundScheduler):
 
 
 class Service:
-    """The scheduler, the worker thread, the watchdog and the control socket of one data dir."""
+    """The scheduler, the worker thread, the watchdog and the control socket of one data dir.
+
+    The worker never dies silently: a failure of its own (the queue's disk full, read-only or locked, no
+    descriptors left) is logged, the run it held is recorded or queued again once the queue can be
+    written, and it goes on after a pause. Should its thread end all the same, the watchdog starts a
+    new one, says so in the log and counts it (`ping` and `jobs` carry the count and the last error).
+    """
 
     watchdog_s: float = WATCHDOG_S
 
@@ -107,8 +118,13 @@ class Service:
         self.queue: RunQueue | None = None
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
-        self.running: tuple[int, threading.Event] | None = None  # the run being worked on and its cancel event
+        self.running: tuple[int, Cancel] | None = None  # the run being worked on and its cancel event
+        self.unsettled: Callable[[], object] | None = None  # what the worker still has to record in the queue
         self.threads: list[threading.Thread] = []
+        self.worker: threading.Thread | None = None
+        self.worker_restarts = 0
+        self.worker_error: str | None = None  # the last failure the worker met, as said in the log
+        self.schedule_errors: list[str] = []  # schedule files that did not load at the last (re)load
         self.models: dict[Path, Model] = {}
         self.scheduler: ReviewScheduler | None = None
         self.control: ControlServer | None = None
@@ -116,12 +132,11 @@ class Service:
     def start(self) -> None:
         self.lock.acquire()
         self.queue = RunQueue()
-        for run_id in self.queue.recover():
-            log.warning("a run was interrupted when the service stopped; queued again as run %s", run_id)
+        self._recover()
         if self.from_files:
             self._read_schedules()
         self.scheduler = ReviewScheduler(
-            jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{self.home / 'scheduler.sqlite'}")},
+            jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{private_file(self.home / 'scheduler.sqlite')}")},
             executors={"default": QueueExecutor()},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
@@ -133,17 +148,45 @@ class Service:
         self.control.start()
         self._thread(self._watchdog, "watchdog")
         if self.work:
-            self._thread(self._worker, "worker")
+            self.worker = self._thread(self._worker, "worker")
         log.info("serving %d schedule(s) from %s", len(self.schedules), self.home)
 
-    def _thread(self, target, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+    def _thread(self, target: Callable[[], None], name: str) -> threading.Thread:
+        def body() -> None:
+            try:
+                target()
+            except BaseException as exc:  # the thread ends here: said, and the watchdog sees it
+                self.worker_error = clip(f"{name} thread died: {exc!r}", 1000)
+                log.critical("the %s thread died", name, exc_info=True)
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
         thread.start()
         self.threads.append(thread)
+        return thread
+
+    def _recover(self, lost_by: int | None = None) -> None:
+        """Interrupt and queue again the runs whose owner is gone (or lost by this process's dead worker)."""
+        for run_id in self.queue.recover(lost_by):
+            log.warning("a run's process ended in the middle of it; queued again as run %s", run_id)
+
+    def _look_for_orphans(self) -> None:
+        """`_recover`, with a queue that cannot be written said in the log (it is tried again later)."""
+        try:
+            self._recover()
+        except NightshiftError as exc:
+            log.error("could not look for runs whose process ended: %s", exc)
 
     def _read_schedules(self) -> None:
-        self.schedules, errors = load_schedules()
-        for error in errors:
+        """Read the schedule files; one that is broken now keeps its last good version, and the error is said."""
+        loaded, errors = load_schedules()
+        broken = {Path(str(error).split(":", 1)[0]) for error in errors}
+        for name, schedule in (self.schedules or {}).items():
+            if name not in loaded and schedule.file in broken:
+                loaded[name] = schedule
+                log.error("%s: its schedule file does not load; its last good version stays scheduled", name)
+        self.schedules = loaded
+        self.schedule_errors = [clip(str(error), 1000) for error in errors]
+        for error in self.schedule_errors:
             log.error("schedule not loaded: %s", error)
 
     def reload(self) -> None:
@@ -187,22 +230,65 @@ class Service:
                 )
             wall, steady = time.time(), time.monotonic()
             self.scheduler.wakeup()
+            self.check_worker()
+            self._look_for_orphans()  # a foreground `review run` that was killed: its run is queued here
             self.wake_worker.set()
 
+    def check_worker(self) -> bool:
+        """Start a new worker if the last one died (said in the log, counted); True if one was started."""
+        if self.worker is None or self.worker.is_alive() or self.stopping.is_set():
+            return False
+        self.worker_restarts += 1
+        self.running = None
+        self.unsettled = partial(self._recover, os.getpid())  # the run the dead worker held, if any
+        log.error("the worker thread had died (%s); started a new one (restart %d)", self.worker_error,
+                  self.worker_restarts)  # fmt: skip
+        self.worker = self._thread(self._worker, "worker")
+        return True
+
     def _worker(self) -> None:
+        pause = BACKOFF_S[0]
         while not self.stopping.is_set():
-            run = self.queue.claim_next(os.getpid())
-            if run is None:
-                self.wake_worker.wait(2.0)
-                self.wake_worker.clear()
+            try:
+                if self.unsettled is not None:
+                    self.unsettled()
+                    self.unsettled = None
+                    log.info("the queue can be written again; what the worker held is recorded")
+                if not self._work_one():
+                    self.wake_worker.wait(IDLE_S)
+                    self.wake_worker.clear()
+                pause = BACKOFF_S[0]
                 continue
-            log.info("run %s: %s started", run.id, run.review)
-            self.running = (run.id, threading.Event())
-            if self.stopping.is_set():
-                self.running[1].set()
-            finished = execute(self.queue, run, self.running[1], log.info, self._model)
+            except Unsettled as exc:
+                self.unsettled = exc.settle
+                self.worker_error = clip(str(exc), 1000)
+            except Exception as exc:  # the queue unwritable, the disk full, no descriptors: said, tried again
+                self.unsettled = self.unsettled or partial(self._recover, os.getpid())
+                self.worker_error = clip(f"{exc!r}", 1000)
             self.running = None
-            log.info("run %s: %s %s %s", run.id, run.review, finished.state, finished.report or finished.error or "")
+            log.error("the worker failed (trying again in %.0f s): %s", pause, self.worker_error)
+            self.stopping.wait(pause)
+            pause = min(pause * 2, BACKOFF_S[1])
+
+    def _work_one(self) -> bool:
+        """Claim the next queued run and carry it out; False when none waits."""
+        run = self.queue.claim_next(os.getpid())
+        if run is None:
+            return False
+        log.info("run %s: %s started", run.id, run.review)
+        self.running = (run.id, Cancel())
+        if self.stopping.is_set():
+            self.running[1].stop(again=True)
+        finished = execute(self.queue, run, self.running[1], log.info, self._model)
+        self.running = None
+        log.info("run %s: %s %s %s", run.id, run.review, finished.state,
+                 clip(finished.report or finished.error or "", 500))  # fmt: skip
+        return True
+
+    def health(self) -> dict[str, Any]:
+        """What `ping` and `jobs` say of the worker, for `nightshift jobs` and the dashboard."""
+        return {"worker_restarts": self.worker_restarts, "worker_error": self.worker_error,
+                "schedule_errors": self.schedule_errors}  # fmt: skip
 
     def _model(self, path: Path) -> Model:
         """One engine: the model stays loaded between runs that use it."""
@@ -217,10 +303,14 @@ class Service:
         """A control-socket request: jobs, run, run_status, cancel, pause, resume, reports, ping."""
         command = request.get("command")
         if command == "ping":
-            return {"ok": True, "pid": os.getpid()}
+            return {"ok": True, "pid": os.getpid(), **self.health()}
         if command == "jobs":
+            self._look_for_orphans()  # what the reply says of running runs is true: their processes are alive
+            running = self.running
             return {"ok": True, "runs": [run.to_dict() for run in self.queue.recent(int(request.get("limit", 30)))],
-                    "next_runs": self.next_runs()}  # fmt: skip
+                    "next_runs": self.next_runs(),
+                    "cancelling": running[0] if running is not None and running[1].is_set() else None,
+                    **self.health()}  # fmt: skip
         if command == "run":
             review = str(request.get("review"))
             if review not in self.schedules:
@@ -253,12 +343,13 @@ class Service:
     def stop(self) -> None:
         self.stopping.set()
         if (running := self.running) is not None:
-            running[1].set()
+            running[1].stop(again=True)  # interrupted and queued again (one still reading its prompt when the
+            # wait below ends is left `running`; its process gone, the next start queues it again)
         self.wake_worker.set()
         if self.control is not None:
             self.control.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         for thread in self.threads:
-            thread.join(timeout=30)
+            thread.join(timeout=STOP_WAIT_S)
         self.lock.release()

@@ -18,15 +18,23 @@ from datetime import UTC, date, datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from nightshift.app.paths import reports_index
+from nightshift.app.paths import private_file, reports_index
 from nightshift.app.review.errors import ReviewError
 from nightshift.app.review.window import Window
+
+REASON_KEPT = 2000  # characters of a failure's reason stored and shown (a 10 MB exception text is not)
+
+
+def clip(text: str | None, limit: int) -> str | None:
+    """`text` cut to `limit` characters, saying how many were left out (a reason or error kept or shown)."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
 
 
 @contextmanager
 def _locked() -> Iterator[None]:
-    path = reports_index().with_suffix(".lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = private_file(reports_index().with_suffix(".lock"))
     with path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -76,7 +84,8 @@ class IndexEntry:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> IndexEntry:
         """Parse an entry as stored or as the control socket sends it (keys older versions did not write: defaults)."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+        entry = cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+        return replace(entry, reason=clip(entry.reason, REASON_KEPT))  # one stored whole by an older version
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values: a report's fields, or a failure's reason, never both."""
@@ -129,5 +138,5 @@ def add_failure(review: str, reason: str, run: int | None = None, title: str | N
         as_of=as_of.isoformat() if as_of else None, period=window.label if window else None,
         start=window.start.isoformat() if window else None, end=window.end.isoformat() if window else None,
         created=datetime.now(UTC).astimezone(zone).isoformat(timespec="seconds"),
-        reason=" ".join(reason.split()),
+        reason=clip(" ".join(reason.split()), REASON_KEPT),
     ))  # fmt: skip

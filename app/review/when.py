@@ -5,13 +5,20 @@ Plain forms: "every day at 07:00", "every business day at 18:30", "Fridays",
 "first business day of the month", "last day of the month at 23:00". Without
 "at", a review runs at 18:00, the end of a working day. Business days are
 Monday to Friday (public holidays are not known).
+
+Times are wall-clock times in the schedule's time zone, and daylight saving
+time is handled the way people expect: a time that occurs twice (02:30 on the
+night clocks go back) fires once, at its first occurrence; a time that does not
+exist (02:30 on the night clocks go forward) fires at the next valid time, the
+moment the clocks jump (03:00). APScheduler's cron trigger alone fires twice in
+the first case and at 03:30 in the second; `WallClock` wraps every trigger.
 """
 
 from __future__ import annotations
 
 import calendar
 import re
-from datetime import date, datetime, time, timedelta, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
@@ -63,15 +70,62 @@ class BusinessDayOfMonthTrigger(BaseTrigger):
         return f"<BusinessDayOfMonthTrigger ({self}, timezone={self.timezone})>"
 
 
+def _wall(moment: datetime, timezone: tzinfo) -> datetime:
+    """The wall-clock time at `moment` in `timezone`, naive."""
+    return moment.astimezone(UTC).astimezone(timezone).replace(tzinfo=None)  # via UTC: same-zone astimezone is a no-op
+
+
+def _valid(fire: datetime, timezone: tzinfo) -> datetime | None:
+    """`fire` (a wall-clock time a trigger meant) as the instant it runs: None for the second occurrence of a
+    repeated time, the end of the gap for a time that does not exist, else itself."""
+    meant = fire.replace(tzinfo=None)
+    if _wall(fire, timezone) != meant:  # in a gap: no instant shows this wall time
+        low = meant.replace(tzinfo=timezone, fold=1).astimezone(UTC)  # read with the offset after the change
+        high = meant.replace(tzinfo=timezone, fold=0).astimezone(UTC)  # and with the one before
+        low, high = min(low, high), max(low, high)
+        while high - low > timedelta(seconds=1):  # the first instant whose wall time is past `meant`
+            middle = low + (high - low) / 2
+            low, high = (middle, high) if _wall(middle, timezone) < meant else (low, middle)
+        return high.replace(microsecond=0).astimezone(timezone)
+    first = meant.replace(tzinfo=timezone, fold=0)
+    if first.astimezone(UTC) < fire.astimezone(UTC):  # the same wall time came earlier: it fired then
+        return None
+    return fire
+
+
+class WallClock(BaseTrigger):
+    """A trigger's fire times as wall-clock times across daylight saving changes (see the module's text)."""
+
+    def __init__(self, trigger: BaseTrigger, timezone: tzinfo):
+        self.trigger, self.timezone = trigger, timezone
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        # Arithmetic in UTC: adding to a local time is wall-clock arithmetic, which forgets which occurrence it was.
+        step = timedelta(microseconds=1)
+        start = min(now, previous_fire_time.astimezone(UTC) + step) if previous_fire_time else now
+        while (fire := self.trigger.get_next_fire_time(None, start)) is not None:
+            valid = _valid(fire, self.timezone)
+            if valid is not None and (previous_fire_time is None or valid > previous_fire_time):
+                return valid
+            start = fire.astimezone(UTC) + step
+        return None
+
+    def __str__(self) -> str:
+        return str(self.trigger)
+
+    def __repr__(self) -> str:
+        return f"<WallClock {self.trigger!r}>"
+
+
 def parse_when(text: str, timezone: tzinfo) -> BaseTrigger:
     """A trigger for `text` (a plain form or a 5-field crontab line); ValueError says what is accepted."""
     spoken = " ".join(text.strip().lower().split())
     for kind, pattern in _FORMS:
         found = pattern.fullmatch(spoken)
         if found:
-            return _trigger(kind, found, timezone)
+            return WallClock(_trigger(kind, found, timezone), timezone)
     if len(spoken.split()) == 5:
-        return CronTrigger.from_crontab(spoken, timezone=timezone)
+        return WallClock(CronTrigger.from_crontab(spoken, timezone=timezone), timezone)
     raise ValueError(
         f'{text!r} is not a schedule nightshift understands; write a crontab line such as "30 18 * * mon-fri" '
         'or a plain form: "every business day at 18:30", "Fridays at 17:00", '

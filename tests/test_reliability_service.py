@@ -1,0 +1,240 @@
+"""The service's own faults, in one process (issue [12]): owners of running runs, a worker that meets a locked
+queue or dies, the control socket's limits, clients that give up cleanly, long errors, owner-only files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from contextlib import closing, suppress
+
+import pytest
+
+from nightshift.app.cli import main
+from nightshift.app.daemon import control
+from nightshift.app.daemon import service as service_module
+from nightshift.app.daemon.runs import ERROR_KEPT, RunQueue, process_start
+from nightshift.app.daemon.service import Service
+from nightshift.app.review.index import REASON_KEPT, add_failure, read_index
+from nightshift.app.review.schedule import BUNDLED_DIR
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def wait_for(condition, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_recovery_queues_a_dead_owners_run_again_once_and_never_touches_a_live_one(home):
+    queue = RunQueue()
+    live = queue.claim(queue.enqueue("daily"), os.getpid())  # a foreground `review run` in this process
+    dead = queue.claim(queue.enqueue("weekly"), dead_pid())  # a killed one
+    (retry,) = RunQueue().recover()
+    assert queue.get(live.id).state == "running" and queue.get(live.id).pid_start == process_start(os.getpid())
+    assert queue.get(dead.id).state == "interrupted" and "ended without finishing it" in queue.get(dead.id).error
+    assert (queue.get(retry).review, queue.get(retry).origin, queue.get(retry).state) == ("weekly", "retry", "queued")
+    assert RunQueue().recover() == []  # exactly once
+    # The same pid, but another process (the pid was reused): not the owner.
+    with closing(queue._connect()) as db:
+        db.execute("UPDATE runs SET pid_start = 1.0 WHERE id = ?", (live.id,))
+    assert queue.get(live.id).orphaned and len(RunQueue().recover()) == 1
+
+
+def test_jobs_without_the_service_shows_a_dead_run_as_interrupted(home, capsys):
+    queue = RunQueue()
+    pid = dead_pid()
+    run = queue.claim(queue.enqueue("daily"), pid)
+    assert main(["jobs"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(str(run.id))]
+    assert "interrupted" in line and "running" not in line and f"pid {pid}" in line
+
+
+def test_a_10_mb_error_is_stored_and_shown_shortened(home, capsys):
+    huge = "column," * 1_560_000  # 10.9 MB, like a million-column header in the message
+    queue = RunQueue()
+    run = queue.claim(queue.enqueue("daily"), os.getpid())
+    queue.finish(run.id, "failed", error=f"source 'bank': header {huge}")
+    add_failure("daily", f"source 'bank': header {huge}", run.id)
+    assert len(queue.get(run.id).error) < ERROR_KEPT + 100 and "more characters)" in queue.get(run.id).error
+    assert os.path.getsize(home / "reports" / "index.json") < REASON_KEPT + 2000
+    assert main(["jobs"]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) < 500
+    assert main(["reports", "list"]) == 0
+    assert len(capsys.readouterr().out) < REASON_KEPT + 500
+    # An entry stored whole by an earlier version is shortened when read.
+    entries = json.loads((home / "reports" / "index.json").read_text())
+    entries[0]["reason"] = huge
+    (home / "reports" / "index.json").write_text(json.dumps(entries))
+    assert len(read_index()[0].reason) < REASON_KEPT + 100
+
+
+@pytest.fixture
+def service(home):
+    """A real service (worker, watchdog, socket) with no schedules of its own, stopped afterwards."""
+    started: list[Service] = []
+
+    def start(**attributes) -> Service:
+        service = Service({}, work=True)
+        for name, value in attributes.items():
+            setattr(service, name, value)
+        service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+def test_a_locked_queue_fails_nothing_silently_and_the_worker_goes_on(home, service, monkeypatch, caplog):
+    monkeypatch.setattr(RunQueue, "busy_timeout_s", 0.2)
+    monkeypatch.setattr(service_module, "IDLE_S", 60)  # the worker looks at the queue when woken below
+    running = service()
+    time.sleep(0.5)  # its first look: nothing queued
+    waiting = RunQueue().enqueue("vanished")  # no such review: fails at once, with its reason
+    blocker = RunQueue()._connect()
+    blocker.execute("BEGIN EXCLUSIVE")  # another process holds the queue: every write fails
+    with caplog.at_level(logging.ERROR, "nightshift.serve"):
+        running.wake_worker.set()
+        wait_for(lambda: running.worker_error is not None)
+    assert "cannot be read or written" in running.worker_error and "locked" in running.worker_error
+    assert "the worker failed" in caplog.text and running.worker.is_alive()
+    assert "locked" in control.jobs().worker_error  # what `jobs` and the dashboard show
+    assert RunQueue().get(waiting).state == "queued"
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    wait_for(lambda: RunQueue().get(waiting).state == "failed", 30)  # once the cause clears
+    assert "no review named 'vanished'" in RunQueue().get(waiting).error
+
+
+def test_the_watchdog_restarts_a_dead_worker_and_says_so(home, service, monkeypatch, caplog):
+    running = service(watchdog_s=0.1)
+    original = Service._work_one
+    calls = []
+
+    def dies_once(self) -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemExit("a fault no handler expects")
+        return original(self)
+
+    monkeypatch.setattr(Service, "_work_one", dies_once)
+    with caplog.at_level(logging.ERROR):
+        running.wake_worker.set()
+        wait_for(lambda: running.worker_restarts == 1)
+    assert "the worker thread had died" in caplog.text and "a fault no handler expects" in caplog.text
+    assert control.request("ping")["worker_restarts"] == 1 and control.jobs().worker_restarts == 1
+    run_id = RunQueue().enqueue("vanished")
+    running.wake_worker.set()
+    wait_for(lambda: RunQueue().get(run_id).state == "failed", 30)  # the new worker works
+
+
+def test_the_socket_closes_idle_connections_caps_them_and_bounds_requests(home, service, monkeypatch):
+    monkeypatch.setattr(control._Connection, "timeout", 0.5)
+    running = service()
+    threads = threading.active_count()
+    idle = []
+    for _ in range(60):  # a flood of connections that never send a request
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(home / "nightshift.sock"))
+        idle.append(client)
+    time.sleep(0.2)
+    assert threading.active_count() <= threads + control.MAX_CONNECTIONS  # not one thread each
+    assert control.service_pid() == os.getpid()  # answered once the idle ones time out
+    for client in idle:
+        client.settimeout(5)
+        assert client.recv(1000) in (b"", b'{"ok": false, "error": "busy: too many connections at once; try again"}\n')
+        client.close()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(home / "nightshift.sock"))
+        client.sendall(b"{" * 100_000)
+        client.settimeout(5)
+        assert b"at most 65536 bytes" in client.recv(1000)
+    assert running.worker.is_alive()
+
+
+def test_a_silent_or_full_service_gives_a_clear_message_not_a_traceback(home):
+    home.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stopped:  # accepts nothing, answers nothing
+        stopped.bind(str(home / "nightshift.sock"))
+        stopped.listen(1)
+        with pytest.raises(control.ServiceUnreachable, match=r"did not answer within 1 s: it may be stopped"):
+            control.request("ping", timeout=1)
+        held = []
+        with suppress(BlockingIOError):  # fill the backlog until the kernel refuses
+            while len(held) < 100:
+                held.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+                held[-1].setblocking(False)
+                held[-1].connect(str(home / "nightshift.sock"))
+        with pytest.raises(control.ServiceUnreachable, match=r"not taking connections \(its backlog is full"):
+            control.request("ping", timeout=1)
+        for client in held:
+            client.close()
+
+
+def test_the_data_dir_and_its_files_are_owner_only_from_the_first_command(home, capsys):
+    assert main(["review", "list"]) == 0
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    queue = RunQueue()  # as a foreground `review run` creates it
+    with closing(queue._connect()) as db:  # while open, SQLite keeps its -wal and -shm files
+        queue.enqueue("daily")
+        db.execute("SELECT count(*) FROM runs").fetchone()
+        for name in ("runs.sqlite", "runs.sqlite-wal", "runs.sqlite-shm"):
+            assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+
+
+def test_a_shared_data_dir_keeps_its_mode_with_a_warning(home, service, caplog):
+    home.mkdir(parents=True)
+    home.chmod(0o2775)
+    with caplog.at_level(logging.WARNING, "nightshift.paths"):
+        service()
+    assert stat.S_IMODE(home.stat().st_mode) == 0o2775  # not changed behind the user's back
+    assert f"the data dir {home} is mode 2775" in caplog.text
+    for name in ("runs.sqlite", "serve.lock", "scheduler.sqlite", "nightshift.sock"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+
+
+def test_a_broken_schedule_on_reload_keeps_its_last_good_job(home, caplog):
+    (home / "schedules").mkdir(parents=True)
+    text = (BUNDLED_DIR / "daily.toml").read_text().replace('name = "daily"', 'name = "mine"')
+    mine = home / "schedules" / "mine.toml"
+    mine.write_text(text.replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/'))
+    running = Service(work=False)
+    running.start()
+    try:
+        before = running.next_runs()["mine"]
+        mine.write_text(text.replace('when = "', 'when = "every blue moon ').replace("[sources]", "[sources"))
+        with caplog.at_level(logging.ERROR):
+            running.reload()  # what SIGHUP does
+        assert running.next_runs()["mine"] == before and "mine" in running.schedules
+        assert "its last good version stays scheduled" in caplog.text
+        assert any(str(mine) in error for error in control.jobs().schedule_errors)
+    finally:
+        running.stop()
+
+
+def test_error_texts_from_a_read_only_queue_are_messages(home, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("root writes to read-only files; tests/test_reliability_kills.py mounts a read-only data dir")
+    RunQueue()
+    home.chmod(0o500)
+    (home / "runs.sqlite").chmod(0o400)
+    try:
+        assert main(["review", "run", "daily", "--as-of", "2026-10-30"]) == 1
+        assert "cannot be read or written" in capsys.readouterr().err
+    finally:
+        home.chmod(0o700)
