@@ -334,11 +334,9 @@ class CsvSource(Source):
                 if header is None:
                     raise ReviewError(f"source {self.name!r}: {self.path} is empty (a header row is needed)")
                 counted = [0]
-                rows = self._rows(reader, self._positions(header), budget, counted)
                 margin = timedelta(days=self.margin_days)
-                first, last = start - margin, end + margin
-                kept = rows if self.whole else (row for row in rows if first <= row[1] <= last)
-                table = self._table(kept, notes=notes)
+                kept = None if self.whole else (start - margin, end + margin)
+                table = self._table(self._rows(reader, self._positions(header), budget, counted, kept), notes=notes)
             except csv.Error as exc:
                 raise ReviewError(f"{self._at(reader.line_num)}: not readable as CSV: {exc}") from None
             except UnicodeDecodeError:
@@ -395,28 +393,27 @@ class CsvSource(Source):
         except ReviewError as exc:
             raise ReviewError(f"{self._at(line, column)}: {exc}") from None
 
-    def _amount(self, record: list[str], positions: dict[str, int], line: int) -> int:
-        """The row's amount in units: its `amount` cell, or credit - debit (one of them filled, or the other 0)."""
-        if "amount" in positions:
-            units = self._parsed(record, positions, line, "amount")
-        else:
-            sides = {side: self._parsed(record, positions, line, side) if record[positions[side]].strip() else None
-                     for side in ("debit", "credit")}  # fmt: skip
-            for side, value in sides.items():
-                if value is not None and value < 0:
-                    raise ReviewError(f"{self._at(line, side)}: {record[positions[side]]!r} is negative in a {side} "
-                                      "column; which way it moves money is unclear")  # fmt: skip
-            debit, credit = sides["debit"], sides["credit"]
-            if debit is None and credit is None:
-                raise ReviewError(f"{self._at(line)}: neither debit nor credit is filled")
-            if debit and credit:
-                raise ReviewError(f"{self._at(line)}: both debit and credit are filled; one of them should be")
-            units = (credit or 0) - (debit or 0)
-        return -units if self.sign == "inverted" else units
+    def _debit_credit(self, record: list[str], positions: dict[str, int], line: int) -> int:
+        """The row's amount in units from a debit and a credit column: credit - debit (one filled, or the other 0)."""
+        sides = {side: self._parsed(record, positions, line, side) if record[positions[side]].strip() else None
+                 for side in ("debit", "credit")}  # fmt: skip
+        for side, value in sides.items():
+            if value is not None and value < 0:
+                raise ReviewError(f"{self._at(line, side)}: {record[positions[side]]!r} is negative in a {side} "
+                                  "column; which way it moves money is unclear")  # fmt: skip
+        debit, credit = sides["debit"], sides["credit"]
+        if debit is None and credit is None:
+            raise ReviewError(f"{self._at(line)}: neither debit nor credit is filled")
+        if debit and credit:
+            raise ReviewError(f"{self._at(line)}: both debit and credit are filled; one of them should be")
+        return (credit or 0) - (debit or 0)
 
-    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget,
-              counted: list[int]) -> Iterator[Row]:  # fmt: skip
+    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget, counted: list[int],
+              kept: tuple[date, date] | None) -> Iterator[Row]:  # fmt: skip
+        """Every row parsed and checked; those dated within `kept` (None: all) yielded."""
         text_positions = {key: at for key, at in positions.items() if key in TEXT_COLUMNS}
+        pair, negate = "amount" not in positions, self.sign == "inverted"
+        first, last = kept or (date.min, date.max)
         days: dict[str, date] = {}  # a file has few distinct dates; strptime is the slow part of a row
         width = max(positions.values()) + 1
         for number, record in enumerate(reader, start=2):
@@ -433,11 +430,20 @@ class CsvSource(Source):
             except ValueError as exc:
                 raise ReviewError(f"{self._at(number, 'date')}: {text!r} is not a date in the format "
                                   f"{self.date_format!r} (date_format): {exc}") from None  # fmt: skip
-            units = self._amount(record, positions, number)
+            if pair:
+                units = self._debit_credit(record, positions, number)
+            else:
+                units = self._parsed(record, positions, number, "amount")
             if "currency" in positions and record[positions["currency"]].strip() != self.currency:
                 raise ReviewError(f"{self._at(number, 'currency')}: {record[positions['currency']]!r} is not the "
                                   f"source's currency {self.currency}; amounts in two currencies are never added up")  # fmt: skip
-            yield number, day, units, {key: record[at].strip() for key, at in text_positions.items()}
+            if first <= day <= last:
+                yield (
+                    number,
+                    day,
+                    -units if negate else units,
+                    {key: record[at].strip() for key, at in text_positions.items()},
+                )
 
 
 _READS = (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE)
