@@ -166,12 +166,18 @@ RULE: dict[str, object] = {
 }
 
 
-@cache
-def tiny_config(model_type: str) -> dict:
+def tiny_config(model_type: str, options: bool = False) -> dict:
     """config.json of a tiny random model of `model_type`: the generic rule on its ModelArgs, then overrides.
 
+    `options`: also every boolean option of the family that is off by default (tied embeddings, norm_head,
+    biases, qk norms, ...) switched on, each kept only if the model still builds and runs with it.
     Raises FamilyError naming the family and what could not be built.
     """
+    return json.loads(json.dumps(_options_config(model_type) if options else _base_config(model_type)))
+
+
+@cache
+def _base_config(model_type: str) -> dict:
     config = _tiny_args(model_type)
     override = OVERRIDES.get(model_type)
     if override:
@@ -180,7 +186,62 @@ def tiny_config(model_type: str) -> dict:
     _check_required(model_type, args_class, config)
     if "text_config" in config:
         _check_required(model_type, _text_args_class(model_type), config["text_config"])
-    return json.loads(json.dumps(config))
+    return config
+
+
+def option_flags(model_type: str) -> list[str]:
+    """The boolean options of the family that are off in its tiny config and that it builds and runs with on
+    (a text model's as `text_config.<name>`)."""
+    return list(_options(model_type))
+
+
+@cache
+def _options(model_type: str) -> dict[str, dict]:
+    """option name -> the config update that switches it on, for each option the family runs with."""
+    base = _base_config(model_type)
+    _, args_class = model_classes(model_type)
+    places = [("", args_class, base)]
+    if "text_config" in base:
+        places.append(("text_config.", _text_args_class(model_type), base["text_config"]))
+    found = {}
+    for prefix, args, config in places:
+        for field in dataclasses.fields(args):
+            default = field.default if field.default is not dataclasses.MISSING else None
+            if field.type not in (bool, "bool") or config.get(field.name, default) is not False:
+                continue
+            update = {"text_config": {field.name: True}} if prefix else {field.name: True}
+            if _runs(model_type, _updated(base, update)):
+                found[prefix + field.name] = update
+    return found
+
+
+def _updated(config: dict, update: dict) -> dict:
+    out = json.loads(json.dumps(config))
+    _merge(out, update)
+    return out
+
+
+def _runs(model_type: str, config: dict) -> bool:
+    """Whether the family's model builds from `config`, computes a forward pass, and its sanitize() accepts its
+    own parameters (so mlx-lm loads a checkpoint of it)."""
+    try:
+        model = build(model_type, config)
+        mx.eval(model(mx.array([[1, 2, 3]])))
+        params = dict(tree_flatten(model.parameters()))
+        return _same_layout(sanitized(model, params), params)
+    except Exception:  # any family may reject an option in its own way; such an option is left off
+        return False
+
+
+@cache
+def _options_config(model_type: str) -> dict:
+    """The base config with every working option on, one at a time, each kept only if all so far still run."""
+    config = _base_config(model_type)
+    for update in _options(model_type).values():
+        candidate = _updated(config, update)
+        if _runs(model_type, candidate):
+            config = candidate
+    return config
 
 
 def _check_required(model_type: str, args_class: type, config: dict) -> None:
@@ -508,11 +569,18 @@ def _expert_forms(site: str) -> Iterator[tuple[str, Callable[[str, dict], dict]]
     yield "stacked input_linear/output_linear", _input_output_linear
 
 
-def _with_experts(weights: dict, sites: list[str], form: Callable[[str, dict], dict]) -> dict | None:
-    """`weights` with every site's stacked experts renamed by `form` (None where the form does not fit)."""
+def _with_experts(
+    weights: dict, sites: list[str], form: Callable[[str, dict], dict], weights_only: bool = False
+) -> dict | None:
+    """`weights` with every site's stacked experts renamed by `form` (None where the form does not fit);
+    `weights_only`: the experts' other tensors (biases) keep mlx-lm's stacked names."""
     out = {k: v for k, v in weights.items() if not any(k.startswith(s + ".") for s in sites)}
     for site in sites:
-        renamed = form(site, _site_tensors(weights, site))
+        tensors = _site_tensors(weights, site)
+        if weights_only:
+            out.update({f"{site}.{p}.{kind}": v for (p, kind), v in tensors.items() if kind != "weight"})
+            tensors = {key: v for key, v in tensors.items() if key[1] == "weight"}
+        renamed = form(site, tensors)
         if not renamed:
             return None
         out.update(renamed)
@@ -570,9 +638,15 @@ def release_weights(
     if not sites:
         raise FamilyError(f"{model_type}: the tiny model has no routed experts, so it has no release expert layout")
     tried, first = 0, None
-    for description, form in _expert_forms(sites[0]):
+    # Whole experts first; then weights only, for a family whose sanitize() stacks no expert biases.
+    forms = [(d, f, False) for d, f in _expert_forms(sites[0])]
+    if any(not k.endswith(".weight") for k in target if any(k.startswith(s + ".") for s in sites)):
+        forms += [
+            (f"{d} (biases in mlx-lm's names: sanitize stacks none)", f, True) for d, f in _expert_forms(sites[0])
+        ]
+    for description, form, weights_only in forms:
         tried += 1
-        candidate = _with_experts(target, sites, form)
+        candidate = _with_experts(target, sites, form, weights_only)
         if candidate is None or set(candidate) == set(target) or not _maps_back(model, candidate, target):
             continue
         trunk_forms = []

@@ -1,7 +1,8 @@
 """Every MoE family of the installed mlx-lm, in both layouts people download, imports exactly or is refused by name.
 
 Generated from mlx-lm itself (tests/moe_families.py): for each family a tiny random checkpoint from its own
-Model class, written with mlx-lm's converted names and with the upstream release names, is imported; then every
+Model class (as sized, and with every boolean option of the family switched on: tied embeddings, norm_head,
+biases, ...), written with mlx-lm's converted names and with the upstream release names, is imported; then every
 trunk and expert tensor of the store must equal what `mlx_lm.utils.load_model` holds for the same checkpoint
 (same dtype, bit for bit), and greedy tokens from the store, streamed and in RAM, must equal mlx-lm's. A family
 the importer refuses must be refused with its reason, before anything is written. One family is quick; the rest
@@ -23,7 +24,14 @@ from nightshift.engine import Drive, ImportOptions, NightshiftError, import_chec
 from nightshift.engine.models import get_classes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.store.loader import load_store
-from tests.moe_families import LAYOUTS, FamilyError, moe_families, quantized_checkpoint, write_checkpoint
+from tests.moe_families import (
+    LAYOUTS,
+    FamilyError,
+    moe_families,
+    quantized_checkpoint,
+    tiny_config,
+    write_checkpoint,
+)
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 STEPS = 24
@@ -70,15 +78,16 @@ def tensor_differences(store_model, reference) -> list[str]:
 def check_import(src: Path, work: Path, options: ImportOptions | None = None) -> Outcome:
     """Import `src` into a store under `work` and compare it with `mlx_lm.load` of `src`, tensors and tokens.
 
-    A refusal must be a NightshiftError that leaves neither the store nor its drive behind.
+    A refusal must be a NightshiftError that leaves neither the store nor its drive behind. mlx-lm must load
+    `src` either way (else the checkpoint, not the importer, is wrong: that raises).
     """
     store, drive = work / "store", work / "drive"
+    reference, _ = load_model(src, get_model_classes=get_classes)
     try:
         import_checkpoint(src, store, [Drive("d0", drive)], options or ImportOptions())
     except NightshiftError as exc:
         assert not store.exists() and not drive.exists(), f"refused after writing: {exc}"
         return Outcome(refused=f"{type(exc).__name__}: {exc}")
-    reference, _ = load_model(src, get_model_classes=get_classes)
     in_ram, _ = load_store(store)
     differences = tensor_differences(in_ram, reference)
     try:
@@ -100,18 +109,31 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
     return Outcome(differences=differences)
 
 
+VARIANTS = ("base", "options")  # the tiny config as is, and with every boolean option of the family switched on
+
+
 def _cases() -> list:
     return [
-        pytest.param(family, layout, id=f"{family}-{layout}", marks=() if family == QUICK else pytest.mark.slow)
+        pytest.param(
+            family,
+            layout,
+            variant,
+            id=f"{family}-{layout}" + ("" if variant == "base" else f"-{variant}"),
+            marks=() if family == QUICK else pytest.mark.slow,
+        )
         for family in moe_families()
+        for variant in VARIANTS
         for layout in LAYOUTS
     ]
 
 
-def written_or_skipped(family: str, out: Path, layout: str) -> Path:
+def written_or_skipped(family: str, out: Path, layout: str, variant: str = "base") -> Path:
     """The family's checkpoint in `layout`, or a skip saying why none can be made (the table lists these)."""
     try:
-        return write_checkpoint(family, out, layout)
+        config = tiny_config(family, options=variant == "options")
+        if variant == "options" and config == tiny_config(family):
+            pytest.skip(f"{family} has no boolean option that is off by default and runs when on")
+        return write_checkpoint(family, out, layout, config=config)
     except FamilyError as exc:
         pytest.skip(f"no {layout} checkpoint: {exc}")
 
@@ -132,9 +154,9 @@ def test_families_are_found_from_mlx_lm():
     assert not {"llama", "qwen3", "mistral3", "gemma3"} & set(families)
 
 
-@pytest.mark.parametrize(("family", "layout"), _cases())
-def test_family_imports_exactly_or_is_refused(family, layout, tmp_path):
-    src = written_or_skipped(family, tmp_path / "src", layout)
+@pytest.mark.parametrize(("family", "layout", "variant"), _cases())
+def test_family_imports_exactly_or_is_refused(family, layout, variant, tmp_path):
+    src = written_or_skipped(family, tmp_path / "src", layout, variant)
     assert_exact_or_refused(family, check_import(src, tmp_path))
 
 
