@@ -139,3 +139,19 @@ def test_prefill_records_read_amplification_floors_and_the_row_by_row_figure(sto
     assert f["row_by_row_read_amplification"] > 1.0
     assert f["roofline_s"] == max(f["disk_floor_s"], f["compute_floor_s"])
     assert run["counters"]["prefill_unique_bytes"] == f["unique_bytes"] > 0
+
+
+def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hit_rate(store, home, capsys):
+    args = ["bench", "cache", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.1"]
+    assert main([*args, "--shares", "0.25,1", "--measure", "0.25"]) == 0
+    err = capsys.readouterr().err
+    assert "| budget | lru | lru-admit | frequency | frequency-open | s3fifo | belady |" in err
+    assert "simulator's pick" in err and "recorded as run 2" in err
+    assert main(["runs", "show", "2"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    f = measured["figures"]
+    assert measured["kind"] == "cache" and f["budget_share"] == 0.25
+    assert f["hit_rate"] == f["predicted_hit_rate"] <= f["belady_hit_rate"]  # same routing, the engine's cache
+    trace = next(home.rglob("traces/*.jsonl"))
+    assert main([*args, "--routing", str(trace), "--measure", ""]) == 0  # a recorded trace, simulated only
+    assert "recorded as run 3" in capsys.readouterr().err

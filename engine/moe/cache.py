@@ -59,16 +59,25 @@ class ExpertCache(Generic[V]):
 
     def get(self, key: Key) -> V | None:
         with self._lock:
-            self._count(key)
-            item = self._items.get(key)
-            if item is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            if key in self._turns:
-                self._turns[key] = min(self._turns[key] + 1, MAX_TURNS)
-            self.hits += 1
-            return item[0]
+            return self._get(key)
+
+    def get_many(self, keys: list[Key]) -> None:
+        """Look `keys` up as `get` would, under one lock (the resident layers' lookups, counted in bulk)."""
+        with self._lock:
+            for key in keys:
+                self._get(key)
+
+    def _get(self, key: Key) -> V | None:
+        self._count(key)
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        if key in self._turns:
+            self._turns[key] = min(self._turns[key] + 1, MAX_TURNS)
+        self.hits += 1
+        return item[0]
 
     def put(self, key: Key, value: V, nbytes: int) -> bool:
         """Keep `value` if the policy admits it within the budget; True if kept."""

@@ -203,6 +203,7 @@ class ExpertStream:
         )
         self.pressure = Pressure(budget) if budget.auto and budget.bytes else None
         self.stacks: dict[int, Tensors] = {}  # resident layers: every expert stacked, as in RAM
+        self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
         self._resident_calls: list[tuple[int, mx.array]] = []  # (layer, indices) not yet counted as hits
         self._read: set[tuple[int, int]] = set()  # experts read and used: drive reads beyond these are re-reads
         self.routing: list[tuple[int, tuple[int, ...], int]] | None = None  # see record_routing
@@ -266,14 +267,16 @@ class ExpertStream:
         the cache is asked (`nightshift bench cache` replays it). Resident calls are logged when counted."""
         self.routing = []
 
-    def resident(self, layer: int, indices: mx.array) -> Tensors | None:
+    def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> Tensors | None:
         """`layer`'s stacked experts if it is resident (its call is then counted later), else None.
 
-        Also where memory pressure is looked at: a resident model calls nothing else of the stream.
+        The caller may keep the stack between calls; `release()` is how it lets go when the layer stops being
+        resident. Also where memory pressure is looked at: a resident model calls nothing else of the stream.
         """
         self._give_back()
         stack = self.stacks.get(layer)
         if stack is not None:
+            self._holders[layer] = release
             self._resident_calls.append((layer, indices))
             if len(self._resident_calls) > RESIDENT_BACKLOG:
                 self._count_resident(keep=RESIDENT_KEEP)
@@ -436,6 +439,7 @@ class ExpertStream:
     def _unstack(self) -> None:
         """Resident layers back to one cache entry per expert (one layer's copy in flight at a time)."""
         for layer, stack in list(self.stacks.items()):
+            self._holders.pop(layer, lambda: None)()
             for expert in range(self.reader.layers[layer].num_experts):
                 tensors = {name: stacked[expert] for name, stacked in stack.items()}
                 mx.eval(tensors)
@@ -466,8 +470,7 @@ class ExpertStream:
             unique = np.unique(host).tolist()
             if self.routing is not None:
                 self.routing.append((layer, tuple(unique), host.size // host.shape[-1]))
-            for expert in unique:
-                self.cache.get((layer, expert))
+            self.cache.get_many([(layer, expert) for expert in unique])
             self.calls.calls += 1
             self.calls.rows += host.size // host.shape[-1]
             self.calls.unique += len(unique)
