@@ -227,11 +227,22 @@ def test_sources_with_different_decimals_are_compared_at_one_scale(tmp_path):
     assert tables["bank"].amount(0) == Decimal("125") and tables["ledger"].amount(0) == Decimal("12.5")
 
 
-def test_sources_of_two_currencies_in_one_check_are_refused(tmp_path):
-    bank = BANK_SQL + '\ncurrency = "EUR"'
+def test_sources_of_two_currencies_compare_only_as_the_schedule_says(tmp_path):
+    """Refused unless one source declares how it converts: a rate and a rounding, which the report states."""
+    bank = 'type = "csv"\npath = "bank.csv"\ncurrency = "EUR"'
     ledger = LEDGER_CSV + '\ncurrency = "USD"'
-    with pytest.raises(ScheduleError, match=r"field `checks\[0\]`: compares bank in EUR, ledger in USD"):
+    with pytest.raises(ScheduleError, match=r"field `checks\[0\]`: compares bank in EUR, ledger in USD.*convert ="):
         load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=ledger, check=MATCH)))
+    write(tmp_path / "bank.csv", "date,amount\n2026-10-01,92.31\n")
+    write(tmp_path / "ledger.csv", "date,amount,reference\n2026-10-01,100.00,A\n2026-10-02,0.05,B\n2026-10-03,0.15,C\n")
+    converted = ledger + '\nconvert = { to = "EUR", rate = "0.9231", rounding = "half-even" }'
+    loaded = load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=converted, check=MATCH)))
+    table = loaded.sources["ledger"].load(*ANY)
+    assert table.currency == "EUR" and table.amounts.tolist() == [9231, 5, 14]  # 0.046155 -> 0.05, 0.138465 -> 0.14
+    assert table.notes == ("amounts converted from USD to EUR at 0.9231, each rounded half-even to 2 decimals",)
+    bad = ledger + '\nconvert = { to = "EUR", rate = "-1", rounding = "half-even" }'
+    with pytest.raises(ScheduleError, match=r"field `sources.ledger.convert`: rate '-1' is not a positive decimal"):
+        load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=bad, check=MATCH)))
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,7 @@ def load_schedule(path: Path) -> Schedule:
         raise read.fail(("materiality",), f"{materiality!r} is not an amount") from None
     sources = {key: _source(read, path, key, value) for key, value in read.get(("sources",), dict).items()}
     checks = _checks(read, sources)
-    scale = max((source.decimals for source in sources.values()), default=2)
+    scale = max((source.compared_decimals for source in sources.values()), default=2)
     for source in sources.values():
         source.scale = scale  # every figure at one scale: bank 125.00 is 125000 thousandths beside ledger 12.500
     generation = _generation(read)
@@ -282,11 +282,11 @@ def _checks(read: _Reader, sources: dict[str, Source]) -> list[dict[str, Any]]:
             if source not in sources:
                 raise read.fail((*where, needed), f"names source {source!r}; defined: {', '.join(sources)}")
             named.append(sources[source])
-        currencies = {source.currency for source in named} - {None}
+        currencies = {source.compared_currency for source in named} - {None}
         if len(currencies) > 1:
-            shown = ", ".join(f"{source.name} in {source.currency}" for source in named if source.currency)
-            raise read.fail(where, f"compares {shown}: amounts in two currencies are never compared. Convert one "
-                                   "source (e.g. in its query) and declare the currency it is then in")  # fmt: skip
+            shown = ", ".join(f"{s.name} in {s.compared_currency}" for s in named if s.compared_currency)
+            raise read.fail(where, f"compares {shown}: amounts in two currencies are never compared. Say how in "
+                                   'one source: convert = { to = "EUR", rate = "0.9231", rounding = "half-even" }')  # fmt: skip
         if kind == "balance":  # its opening balance is the last before the period, however old
             sources[check["balances"]].whole = True
         if kind == "match":

@@ -28,7 +28,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
@@ -177,6 +177,54 @@ class Budget:
                               "raise its `timeout_seconds` or read fewer rows")  # fmt: skip
 
 
+ROUNDINGS = {"half-even": ROUND_HALF_EVEN, "half-up": ROUND_HALF_UP}
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A source's amounts in another currency at a fixed rate, each rounded as declared; the report says so."""
+
+    source: str
+    target: str
+    rate: Decimal
+    rounding: str
+    digits: int  # the target currency's minor-unit digits
+
+    def units(self, units: int, decimals: int) -> int:
+        """`units` (10**-decimals of the source currency) in 10**-digits of the target, rounded."""
+        with localcontext() as context:
+            context.prec = 60  # 18-digit amounts times any rate stay exact before the one rounding
+            exact = Decimal(units).scaleb(-decimals) * self.rate
+            return int(exact.quantize(Decimal(1).scaleb(-self.digits), ROUNDINGS[self.rounding]).scaleb(self.digits))
+
+    @property
+    def note(self) -> str:
+        return (f"amounts converted from {self.source} to {self.target} at {self.rate}, each rounded "
+                f"{self.rounding} to {self.digits} decimals")  # fmt: skip
+
+
+def _conversion(config: dict[str, Any], currency: str | None) -> Conversion:
+    """A `convert = { to, rate, rounding }` table checked: a declared source currency, a positive decimal rate."""
+    if currency is None:
+        raise OptionError("convert", "needs the source's `currency` (the one converted from)")
+    if set(config) != {"to", "rate", "rounding"} or not all(isinstance(value, str) for value in config.values()):
+        raise OptionError("convert", 'should be { to = "EUR", rate = "0.9231", rounding = "half-even" } (strings), '
+                                     f"not {config}")  # fmt: skip
+    try:
+        rate = Decimal(config["rate"])
+    except InvalidOperation:
+        rate = Decimal(0)
+    if not rate.is_finite() or rate <= 0:
+        raise OptionError("convert", f"rate {config['rate']!r} is not a positive decimal number")
+    if config["rounding"] not in ROUNDINGS:
+        raise OptionError("convert", f"rounding {config['rounding']!r}; use one of {', '.join(ROUNDINGS)}")
+    try:
+        digits = currency_digits(config["to"])
+    except ReviewError as exc:
+        raise OptionError("convert", str(exc)) from None
+    return Conversion(currency, config["to"], rate, config["rounding"], digits)
+
+
 @dataclass
 class Source:
     """What every source kind has: a name and path, its amounts' decimals and currency, and the review's scale.
@@ -194,10 +242,12 @@ class Source:
     _: KW_ONLY
     decimals: int | None = None  # None: the currency's minor-unit digits, else 2
     currency: str | None = None  # ISO 4217 code; sources of one check must agree
+    convert: dict[str, str] | None = None  # { to, rate, rounding }: compared in `to`, each amount rounded
     timeout_seconds: float = 300.0
     scale: int | None = None
     margin_days: int = 0
     whole: bool = False  # keep rows outside the widened window too (a balance check's balances: openings may be old)
+    conversion: Conversion | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.currency is not None:
@@ -213,11 +263,23 @@ class Source:
             raise OptionError("decimals", f"{self.decimals} is not between 0 and 9")
         if self.timeout_seconds <= 0:
             raise OptionError("timeout_seconds", "should be more than 0")
+        if self.convert is not None:
+            self.conversion = _conversion(self.convert, self.currency)
+
+    @property
+    def compared_currency(self) -> str | None:
+        """The currency the checks see: the declared one, or the one converted to."""
+        return self.conversion.target if self.conversion else self.currency
+
+    @property
+    def compared_decimals(self) -> int:
+        """The decimals the checks see: the source's, or the converted-to currency's."""
+        return self.conversion.digits if self.conversion else self.decimals
 
     @property
     def held_scale(self) -> int:
-        """The scale amounts are held at: the review's, or this source's own decimals when read alone."""
-        return self.decimals if self.scale is None else self.scale
+        """The scale amounts are held at: the review's, or this source's own (compared) decimals when read alone."""
+        return self.compared_decimals if self.scale is None else self.scale
 
     def load(self, start: date, end: date, cancel: Cancel | None = None) -> Table:
         """Rows for a review of `start`..`end` widened by `margin_days` (every row when `whole`).
@@ -227,13 +289,17 @@ class Source:
         """
         raise NotImplementedError
 
-    def _table(self, rows: Iterable[Row], **about: Any) -> Table:
-        if self.held_scale < self.decimals:
-            raise ReviewError(
-                f"source {self.name!r}: held at {self.held_scale} decimals, fewer than its {self.decimals}"
-            )
-        factor = 10 ** (self.held_scale - self.decimals)
-        return build_table(self.name, self.path, self.held_scale, rows, factor, currency=self.currency, **about)
+    def _table(self, rows: Iterable[Row], notes: tuple[str, ...] = (), **about: Any) -> Table:
+        """The rows (amounts at the source's `decimals`) as a Table at the review's scale, converted if declared."""
+        if self.held_scale < self.compared_decimals:
+            raise ReviewError(f"source {self.name!r}: held at {self.held_scale} decimals, fewer than its "
+                              f"{self.compared_decimals}")  # fmt: skip
+        if (conversion := self.conversion) is not None:
+            rows = ((line, day, conversion.units(units, self.decimals), text) for line, day, units, text in rows)
+            notes = (*notes, conversion.note)
+        factor = 10 ** (self.held_scale - self.compared_decimals)
+        return build_table(self.name, self.path, self.held_scale, rows, factor, currency=self.compared_currency,
+                           notes=notes, **about)  # fmt: skip
 
     def _missing(self) -> ReviewError:
         return ReviewError(f"source {self.name!r}: no file at {self.path}; fix `path` in the schedule")

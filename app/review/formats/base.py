@@ -112,7 +112,7 @@ class StatementSource(Source):
         table = self._table(((row.line, row.day, to_units(row.amount, self.decimals, self.where(row.line)),
                               {"reference": row.reference, "account": row.account, "description": row.description})
                              for row in mine), sha256=hashlib.sha256(data).hexdigest(), rows_read=len(mine))  # fmt: skip
-        table.currency = currency
+        table.currency = self.conversion.target if self.conversion else currency  # converted: the checks see `to`
         return table
 
     def select(self, statement: Statement) -> list[Entry]:
