@@ -270,6 +270,7 @@ def test_sources_of_two_currencies_compare_only_as_the_schedule_says(tmp_path):
         ("ledger", 'encoding = "klingon"', r"field `sources.ledger.encoding`: 'klingon' is not an encoding"),
         ("ledger", 'currency = "EUX"', r"field `sources.ledger.currency`: 'EUX' is not an ISO 4217"),
         ("bank", 'integer_amounts = "cents"', r"field `sources.bank.integer_amounts`: 'cents'; use"),
+        ("ledger", 'negative = ["sideways"]', r"field `sources.ledger.negative`: \['sideways'\] unknown"),
     ],
 )
 def test_schedule_keys_are_checked_never_ignored(tmp_path, where, line, message):

@@ -344,7 +344,7 @@ class CsvSource(Source):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from nightshift.app.review.money import GROUPINGS, locale_format
+        from nightshift.app.review.money import GROUPINGS, NEGATIVE_FORMS, locale_format
 
         allowed = {*COLUMNS, "debit", "credit", "currency"}
         has_pair = {"debit", "credit"} <= set(self.columns)
@@ -367,6 +367,8 @@ class CsvSource(Source):
                                               '"cp1252", "latin-1", "utf-16", or "auto"') from None  # fmt: skip
         if self.grouping not in GROUPINGS:
             raise OptionError("grouping", f"{self.grouping!r}; use one of {', '.join(GROUPINGS)}")
+        if unknown := [form for form in self.negative if form not in NEGATIVE_FORMS]:
+            raise OptionError("negative", f"{unknown} unknown; use some of {', '.join(NEGATIVE_FORMS)}")
         if self.sign not in ("as-is", "inverted"):
             raise OptionError("sign", f'{self.sign!r}; use "as-is" or "inverted"')
         decimal, thousands, grouping = self.decimal, self.thousands, GROUPINGS[self.grouping]
