@@ -109,7 +109,7 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: len(app.tokens_history) >= 2, 60, "two progress records")
             assert text(app, "#job .title").startswith("run 1: long (manual")
             figures = app.screen.query_one("JobPanel").figures.text
-            assert "/7000 tokens" in figures and "tok/s" in figures and "TTFT" in figures and "ETA" in figures
+            assert "/7000" in figures and "tok/s" in figures and "ETA" in figures and "max_tokens 7000" in figures
             assert app.screen.query_one("JobPanel").text.text == app.service.jobs.current.progress.text
 
             # Cancel asks first: "no" keeps it running, "yes" ends it.
@@ -126,6 +126,7 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await pilot.press("y")
             await until(pilot, lambda: run_state(app, "long") == "interrupted", 60, "the cancel")
             assert cells(app, "#runs")[0][:3] == ["1", "interrupted", "long"]
+            assert any("run 1 (long) interrupted" in n.message for n in app._notifications)  # the end is announced
 
             # Pause and resume a schedule.
             await select(pilot, "#schedules", "short")
@@ -142,7 +143,8 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: isinstance(app.screen, ReportsScreen), 30, "the ReportsScreen")
             await until(pilot, lambda: len(cells(app, "#reports")) == 1, 30)
             report = app.service.reports[0]
-            assert cells(app, "#reports")[0][2:] == ["short", report.period, str(report.findings), "ok"]
+            assert cells(app, "#reports")[0][1:2] + cells(app, "#reports")[0][3:] == [
+                str(report.run), "short", report.period, str(report.findings), "ok"]  # fmt: skip
             assert f"{report.findings} findings" in text(app, "#summary") and report.path in text(app, "#summary")
             await pilot.press("o")
             await until(pilot, lambda: opened.exists() and opened.read_text() == report.path, 30, "the viewer")
@@ -155,7 +157,8 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
             await pilot.press("question_mark")
             await until(pilot, lambda: isinstance(app.screen, HelpScreen), 30, "the HelpScreen")
-            assert "Pause/resume" in str(app.screen.query_one("#help").query("Static")[1].render())
+            assert "Pause/resume" in str(app.screen.query_one("#keys").render())
+            assert "Open PDF" in str(app.screen.query_one("#keys").render())  # every screen's keys
             await pilot.press("escape")
             await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
 
@@ -190,11 +193,10 @@ def test_without_a_service_it_offers_to_start_the_scheduler_under_the_same_lock(
     lock.release()
 
 
-def test_drive_rows_show_reads_and_the_share_of_the_probed_ceiling(home, tmp_path):
+def test_drive_rows_follow_drives_toml_live_and_show_reads_against_the_probed_ceiling(home, tmp_path):
     root = tmp_path / "drive"
     root.mkdir()
     home.mkdir(parents=True, exist_ok=True)
-    (home / "drives.toml").write_text(format_drives([Drive("disk0", root)]))
     cell = ProbeCell(MiB, 4, 100, 1.0, 400e6, 0.001, 0.002)
     Ceilings("2026-11-29T20:00:00+00:00", "test", [DriveCeiling("disk0", str(root), "x", "direct", [cell])]).save(
         home / "drive_ceilings.json"
@@ -205,16 +207,21 @@ def test_drive_rows_show_reads_and_the_share_of_the_probed_ceiling(home, tmp_pat
     async def drive() -> None:
         app = Dashboard()
         async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: "disk0" in app.drive_histories, 30, "the first drive rates")
+            note = lambda: app.screen.query_one("DrivePanel").note  # noqa: E731
+            await until(pilot, lambda: "no drives.toml" in note().text and note().display, 30, "what to do")
+            assert "import a model" in note().text and "write drives.toml" in note().text
+            (home / "drives.toml").write_text(format_drives([Drive("disk0", root)]))  # noticed without a restart
+            await until(pilot, lambda: "disk0" in app.drive_histories, 30, "the new drive's rates")
             before = len(app.drive_histories["disk0"])
             with open_direct(data) as f:  # real reads around the page cache: the device counters see them
                 buffer = aligned_buffer(MiB)
                 for offset in range(0, 32 * MiB, MiB):
                     f.read_into(buffer, offset)
-            await until(pilot, lambda: max(app.drive_histories["disk0"]) > 0, 30, "a read rate")
+            await until(pilot, lambda: max(app.drive_histories["disk0"], default=0) > 0, 30, "a read rate")
             await until(pilot, lambda: len(app.drive_histories["disk0"]) >= before + 3, 30, "three more plot points")
-            line = app.screen.query_one("DriveLine").figures.text
-            assert line.startswith("disk0") and "MB/s" in line and "of 400" in line
+            line = app.screen.query_one("DriveLine")
+            assert line.figures.text.startswith("disk0") and "MB/s device" in line.figures.text
+            assert line.plot.scale() == 400.0 and "/400 MB/s" in str(line.plot.render())  # the probed ceiling
 
     asyncio.run(drive())
 

@@ -1,24 +1,52 @@
-"""The dashboard's parts that need no terminal: the plot's bars, ETA and figures, formatting, the CLI entry."""
+"""The dashboard's parts that need no terminal: plots and their scale, estimates, cards, key hints, fitting,
+formatting in the user's zone, drive rows found without drives.toml, the service's own read rate, the CLI entry."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import replace
+from datetime import datetime
 
 import pytest
 
 from nightshift.app.cli import main
 from nightshift.app.daemon.runs import Run, RunProgress
+from nightshift.app.paths import models_dir
+from nightshift.app.tui.app import Dashboard
+from nightshift.app.tui.feed import DriveRow, ProcessReads, drive_sources
 from nightshift.app.tui.format import duration, seconds, stamp
-from nightshift.app.tui.widgets.job import eta, figures
-from nightshift.app.tui.widgets.plot import History, columns
+from nightshift.app.tui.widgets.drives import drive_figures
+from nightshift.app.tui.widgets.job import card, earlier, eta, live_figures
+from nightshift.app.tui.widgets.keys import hints
+from nightshift.app.tui.widgets.plot import History, columns, round_up
+from nightshift.app.tui.widgets.text import Fit, fit_rows
+from nightshift.engine import resolve_device
+from nightshift.engine.io.direct import aligned_buffer, open_direct
+from nightshift.engine.io.drives import Drive, format_drives
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+
+PROGRESS = RunProgress(prompt_tokens=700, prompt_done=700, generated_tokens=40, time_to_first_token=2.5,
+                       elapsed=7.5, decode_tokens_per_s=8.0, max_tokens=160)  # fmt: skip
+BASE = Run(1, "daily", None, None, "manual", "running", "2026-11-30T21:59:00+00:00", "2026-11-30T22:00:00+00:00",
+           None, None, None, None, PROGRESS)  # fmt: skip
+MiB = 1 << 20
+NOW = datetime.fromisoformat("2026-11-30T22:00:30+00:00").timestamp()
 
 
-def test_plot_bars_are_scaled_to_the_largest_value_in_eighths():
+def test_plot_bars_on_a_fixed_scale_in_eighths():
     assert columns([0, 4, 8], 3, 1) == [" ▄█"]
     assert columns([0, 4, 8], 3, 2) == ["  █", " ██"]  # 4 of 8 on two rows: one full lower cell
     assert columns([1.0], 4, 1) == ["   █"]  # newest at the right, older slots empty
     assert columns([0, 0], 2, 1) == ["  "]
     assert columns(range(10), 3, 1) == ["▆▇█"]  # only the last `width` values
+    assert columns([9.5, 160], 2, 1, top=330) == ["▁▄"]  # a blip on a busy scale stays small, but shows
+    assert columns([500], 1, 1, top=330) == ["█"]  # above the scale: a full bar, not past it
+
+
+def test_the_scale_is_a_round_number_above_what_is_kept():
+    assert [round_up(v, 1.0) for v in (0, 0.3, 1, 1.2, 3, 7.5, 330, 2890)] == [1, 1, 1, 2, 5, 10, 500, 5000]
+    assert round_up(9.5, 50.0) == 50
 
 
 def test_history_is_a_ring_that_counts_what_was_added():
@@ -26,33 +54,111 @@ def test_history_is_a_ring_that_counts_what_was_added():
     for value in range(5):
         history.append(value)
     assert list(history) == [2, 3, 4] and history.added == 5
+    history.clear()
+    assert list(history) == [] and history.added == 6  # a plot redraws when its run's history is reset
 
 
-def test_eta_and_figures_come_from_the_progress_record():
-    progress = RunProgress(prompt_tokens=700, generated_tokens=40, time_to_first_token=2.5, decode_tokens_per_s=8.0,
-                           max_tokens=160)  # fmt: skip
-    assert eta(progress) == 15.0
-    assert eta(replace(progress, decode_tokens_per_s=0.0)) is None
-    first, second = figures(progress).splitlines()
-    assert first == "40/160 tokens  8.0 tok/s  TTFT 2.50 s  prompt 700  ETA 15 s"
-    assert second == "cache hits —  prefetch recall —  prefill read amp —  last to land —"  # a dense model
-    reading = figures(replace(progress, generated_tokens=0)).splitlines()[0]
-    assert reading == "reading the 700-token prompt; up to 160 tokens to write"
-    assert figures(RunProgress()).splitlines()[0] == "reading the 0-token prompt; up to ? tokens to write"
-    streamed = replace(progress, cache_hits=1830, prefetch_recall=0.874, read_amplification=1.03, last_landed="nvme1")
-    assert figures(streamed).splitlines()[1] == (
-        "cache hits 1830  prefetch recall 87%  prefill read amp 1.03x  last to land nvme1"
+def test_estimates_use_what_is_known():
+    assert eta(PROGRESS, None) == (15.0, "at most, to max_tokens 160")
+    assert eta(replace(PROGRESS, decode_tokens_per_s=0.0), None) == (None, "")
+    before = replace(BASE, id=0, state="done", progress=replace(PROGRESS, generated_tokens=56, finish_reason="stop"))
+    assert eta(PROGRESS, before) == (2.0, "if as long as run 0 (56 tokens)")
+    assert eta(replace(PROGRESS, generated_tokens=60), before)[1] == "at most, to max_tokens 160"  # past it
+    assert earlier(BASE, [BASE, before]) is before and earlier(BASE, [BASE]) is None
+    reading = replace(BASE, progress=replace(PROGRESS, prompt_done=512, generated_tokens=0))
+    assert live_figures(reading, before, NOW)[0] == (
+        "reading the prompt: 512/700 tokens read · running 30 s\nabout 2 s in all at run 0's 280.0 tok/s"
+    )
+    assert live_figures(reading, None, NOW)[0].endswith("no earlier run to estimate from")
+    assert live_figures(replace(BASE, progress=None), None, NOW)[-1] == "preparing 30 s"
+    assert live_figures(BASE, None, NOW)[0] == (
+        "writing: 40/160 tokens · 8.0 tok/s · first token after 2.5 s · prompt 700\nETA 15 s at most, to max_tokens 160"
     )
 
 
-def test_formatting_fits_narrow_columns():
+def test_a_finished_run_keeps_a_card():
+    done = replace(BASE, state="done", finished="2026-11-30T22:01:05+00:00", report="/r/daily-1.pdf",
+                   progress=replace(PROGRESS, finish_reason="length"))  # fmt: skip
+    first = card(done, NOW)[0]
+    assert "done at" in first and "after 1 m 05 s" in first and "40 tokens (reached max_tokens)" in first
+    assert "report /r/daily-1.pdf · o opens it" in first
+    failed = replace(BASE, state="failed", finished="2026-11-30T22:00:02+00:00", error="no such file", progress=None)
+    assert card(failed, NOW)[0].endswith("after 2 s\nno such file")
+
+
+def test_help_and_quit_keep_their_place_as_the_bar_narrows():
+    app = Dashboard.BINDINGS
+    own = [binding for binding in __import__("nightshift.app.tui.screens", fromlist=["x"]).QueueScreen.BINDINGS]
+    for width in (160, 80, 60, 40):
+        shown = hints(own, app, width)
+        text = "  ".join(f"{b.key_display or b.key} {label}" for b, label in shown)
+        assert "? help" in text.lower() and "q quit" in text.lower(), width
+        assert len(text) <= width or width < 50
+    assert [label for _, label in hints(own, app, 160)][:3] == ["Run now", "Pause/resume", "Cancel job"]
+
+
+def test_fit_shortens_before_it_cuts():
+    fit = Fit("a long line of figures", "short", "s")
+    assert fit.fitting(30, 1) == "a long line of figures" and fit.fitting(10, 1) == "short"
+    assert Fit("two\nlines", "one").fitting(20, 1) == "one"
+    rows = [("1", ("1", "report 3: month-end-2026-10-01.pdf"))]
+    assert fit_rows(rows, ("run", "detail"), 1, 80) == rows
+    assert fit_rows(rows, ("run", "detail"), 1, 20) == [("1", ("1", "report 3: m…"))]  # 20 - run (3) - padding (4) - 1
+
+
+def test_times_are_in_the_users_zone(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert stamp("2026-11-30T22:00:01+00:00") == "12-01 03:30"  # the queue's UTC
+        assert stamp("2026-11-30T23:00:01+01:00") == "12-01 03:30"  # the index's schedule zone
+        assert stamp(None) == "—"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_took_counts_while_a_run_runs():
     assert [seconds(s) for s in (None, 4.4, 65, 7322)] == ["—", "4 s", "1 m 05 s", "2 h 02 m"]
-    assert stamp("2026-11-30T22:00:01+00:00") == "11-30 22:00" and stamp(None) == "—"
-    queued = Run(1, "daily", None, None, "manual", "queued", "2026-11-30T21:59:00", None, None, None, None, None, None)
-    assert duration(queued) == "—"
-    running = replace(queued, state="running", started="2026-11-30T22:00:00", progress=RunProgress(elapsed=12.0))
-    assert duration(running) == "12 s"
-    assert duration(replace(running, state="done", finished="2026-11-30T22:03:30")) == "3 m 30 s"
+    assert duration(replace(BASE, state="queued", started=None), NOW) == "—"
+    assert duration(BASE, NOW) == "30 s" and duration(BASE, NOW + 60) == "1 m 30 s"  # not the progress's 7.5 s
+    assert duration(replace(BASE, state="done", finished="2026-11-30T22:03:30+00:00"), NOW, narrow=True) == "3m30s"
+
+
+def test_a_drive_row_labels_the_devices_total_and_nightshifts_own():
+    row = DriveRow("vda", "vda", 412.0, None, "experts of smollm2", ("store",))
+    longest, *_, shortest = drive_figures(row, 398.4)
+    assert "412.0 MB/s device, all processes" in longest and "398.4 MB/s nightshift (engine)" in longest
+    assert shortest == "vda   412 dev 398 ours"
+
+
+def test_without_drives_toml_the_rows_are_the_devices_of_the_stores_experts(home, tmp_path):
+    assert drive_sources() == []
+    store = import_tiny(models_dir(), tiny_checkpoint(tmp_path, "qwen3_moe"), "tiny-moe")
+    (sources,) = drive_sources()  # two drives of the store, both folders on one device: one row
+    device = resolve_device(tmp_path).counters_name
+    assert (sources.name, sources.device, sources.origin) == (device, device, f"experts of {store.name}")
+    assert sources.engine_drives == ("d0", "d1")
+    (home / "drives.toml").write_text(format_drives([Drive("fast", tmp_path)]))
+    assert [(s.name, s.origin) for s in drive_sources()] == [("fast", "drives.toml")]
+
+
+def test_the_services_own_reads_come_from_its_process_counters(tmp_path):
+    reads = ProcessReads()
+    pid = os.getpid()
+    assert reads.rate(pid) is None  # one sample: no rate yet
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(8 * MiB))
+    with open_direct(data) as f:  # around the page cache: the process's storage counters see it
+        buffer = aligned_buffer(MiB)
+        for offset in range(0, 8 * MiB, MiB):
+            f.read_into(buffer, offset)
+    rate = reads.rate(pid)
+    if rate is None:
+        pytest.skip("no per-process I/O counters on this platform")
+    (then, before), (now, after) = reads.samples[0], reads.samples[-1]
+    assert after - before >= 8 * MiB and rate == pytest.approx((after - before) / (now - then) / 1e6)
+    assert reads.rate(None) is None and reads.pid is None
 
 
 def test_dashboard_is_a_command_and_the_default_only_in_a_terminal(capsys):

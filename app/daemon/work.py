@@ -31,14 +31,14 @@ def run_progress(stats: GenerationStats, max_tokens: int, text: str) -> RunProgr
     """The figures of a generation so far as the queue keeps them: rounded, with the end of the text."""
     streamed = bool(stats.drive_bytes)  # a streamed store's figures; a model held in memory has none
     return RunProgress(
-        prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens,
+        prompt_tokens=stats.prompt_tokens, prompt_done=stats.prompt_done, generated_tokens=stats.generated_tokens,
         time_to_first_token=round(stats.time_to_first_token, 2), elapsed=round(stats.elapsed, 2),
         decode_tokens_per_s=round(stats.decode_tokens_per_s, 2), max_tokens=max_tokens, text=text[-TEXT_KEPT:],
         drive_bytes=dict(stats.drive_bytes),
         cache_hits=stats.cache_hits if streamed else None,
         prefetch_recall=round(stats.prefetch_recall, 3) if streamed else None,
         read_amplification=round(stats.prefill_read_amplification, 3) if streamed else None,
-        last_landed=(stats.last_landed or None) if streamed else None,
+        last_landed=(stats.last_landed or None) if streamed else None, finish_reason=stats.finish_reason,
     )  # fmt: skip
 
 

@@ -95,7 +95,10 @@ def write_narrative(
     text, stats = [], GenerationStats(prompt_tokens=len(tokens))
     if progress is not None:
         progress(stats, "")  # the prompt is being read: on a slow machine, minutes before the first token
-    for chunk in model.generate(prompt.messages, max_tokens=max_tokens, temp=temp, seed=seed, cancel=cancel):
+    on_prefill = (lambda read: progress(read, "")) if progress is not None else None  # a chunk of the prompt read
+    chunks = model.generate(prompt.messages, max_tokens=max_tokens, temp=temp, seed=seed, cancel=cancel,
+                            on_prefill=on_prefill)  # fmt: skip
+    for chunk in chunks:
         text.append(chunk.text)
         stats = chunk.stats
         if progress is not None:

@@ -212,7 +212,9 @@ def run_review(
     model = load_model(model_dir)
     narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
     if cancel is not None and cancel.is_set():
-        raise ReviewInterrupted(f"{schedule.name}: stopped while the model was writing; no report was written")
+        # The engine notices a cancel between tokens, so one asked for while the prompt was read ends at the first.
+        when = "reading the prompt" if narrative.stats.generated_tokens <= 1 else "writing"
+        raise ReviewInterrupted(f"{schedule.name}: stopped while the model was {when}; no report was written")
     say(f"{schedule.name}: {narrative.stats.generated_tokens} tokens written; laying out the report")
     return write_report(schedule, as_of, checked, prompt.user, narrative, model.path, started, run_id)
 

@@ -5,6 +5,8 @@ off the UI thread and posts it back as a `Refreshed` message; the handler
 applies it and re-arms the timer, so polls never overlap and a slow service
 never stalls input. Drive figures refresh every tick (10 Hz); the queue,
 reports, the running job and the history plots every `SERVICE_EVERY` ticks.
+Everything about a run is its own: its tok/s plot starts empty, nightshift's
+per-drive rates come from its progress records, and its end is announced.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
 
-from nightshift.app.review.index import IndexEntry
+from nightshift.app.daemon.runs import Run as QueueRun
 from nightshift.app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
-from nightshift.app.tui.screens import HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
+from nightshift.app.tui.format import duration
+from nightshift.app.tui.screens import DashboardScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.plot import History
 from nightshift.engine import NightshiftError
 
@@ -55,7 +58,7 @@ class Dashboard(App):
         Binding("2", "switch_mode('queue')", "Queue"),
         Binding("3", "switch_mode('reports')", "Reports"),
         Binding("4", "switch_mode('runs')", "Runs"),
-        Binding("s", "start_service", "Start scheduler here"),
+        Binding("s", "start_service", "Start the scheduler here"),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
     ]
@@ -77,7 +80,10 @@ class Dashboard(App):
         self.own_service = None  # app.daemon.service.Service started by this dashboard (s)
         self.tokens_history = History()
         self.drive_histories: dict[str, History] = {}
+        self.engine_rates: dict[str, float] = {}  # nightshift's MB/s per engine drive, from the run's progress
         self._last_progress: tuple[int, float] | None = None  # the run and elapsed time of the last point
+        self._last_bytes: dict[str, int] = {}  # the run's bytes per drive at that point
+        self._watched_run: int | None = None  # the run seen running at the last refresh, to announce its end
 
     def on_mount(self) -> None:
         if self.feed is None:
@@ -98,10 +104,10 @@ class Dashboard(App):
             self.catalogue = snapshot.catalogue
         if snapshot.service is not None:
             self.service = snapshot.service
-            self._record_tokens(snapshot.service)
+            self._follow_run(snapshot.service)
             for row in snapshot.drives:  # plotted at the queue's pace, so a plot spans a minute or more
                 self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
-        if isinstance(self.screen, (LiveScreen, QueueScreen, ReportsScreen, RunsScreen)):
+        if isinstance(self.screen, DashboardScreen):
             self.screen.show(snapshot, self.service)
         self._rearm()
 
@@ -112,21 +118,51 @@ class Dashboard(App):
         self.next_poll = max(self.next_poll + self.tick_s, now - self.tick_s)
         self.set_timer(max(0.001, self.next_poll - now), self._poll)  # a zero delay divides by zero in Textual
 
-    def _record_tokens(self, service: ServiceState) -> None:
-        """One point per new progress record of the running job (the service stores one a second)."""
+    def _follow_run(self, service: ServiceState) -> None:
+        """Per run: a new run starts an empty tok/s plot; one point and nightshift's per-drive read rates per
+        new progress record (the service stores one a second); a run seen running and now ended is announced."""
         current = service.jobs.current
+        if self._watched_run is not None and (current is None or current.id != self._watched_run):
+            self._announce(next((run for run in service.jobs.runs if run.id == self._watched_run), None))
+        if current is not None and current.id != self._watched_run:
+            self.tokens_history.clear()
+            self._last_progress, self._last_bytes = None, {}
+        self._watched_run = current.id if current is not None else None
         progress = current.progress if current is not None else None
-        if progress is None or progress.generated_tokens < 2:  # no decode rate before the second token
+        if progress is None:
+            self.engine_rates = {}
             return
         key = (current.id, progress.elapsed)
-        if key != self._last_progress:
-            self._last_progress = key
+        if key == self._last_progress:
+            return
+        if self._last_progress is not None and progress.elapsed > self._last_progress[1]:
+            span = progress.elapsed - self._last_progress[1]
+            self.engine_rates = {drive: (n - self._last_bytes.get(drive, 0)) / span / 1e6
+                                 for drive, n in progress.drive_bytes.items()}  # fmt: skip
+        self._last_progress, self._last_bytes = key, dict(progress.drive_bytes)
+        if progress.generated_tokens >= 2:  # no decode rate before the second token
             self.tokens_history.append(progress.decode_tokens_per_s)
+
+    def _announce(self, run: QueueRun | None) -> None:
+        """A toast for a run that ended while the dashboard watched."""
+        if run is None or run.state in ("queued", "running"):
+            return
+        took = duration(run, time.time())
+        if run.state == "done":
+            name = (run.report or "").rsplit("/", 1)[-1]
+            self.notify(f"run {run.id} ({run.review}) done in {took}: {name}; o on Live (1) opens it",
+                        title="report written")  # fmt: skip
+        else:
+            self.notify(f"run {run.id} ({run.review}) {run.state} after {took}: {run.error or ''}",
+                        title=f"run {run.state}", severity="error" if run.state == "failed" else "warning")  # fmt: skip
 
     # --- actions -------------------------------------------------------------------------------
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([*self.BINDINGS, *self.screen.BINDINGS]))
+        """Every key: the app's, then each screen's (the one in view first)."""
+        screens = sorted(self.MODES.items(), key=lambda item: not isinstance(self.screen, item[1]))
+        groups = [("everywhere", list(self.BINDINGS))] + [(name, list(screen.BINDINGS)) for name, screen in screens]
+        self.push_screen(HelpScreen(groups))
 
     @work(thread=True, group="service")
     def ask_service(self, command: str, done: str, **arguments: Any) -> None:
@@ -167,8 +203,7 @@ class Dashboard(App):
         self.ticks = 0
         self.call_from_thread(self.notify, "scheduler started in this dashboard; it stops when you quit")
 
-    def open_report(self, report: IndexEntry) -> None:
-        path = Path(report.path)
+    def open_report(self, path: Path) -> None:
         if not path.is_file():
             self.notify(f"{path} is no longer there", severity="error")
             return

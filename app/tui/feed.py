@@ -5,8 +5,10 @@ the app applies it on its own thread. The service is asked over its control
 socket (`app.daemon.control.request`); with none running, the same figures come
 from the data dir (the run queue, the report index, the schedule files).
 Per-drive rates come from a `DriveMonitor` the dashboard runs over the drives in
-drives.toml: OS device counters, so they show every read of the drive, the
-service's included.
+drives.toml or, without one, over the devices the stores' expert files are on:
+OS device counters, so they show every read of the device, anyone's. The
+service's own reads come from its per-process counters (/proc/PID/io through
+psutil) and, per drive, from the engine's counters in the run's progress.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
 from nightshift.app.daemon.control import Jobs
-from nightshift.app.paths import catalogue_file, drives_file
+from nightshift.app.paths import catalogue_file, drives_file, models_dir
 from nightshift.app.review.index import IndexEntry
 from nightshift.engine import (
     CEILINGS_FILE,
@@ -28,13 +32,28 @@ from nightshift.engine import (
     DriveMonitor,
     NightshiftError,
     Run,
+    is_store,
     load_drives,
+    read_manifest,
     resolve_device,
 )
 
 RUNS_SHOWN = 30
 RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
 CPU_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class DriveSource:
+    """A row of the drive panel: a drive of drives.toml, or (without one) a device holding stores' experts.
+
+    `engine_drives`: the drive names the engine counts reads under (a manifest's) that land on this row.
+    """
+
+    name: str
+    device: str
+    origin: str  # where the row comes from: "drives.toml", or the stores whose experts are there
+    engine_drives: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,8 @@ class DriveRow:
     device: str
     mb_per_s: float
     ceiling_mb_per_s: float | None
+    origin: str = "drives.toml"
+    engine_drives: tuple[str, ...] = ()
 
     @property
     def share(self) -> float | None:
@@ -90,6 +111,7 @@ class Snapshot:
     service: ServiceState | None = None
     catalogue: CatalogueView | None = None
     drive_note: str = ""  # why there are no drive rows, when there are none
+    service_read_mb_per_s: float | None = None  # the service process's own reads (None: no counters for it)
     taken_at: float = field(default_factory=time.time)
 
 
@@ -123,31 +145,118 @@ def catalogue_view() -> CatalogueView:
     """The catalogue `nightshift runs` reads; not created when no benchmark has recorded a run yet."""
     path = catalogue_file()
     if not path.exists():
-        return CatalogueView([], f"no benchmark runs recorded yet ({path}); `nightshift bench decode` records one")
+        return CatalogueView([], f"no benchmark runs recorded yet ({path}): "
+                                 "`nightshift bench decode --model NAME` records one")  # fmt: skip
     try:
         return CatalogueView(Catalogue(path).runs(limit=500))
     except (NightshiftError, KeyError, TypeError, ValueError) as exc:
         return CatalogueView([], f"cannot read the run catalogue {path}: {exc!r}")
 
 
+def drive_sources() -> list[DriveSource]:
+    """The drives of drives.toml; without that file, each device the stores' expert files are on.
+
+    Raises NightshiftError when drives.toml is there but wrong, or names a root that is not on a device.
+    """
+    path = drives_file()
+    if path.exists():
+        return [DriveSource(d.name, resolve_device(d.root).counters_name, "drives.toml", (d.name,))
+                for d in load_drives(path)]  # fmt: skip
+    devices: dict[str, tuple[set[str], list[str]]] = {}  # device -> (engine drive names, stores)
+    for store in sorted(models_dir().iterdir()) if models_dir().is_dir() else []:
+        if not is_store(store):
+            continue
+        try:
+            manifest = read_manifest(store)
+        except NightshiftError:
+            continue  # an import still running or a damaged store: `nightshift model list` says which
+        for drive, root in manifest.drives.items():
+            try:
+                device = resolve_device(root).counters_name
+            except NightshiftError:
+                continue  # a drive not mounted now; the model says so when it is opened
+            names, stores = devices.setdefault(device, (set(), []))
+            names.add(drive)
+            if store.name not in stores:
+                stores.append(store.name)
+    return [DriveSource(device, device, "experts of " + ", ".join(stores), tuple(sorted(names)))
+            for device, (names, stores) in devices.items()]  # fmt: skip
+
+
+def _changed_at(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+class ProcessReads:
+    """A process's own bytes read from storage per second (its /proc/PID/io, through psutil), over ~1 s.
+
+    None where the platform keeps no such counter (psutil has none on macOS): the engine's counters remain.
+    """
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def rate(self, pid: int | None) -> float | None:
+        if pid != self.pid:
+            self.pid, self.samples = pid, deque()
+        if pid is None:
+            return None
+        try:
+            read = psutil.Process(pid).io_counters().read_bytes
+        except (psutil.Error, AttributeError, NotImplementedError):
+            return None
+        now = time.monotonic()
+        self.samples.append((now, read))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.popleft()
+        then, before = self.samples[0]
+        return (read - before) / (now - then) / 1e6 if now > then else None
+
+
 class Feed:
-    """The dashboard's sources; `collect()` is called from one worker at a time, never concurrently."""
+    """The dashboard's sources; `collect()` is called from one worker at a time, never concurrently.
+
+    The drive rows are found again whenever drives.toml or the models folder changes (checked with the queue).
+    """
 
     def __init__(self) -> None:
         self.monitor: DriveMonitor | None = None
-        self.devices: list[str] = []
+        self.sources: list[DriveSource] = []
         self.note = ""
-        self.ceilings = _ceilings()
-        try:
-            drives = load_drives(drives_file())
-            self.devices = [resolve_device(drive.root).counters_name for drive in drives]
-            self.monitor = DriveMonitor([drive.name for drive in drives], self.devices, history_s=5.0).start()
-        except NightshiftError as exc:
-            self.note = f"no drive rates: {exc}"
+        self.drives_key: tuple[float | None, float | None] | None = None
+        self.ceilings: dict[str, float] = {}
         self.process = psutil.Process(os.getpid())
+        self.service_reads = ProcessReads()
         self._cpu = (time.monotonic(), self._cpu_seconds())
         self.cpu_fraction = self.refresh_hz = 0.0
         self.collected = 0
+        self._watch_drives()
+
+    def _watch_drives(self) -> None:
+        """(Re)start the drive monitor when drives.toml or the models folder changed since it was started."""
+        key = (_changed_at(drives_file()), _changed_at(models_dir()))
+        if key == self.drives_key:
+            return
+        self.drives_key = key
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        self.ceilings = _ceilings()
+        try:
+            self.sources = drive_sources()
+        except NightshiftError as exc:
+            self.sources, self.note = [], f"no drive rates: {exc}"
+            return
+        self.note = "" if self.sources else (
+            f"no drives.toml ({drives_file()}) and no model's experts on a drive: import a model "
+            "(`nightshift model import`) or write drives.toml (docs/dashboard.md)")  # fmt: skip
+        if self.sources:
+            self.monitor = DriveMonitor([s.name for s in self.sources], [s.device for s in self.sources],
+                                        history_s=5.0).start()  # fmt: skip
 
     def _cpu_seconds(self) -> float:
         times = self.process.cpu_times()
@@ -172,9 +281,9 @@ class Feed:
         except RuntimeError:  # fewer than two samples yet
             return []
         return [
-            DriveRow(name, device, 0.0 if math.isnan(rate.os_bytes_per_s) else rate.os_bytes_per_s / 1e6,
-                     self.ceilings.get(name))
-            for (name, rate), device in zip(rates.items(), self.devices)
+            DriveRow(source.name, source.device, 0.0 if math.isnan(rate.os_bytes_per_s) else rate.os_bytes_per_s / 1e6,
+                     self.ceilings.get(source.name), source.origin, source.engine_drives)
+            for rate, source in zip(rates.values(), self.sources)
         ]  # fmt: skip
 
     def memory(self, service_pid: int | None) -> Memory:
@@ -188,10 +297,12 @@ class Feed:
     def collect(self, with_service: bool, service_pid: int | None) -> Snapshot:
         service = service_state() if with_service else None
         catalogue = catalogue_view() if with_service else None
+        if with_service:
+            self._watch_drives()
         pid = service.pid if service is not None else service_pid
         self._measure_self()
         return Snapshot(self.drive_rows(), self.memory(pid), self.cpu_fraction, self.refresh_hz, service, catalogue,
-                        self.note)  # fmt: skip
+                        self.note, self.service_reads.rate(pid))  # fmt: skip
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -1,4 +1,4 @@
-"""Short, fixed-width renderings of figures for tables that must fit 80 columns."""
+"""Short renderings of figures for tables and lines that must fit 60 columns; every time in the user's zone."""
 
 from __future__ import annotations
 
@@ -25,20 +25,38 @@ def seconds(s: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} m"
 
 
-def stamp(iso: str | None) -> str:
-    """An ISO time as `MM-DD HH:MM` in its own zone (the queue and the index store local or UTC times)."""
+def local(iso: str) -> datetime:
+    """An ISO time in the user's zone (the queue stores UTC, the index the schedule's zone; naive: the user's)."""
+    return datetime.fromisoformat(iso).astimezone()
+
+
+def stamp(iso: str | None, form: str = "%m-%d %H:%M") -> str:
+    """An ISO time as `MM-DD HH:MM` (or `form`) in the user's zone, so every screen agrees."""
     if not iso:
         return "—"
     try:
-        return datetime.fromisoformat(iso).strftime("%m-%d %H:%M")
+        return local(iso).strftime(form)
     except ValueError:
         return iso
 
 
-def duration(run: Run) -> str:
-    """How long a run took, or has taken so far (from its progress) when still running."""
-    if run.started and run.finished:
-        return seconds((datetime.fromisoformat(run.finished) - datetime.fromisoformat(run.started)).total_seconds())
-    if run.state == "running" and run.progress:
-        return seconds(run.progress.elapsed)
-    return "—"
+def compact(s: float | None) -> str:
+    """`seconds` without spaces, for narrow tables: 12s, 3m05s, 2h10m."""
+    return seconds(s).replace(" ", "")
+
+
+def zone() -> str:
+    """The user's zone's abbreviation (CET, UTC, ...), said once in the banner."""
+    return datetime.now().astimezone().strftime("%Z")
+
+
+def took(run: Run, now: float) -> float | None:
+    """Seconds a run took, or has taken by `now` (a Unix time) while it runs; None before it started."""
+    if not run.started:
+        return None
+    end = local(run.finished).timestamp() if run.finished else now
+    return end - local(run.started).timestamp()
+
+
+def duration(run: Run, now: float, narrow: bool = False) -> str:
+    return (compact if narrow else seconds)(took(run, now))

@@ -2,7 +2,7 @@
 
 Every screen draws from the app's latest snapshot (`app.snapshot`) in `show()`;
 the app calls it on the screen in view whenever a snapshot arrives, and a
-screen calls it itself when it comes back into view.
+screen calls it itself when it comes back into view. Times are the user's zone.
 """
 
 from __future__ import annotations
@@ -14,46 +14,61 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Header, Input, Static
+from textual.widgets import Button, DataTable, Header, Input, Static
 
+from nightshift.app.daemon.runs import Run as QueueRun
 from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.feed import ServiceState, Snapshot
-from nightshift.app.tui.format import duration, gib, seconds, stamp
+from nightshift.app.tui.format import duration, gib, seconds, stamp, zone
 from nightshift.app.tui.widgets.drives import DrivePanel
 from nightshift.app.tui.widgets.job import JobPanel
-from nightshift.app.tui.widgets.text import Line, Table
+from nightshift.app.tui.widgets.keys import KeyBar
+from nightshift.app.tui.widgets.text import Fit, Line, Table
 from nightshift.engine import Run, compare_runs
 
 if TYPE_CHECKING:
     from nightshift.app.tui.app import Dashboard
+
+BREAKPOINTS = [(0, "-short"), (40, "-tall")]
+WIDTHS = [(0, "-narrow"), (70, "-normal"), (120, "-wide")]  # screen width: below 70, shorter wording
+RECORD_ONE = "nightshift bench decode --model NAME"  # screen height: from 40 rows, plots get several rows
 
 
 class DashboardScreen(Screen):
     """A screen that redraws from the app's latest snapshot."""
 
     app: Dashboard
+    VERTICAL_BREAKPOINTS = BREAKPOINTS
+    HORIZONTAL_BREAKPOINTS = WIDTHS
 
     def compose_frame(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Line(id="banner")
+        yield Fit(id="banner")
+
+    def compose_keys(self) -> ComposeResult:
+        yield KeyBar()
 
     def on_screen_resume(self) -> None:
         if self.app.snapshot is not None:
             self.show(self.app.snapshot, self.app.service)
 
     def show(self, snapshot: Snapshot, service: ServiceState | None) -> None:
-        banner = self.query_one("#banner", Line)
-        own = f"dashboard: {snapshot.cpu_fraction:.1%} of a core, {snapshot.refresh_hz:.1f} refreshes/s"
+        banner = self.query_one("#banner", Fit)
+        own = f"dashboard {snapshot.cpu_fraction:.1%} CPU, {snapshot.refresh_hz:.1f}/s"
+        times = f"times in {zone()}"
         if service is None:
             banner.set("reading the queue…")
         elif service.error:
             banner.set(f"cannot read the queue: {service.error}")
         elif service.running:
             where = "in this dashboard" if self.app.own_service else f"pid {service.pid}"
-            banner.set(f"service running ({where})  ·  {own}")
+            banner.set(f"service running ({where}) · {times} · {own}", f"service running ({where}) · {times}",
+                       f"service {where}")  # fmt: skip
         else:
             banner.set(
-                f"no service running: schedules do not fire; s starts the scheduler here (until you quit)  ·  {own}"
+                f"no service running: schedules do not fire; s starts the scheduler here (until you quit) · {times}",
+                "no service running: s starts the scheduler here",
+                "no service: s starts one",
             )
         banner.set_class(service is not None and not service.running, "warning")
         self.draw(snapshot, service)
@@ -61,30 +76,72 @@ class DashboardScreen(Screen):
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         """Screen-specific part of `show`."""
 
+    @property
+    def narrow(self) -> bool:
+        return self.size.width < WIDTHS[1][0]
+
+
+def report_ids(service: ServiceState) -> dict[int, int]:
+    """Run id -> the id of the report (or failure entry) it wrote."""
+    return {entry.run: entry.id for entry in service.reports if entry.run is not None}
+
+
+def queue_strip(service: ServiceState, now: float) -> tuple[str, ...]:
+    """The queue in one line for Live: the next scheduled run, what waits, the last finished run."""
+    upcoming = sorted((when, name) for name, when in service.jobs.next_runs.items() if when)
+    following = f"{upcoming[0][1]} at {stamp(upcoming[0][0])}" if upcoming else "none scheduled"
+    queued = [run for run in service.jobs.runs if run.state == "queued"]
+    waiting = ", ".join(f"{run.id} {run.review}" for run in queued) or "nothing"
+    last = next((run for run in service.jobs.runs if run.state in ("done", "failed", "interrupted")), None)
+    ended = f"{last.id} {last.review} {last.state} ({duration(last, now)})" if last else "none yet"
+    return (f"next scheduled: {following} · queued: {waiting} · last: {ended}",
+            f"next: {following} · queued: {len(queued)}", f"next: {following}")  # fmt: skip
+
 
 class LiveScreen(DashboardScreen):
-    """Tokens/s, per-drive throughput, memory and the running job with its text."""
+    """The service, per-drive throughput (the device's and nightshift's own), the run's whole life, the queue."""
+
+    BINDINGS = [Binding("o", "open", "Open last report")]
 
     def compose(self) -> ComposeResult:
         yield from self.compose_frame()
-        yield Line(id="memory")
+        yield Fit(id="memory")
         yield DrivePanel(self.app.drive_histories, id="drives")
         yield JobPanel(self.app.tokens_history, id="job")
-        yield Footer()
+        yield Fit(id="strip")
+        yield from self.compose_keys()
 
     def on_mount(self) -> None:
-        self.query_one("#drives").border_title = "drives: read MB/s (OS counters), share of probed ceiling"
-        self.query_one("#job").border_title = "running job"
+        self.query_one("#drives").border_title = "drives MB/s: device (anyone's) · nightshift's"
+        self.query_one("#job").border_title = "run"
 
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         memory = snapshot.memory
-        service_mem = gib(memory.service_bytes) if memory.service_bytes is not None else "—"
-        self.query_one("#memory", Line).set(
-            f"memory: service {service_mem} of {gib(memory.total_bytes)} RAM, {gib(memory.available_bytes)} free"
-        )
-        self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note)
+        pid = service.pid if service is not None and service.running else None
+        reads = snapshot.service_read_mb_per_s
+        own = f"{reads:.1f} MB/s" if reads is not None else "—"
+        ram = f"{gib(memory.total_bytes)} RAM, {gib(memory.available_bytes)} free"
+        if pid is None:
+            self.query_one("#memory", Fit).set(f"memory: no service; {ram}", f"no service · {ram}")
+        else:
+            self.query_one("#memory", Fit).set(
+                f"service pid {pid}: {gib(memory.service_bytes)} resident of {ram} · reads {own} "
+                f"(its own /proc/{pid}/io, all its files)",
+                f"service {gib(memory.service_bytes)} of {ram} · reads {own} (own)",
+                f"service {gib(memory.service_bytes)} · reads {own}",
+            )  # fmt: skip
+        self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note, self.app.engine_rates)
         if service is not None:
-            self.query_one(JobPanel).show(service.jobs.current)
+            self.query_one(JobPanel).show(service.jobs.runs, service.jobs.cancelling, snapshot.taken_at)
+            self.query_one("#strip", Fit).set(*queue_strip(service, snapshot.taken_at))
+
+    def action_open(self) -> None:
+        service = self.app.service
+        last = next((r for r in service.jobs.runs if r.state == "done"), None) if service is not None else None
+        if last is None or not last.report:
+            self.notify("no finished run with a report yet", severity="warning")
+        else:
+            self.app.open_report(Path(last.report))
 
 
 class QueueScreen(DashboardScreen):
@@ -100,8 +157,9 @@ class QueueScreen(DashboardScreen):
         yield from self.compose_frame()
         with Vertical(id="queue"):
             yield Table("review", "next run", id="schedules")
-            yield Table("run", "state", "review", "created", "took", "detail", id="runs")
-        yield Footer()
+            yield Table("run", "state", "review", "created", "took", "report / error", squeeze=5, id="runs")
+            yield Line(id="queue-note", classes="note")
+        yield from self.compose_keys()
 
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         if service is None:
@@ -110,11 +168,29 @@ class QueueScreen(DashboardScreen):
             (name, (name, stamp(when) if when else ("paused" if service.running else "—")))
             for name, when in sorted(service.jobs.next_runs.items())
         ])  # fmt: skip
-        self.query_one("#runs", Table).fill([
-            (str(run.id), (str(run.id), run.state, run.review, stamp(run.created),
-                           duration(run), run.error or (run.report or "").rsplit("/", 1)[-1]))
-            for run in service.jobs.runs
-        ])  # fmt: skip
+        reports = report_ids(service)
+        created = "%H:%M" if self.narrow else "%m-%d %H:%M"
+        self.query_one("#runs", Table).fill(
+            [(str(run.id), (str(run.id), self._state(run, service), run.review, stamp(run.created, created),
+                            duration(run, snapshot.taken_at, self.narrow), self._detail(run, reports)))
+             for run in service.jobs.runs], self.size.width)  # fmt: skip
+        note = self.query_one("#queue-note", Line)
+        if not service.jobs.next_runs:
+            note.set("no reviews: put a schedule file in the schedules folder (see docs/reviews.md)")
+        elif not service.jobs.runs:
+            note.set("no runs yet: select a review above and press n to run it now")
+        note.display = not service.jobs.next_runs or not service.jobs.runs
+
+    @staticmethod
+    def _state(run: QueueRun, service: ServiceState) -> str:
+        return "cancelling" if run.id == service.jobs.cancelling else run.state
+
+    @staticmethod
+    def _detail(run: QueueRun, reports: dict[int, int]) -> str:
+        if run.error:
+            return run.error
+        name = (run.report or "").rsplit("/", 1)[-1]
+        return f"report {reports[run.id]}: {name}" if run.id in reports else name
 
     def _review(self) -> str | None:
         return self.query_one("#schedules", Table).selected()
@@ -140,7 +216,8 @@ class QueueScreen(DashboardScreen):
 
         def confirmed(yes: bool | None) -> None:
             if yes:
-                self.app.ask_service("cancel", f"run {current.id} cancelled", id=current.id)
+                self.app.ask_service("cancel", f"cancelling run {current.id}: it stops at its next token "
+                                     "(after the prompt, if it is being read)", id=current.id)  # fmt: skip
 
         self.app.push_screen(
             ConfirmScreen(f"Cancel run {current.id} ({current.review})? The text written so far is lost "
@@ -154,9 +231,9 @@ class ReportsScreen(DashboardScreen):
 
     def compose(self) -> ComposeResult:
         yield from self.compose_frame()
-        yield Table("id", "created", "review", "period", "findings", "status", id="reports")
+        yield Table("id", "run", "created", "review", "period", "findings", "status", squeeze=4, id="reports")
         yield Line(id="summary")
-        yield Footer()
+        yield from self.compose_keys()
 
     def _reports(self) -> list[IndexEntry]:
         service = self.app.service
@@ -166,10 +243,11 @@ class ReportsScreen(DashboardScreen):
         if service is None:
             return
         self.query_one("#reports", Table).fill([
-            (str(r.id), (str(r.id), stamp(r.created), r.review, r.period or "—", "—" if r.failed else str(r.findings),
+            (str(r.id), (str(r.id), str(r.run or "—"), stamp(r.created, "%m-%d" if self.narrow else "%m-%d %H:%M"),
+                         r.review, r.period or "—", "—" if r.failed else str(r.findings),
                          "failed" if r.failed else "missing" if r.missing else "ok"))
             for r in self._reports()
-        ])  # fmt: skip
+        ], self.size.width)  # fmt: skip
         self._summarise()
 
     def _report(self) -> IndexEntry | None:
@@ -180,7 +258,7 @@ class ReportsScreen(DashboardScreen):
         report = self._report()
         summary = self.query_one("#summary", Line)
         if report is None:
-            summary.set("no reports yet: run a review from the Queue screen (2, then n)")
+            summary.set("no reports yet: on the Queue screen (2) select a review and press n to run it now")
             return
         if report.failed:
             summary.set(
@@ -190,7 +268,8 @@ class ReportsScreen(DashboardScreen):
             return
         severity = ", ".join(f"{n} {level}" for level, n in report.by_severity.items())
         summary.set(
-            f"{report.name}, {report.period}: {report.findings} findings ({severity}); "
+            f"report {report.id} (run {report.run or '—'}) {report.name}, {report.period}: "
+            f"{report.findings} findings ({severity}); "
             f"{report.unverified_numbers} number(s) in the narrative not found in the data; "
             f"written in {seconds(report.seconds)}\n{report.path}"
             + ("\n(the PDF is no longer there)" if report.missing else "")
@@ -207,22 +286,22 @@ class ReportsScreen(DashboardScreen):
         if report is not None and report.failed:
             self.notify(f"run {report.run} failed; there is no report: {report.reason}", severity="error")
         elif report is not None:
-            self.app.open_report(report)
+            self.app.open_report(Path(report.path))
 
 
 class RunsScreen(DashboardScreen):
     """The benchmark catalogue (`nightshift runs`), filterable, with two marked runs side by side."""
 
-    BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter"),
+    BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter", key_display="/"),
                 Binding("escape", "leave_filter", "Back to the list", show=False)]  # fmt: skip
     AUTO_FOCUS = "#catalogue"
 
     def compose(self) -> ComposeResult:
         yield from self.compose_frame()
         yield Input(placeholder="/ filter: any text in a run's row (kind, verdict, model, ...)", id="filter")
-        yield Table("run", "recorded", "kind", "verdict", "tok/s", "model", id="catalogue")
+        yield Table("run", "recorded", "kind", "verdict", "tok/s", "model", squeeze=5, id="catalogue")
         yield Line(id="compare")
-        yield Footer()
+        yield from self.compose_keys()
 
     def on_mount(self) -> None:
         self.marked: list[int] = []
@@ -235,14 +314,17 @@ class RunsScreen(DashboardScreen):
         rows = [(str(run.id), (str(run.id), stamp(run.recorded_at), run.kind, run.verdict,
                                _figure(run.figures.get("tokens_per_s")), Path(run.model).name))
                 for run in catalogue.runs]  # fmt: skip
-        self.query_one("#catalogue", Table).fill([row for row in rows if wanted in " ".join(row[1]).lower()])
+        self.query_one("#catalogue", Table).fill([row for row in rows if wanted in " ".join(row[1]).lower()],
+                                                 self.size.width)  # fmt: skip
         by_id = {run.id: run for run in catalogue.runs}
         marked = [by_id[run_id] for run_id in self.marked if run_id in by_id]
         if len(marked) == 2:
             shown = side_by_side(*marked)
+        elif not catalogue.runs:
+            shown = catalogue.note or f"no benchmark runs recorded yet: `{RECORD_ONE}` records one"
         else:
             count = len(catalogue.runs)
-            shown = catalogue.note or f"{count} run{'s' * (count != 1)}; mark two with m to compare them" + (
+            shown = f"{count} run{'s' * (count != 1)}; mark two with m to compare them" + (
                 f" (run {marked[0].id} marked)" if marked else "")  # fmt: skip
         self.query_one("#compare", Line).set(shown)
 
@@ -283,19 +365,22 @@ def side_by_side(a: Run, b: Run) -> str:
 
 
 class HelpScreen(ModalScreen):
-    """Every binding of the app and of the screen below, and where the figures come from."""
+    """Every key of the app, screen by screen, and where the figures come from."""
 
     BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
 
-    def __init__(self, bindings: list[Binding]):
+    def __init__(self, groups: list[tuple[str, list[Binding]]]):
         super().__init__()
-        self.bindings = bindings
+        self.groups = groups
 
     def compose(self) -> ComposeResult:
-        lines = [f"{b.key_display or b.key:>6}  {b.description}" for b in self.bindings if b.description]
+        lines = []
+        for title, bindings in self.groups:
+            keys = [f"{b.key_display or b.key:>4} {b.description}" for b in bindings if b.description]
+            lines.append(f"{title}: " + "   ".join(keys))
         with Vertical(id="help"):
-            yield Static("nightshift dashboard: keys", classes="title")
-            yield Static("\n".join(lines), markup=False)
+            yield Static("nightshift dashboard: every key (mouse: click a row, a key, a button)", classes="title")
+            yield Static("\n".join(lines), markup=False, id="keys")
             yield Static(HELP_NOTES, classes="note", markup=False)
             yield Button("Close", id="close")
 
@@ -304,9 +389,11 @@ class HelpScreen(ModalScreen):
 
 
 HELP_NOTES = (
-    "Drive MB/s: the OS's read counters of each drive in drives.toml, sampled every 10 ms, averaged over 1 s; "
-    "share of the best ceiling from `nightshift drives probe`. Tokens/s, TTFT and the text: the running job's "
-    "progress, stored by the service once a second."
+    "Drive MB/s: 'device' is the OS's read counters of the device (every process's reads), sampled every "
+    "10 ms, averaged over 1 s; 'nightshift' is the engine's own reads of a streamed model there, from the "
+    "run's progress. Without drives.toml the rows are the devices the models' experts are on. The service's "
+    "reads: its own /proc/PID/io. Tokens/s, the prompt's progress and the text: the run's progress, stored "
+    "by the service once a second. Times are in your time zone."
 )
 
 

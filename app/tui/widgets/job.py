@@ -1,4 +1,9 @@
-"""The running job: progress (tokens of max, ETA from the measured rate), its figures and the text so far."""
+"""The run's whole life on the Live screen: preparing, reading the prompt, writing, cancelling, then a card.
+
+Every figure is the run's own (its progress record); estimates say what they are based on: an
+earlier run of the same review (its prompt reading rate, the length it wrote) or, lacking one,
+the token limit as an upper bound.
+"""
 
 from __future__ import annotations
 
@@ -7,69 +12,147 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import ProgressBar
 
 from nightshift.app.daemon.runs import Run, RunProgress
-from nightshift.app.tui.format import seconds, stamp
+from nightshift.app.tui.format import seconds, stamp, took
 from nightshift.app.tui.widgets.plot import History, RatePlot
-from nightshift.app.tui.widgets.text import Line
+from nightshift.app.tui.widgets.text import Fit, Line
+
+TOKENS_STEP_S = 1.0  # the service stores a running run's progress once a second
+ENDED = {"stop": "ended at an end token", "length": "reached max_tokens", "cancelled": "cancelled"}
 
 
-def eta(progress: RunProgress) -> float | None:
-    """Seconds left at the measured decode rate, if the run goes to its token limit."""
-    if not progress.decode_tokens_per_s or not progress.max_tokens:
-        return None
-    return max(0, progress.max_tokens - progress.generated_tokens) / progress.decode_tokens_per_s
+def earlier(run: Run, runs: list[Run]) -> Run | None:
+    """The latest finished run of the same review that wrote something: what estimates go by."""
+    return next((r for r in runs if r.review == run.review and r.id != run.id and r.state == "done"
+                 and r.progress and r.progress.generated_tokens and r.progress.time_to_first_token), None)  # fmt: skip
 
 
-def figures(progress: RunProgress) -> str:
-    """Two lines: the generation's rates and times, then what the engine says about its reads."""
-    limit = progress.max_tokens or "?"
+def eta(progress: RunProgress, before: Run | None) -> tuple[float | None, str]:
+    """Seconds left writing at the measured rate, and what length that assumes.
+
+    The length an earlier run of the review wrote, when it ended by itself and this run has not passed it;
+    else the token limit, said as an upper bound.
+    """
+    rate, done = progress.decode_tokens_per_s, progress.generated_tokens
+    if not rate:
+        return None, ""
+    wrote = before.progress.generated_tokens if before is not None and before.progress else 0
+    if before is not None and before.progress.finish_reason == "stop" and done < wrote <= progress.max_tokens:
+        return (wrote - done) / rate, f"if as long as run {before.id} ({wrote} tokens)"
+    if progress.max_tokens:
+        return max(0, progress.max_tokens - done) / rate, f"at most, to max_tokens {progress.max_tokens}"
+    return None, ""
+
+
+def reading_estimate(progress: RunProgress, before: Run | None) -> str:
+    """How long reading this prompt takes at the rate an earlier run of the review read its own."""
+    if before is None or not before.progress:
+        return "no earlier run to estimate from"
+    rate = before.progress.prompt_tokens / before.progress.time_to_first_token
+    return f"about {seconds(progress.prompt_tokens / rate)} in all at run {before.id}'s {rate:.1f} tok/s"
+
+
+def live_figures(run: Run, before: Run | None, now: float) -> tuple[str, ...]:
+    """The running run's phase and figures, longest rendering first."""
+    progress = run.progress
+    running = seconds(took(run, now))
+    if progress is None:
+        return (f"preparing: reading the data, running the checks, loading the model · {running}",
+                f"preparing (checks, model) · {running}", f"preparing {running}")  # fmt: skip
     if not progress.generated_tokens:
-        first = f"reading the {progress.prompt_tokens}-token prompt; up to {limit} tokens to write"
-    else:
-        first = (f"{progress.generated_tokens}/{limit} tokens  {progress.decode_tokens_per_s:.1f} tok/s  "
-                 f"TTFT {progress.time_to_first_token:.2f} s  prompt {progress.prompt_tokens}  "
-                 f"ETA {seconds(eta(progress))}")  # fmt: skip
-    # A streamed store's figures (a model held in memory has none: "—"): the prompt's read amplification,
-    # and the drive whose read landed last (the barrier) most often in recent passes.
-    engine = (("cache hits", progress.cache_hits, "{}"), ("prefetch recall", progress.prefetch_recall, "{:.0%}"),
+        read = f"{progress.prompt_done}/{progress.prompt_tokens}"
+        estimate = reading_estimate(progress, before)
+        return (f"reading the prompt: {read} tokens read · running {running}\n{estimate}",
+                f"reading the prompt: {read} tokens · {running}\n{estimate}",
+                f"reading prompt {read} · {running}")  # fmt: skip
+    left, basis = eta(progress, before)
+    limit = progress.max_tokens or "?"
+    figures = (f"{progress.decode_tokens_per_s:.1f} tok/s · first token after {progress.time_to_first_token:.1f} s"
+               f" · prompt {progress.prompt_tokens}")  # fmt: skip
+    return (f"writing: {progress.generated_tokens}/{limit} tokens · {figures}\nETA {seconds(left)} {basis}".rstrip(),
+            f"writing {progress.generated_tokens}/{limit} · {progress.decode_tokens_per_s:.1f} tok/s · "
+            f"TTFT {progress.time_to_first_token:.1f} s\nETA {seconds(left)} {basis}".rstrip(),
+            f"{progress.generated_tokens}/{limit} tok · {progress.decode_tokens_per_s:.1f} tok/s · "
+            f"ETA {seconds(left)}")  # fmt: skip
+
+
+def engine_figures(progress: RunProgress) -> str:
+    """What a streamed store's engine says about this run's reads ("—" for a model held in memory)."""
+    read = sum(progress.drive_bytes.values()) if progress.drive_bytes else None
+    engine = (("read", read / 1e6 if read is not None else None, "{:.0f} MB"), ("cache hits", progress.cache_hits, "{}"),
+              ("prefetch recall", progress.prefetch_recall, "{:.0%}"),
               ("prefill read amp", progress.read_amplification, "{:.2f}x"),
               ("last to land", progress.last_landed, "{}"))  # fmt: skip
-    second = "  ".join(
-        f"{label} {'—' if value is None else template.format(value)}" for label, value, template in engine
-    )
-    return f"{first}\n{second}"
+    return "  ".join(f"{label} {'—' if value is None else template.format(value)}" for label, value, template in engine)
+
+
+def card(run: Run, now: float) -> tuple[str, ...]:
+    """A finished run: when and how it ended, its figures and its report (kept until the next run)."""
+    progress = run.progress or RunProgress()
+    when = f"{run.state} at {stamp(run.finished, '%H:%M')} after {seconds(took(run, now))}"
+    if run.state != "done":
+        return (f"{when}\n{run.error or ''}".rstrip(), f"{when}\n{run.error or ''}".rstrip())
+    ended = ENDED.get(progress.finish_reason or "", progress.finish_reason or "")
+    report = (run.report or "").rsplit("/", 1)[-1]
+    return (
+        f"{when} · {progress.generated_tokens} tokens ({ended}) · {progress.decode_tokens_per_s:.1f} tok/s · "
+        f"first token after {progress.time_to_first_token:.1f} s\nreport {run.report} · o opens it",
+        f"{when}\n{progress.generated_tokens} tokens ({ended}) · {progress.decode_tokens_per_s:.1f} tok/s\n"
+        f"{report} · o opens it",
+        f"{run.state} {stamp(run.finished, '%H:%M')} · {progress.generated_tokens} tok · "
+        f"{progress.decode_tokens_per_s:.1f} tok/s\n{report} · o opens",
+    )  # fmt: skip
 
 
 class JobPanel(Vertical):
-    """Shows `run` (a queue entry as the service reports it), or says nothing runs."""
+    """The running run, else the last finished one as a card, else what to do to start one."""
 
     def __init__(self, tokens_history: History, **kwargs):
         super().__init__(**kwargs)
         self.title = Line("no job running", classes="title")
+        self.figures = Fit()
         self.bar = ProgressBar(show_eta=False, show_percentage=True)
-        self.figures = Line()
-        self.plot = RatePlot(tokens_history, "tok/s")
+        self.engine = Line(classes="note")
+        self.plot = RatePlot(tokens_history, "tok/s", TOKENS_STEP_S, floor=1.0)
         self.text = Line(classes="generated")
         self.scroll = VerticalScroll(self.text)
 
     def compose(self) -> ComposeResult:
         yield self.title
-        yield self.bar
         yield self.figures
+        yield self.bar
+        yield self.engine
         yield self.plot
         yield self.scroll
 
-    def show(self, run: Run | None) -> None:
-        for part in (self.bar, self.figures, self.scroll):
-            part.display = run is not None
+    def show(self, runs: list[Run], cancelling: int | None, now: float) -> None:
+        current = next((run for run in runs if run.state == "running"), None)
+        last = current or next((run for run in runs if run.state in ("done", "failed", "interrupted")), None)
+        for part in (self.figures, self.engine, self.plot, self.scroll):
+            part.display = last is not None
+        self.bar.display = current is not None
+        self.set_class(current is not None and current.id == cancelling, "cancelling")
+        self.set_class(last is not None and last.state in ("failed", "interrupted"), "failed")
         self.plot.redraw()
-        if run is None:
-            self.title.set("no job running")
+        if last is None:
+            self.title.set("no job running, none has run yet: on the Queue screen (2) select a review and press n")
             return
-        self.title.set(f"run {run.id}: {run.review} ({run.origin}, started {stamp(run.started)})")
-        progress = run.progress or RunProgress()
-        self.bar.update(total=progress.max_tokens or None, progress=progress.generated_tokens)
-        self.figures.set(figures(progress))
-        text = progress.text or "(waiting for the first token)"
+        progress = last.progress or RunProgress()
+        if current is None:
+            self.title.set(f"last run {last.id}: {last.review} ({last.origin}) · started {stamp(last.started)}")
+            self.figures.set(*card(last, now))
+        else:
+            if current.id == cancelling:
+                self.title.set(f"run {current.id}: {current.review} · CANCELLING: it stops at its next token")
+            else:
+                self.title.set(
+                    f"run {current.id}: {current.review} ({current.origin}) · started {stamp(current.started)}"
+                )
+            self.figures.set(*live_figures(current, earlier(current, runs), now))
+            reading = not progress.generated_tokens
+            self.bar.update(total=(progress.prompt_tokens if reading else progress.max_tokens) or None,
+                            progress=progress.prompt_done if reading else progress.generated_tokens)  # fmt: skip
+        self.engine.set(engine_figures(progress))
+        text = progress.text or ("(the text appears as it is written)" if current is not None else "(no text)")
         if text != self.text.text:
             self.text.set(text)
             self.scroll.scroll_end(animate=False)
