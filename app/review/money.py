@@ -32,6 +32,7 @@ from nightshift.app.review.errors import ReviewError
 if TYPE_CHECKING:  # numpy is imported where arrays are summed: reading schedules (review list, jobs) needs none
     import numpy as np
 
+MAX_TEXT = 200  # characters an amount's text may have, spaces and currency included
 UNITS_LIMIT = 10**18  # an amount's units stay below this: 17 digits with the decimals, held in int64
 INT64_LIMIT = 2**63
 _LOW_BITS = 32
@@ -172,6 +173,8 @@ def parse_amount(text: str, scale: int, fmt: AmountFormat = PLAIN) -> int:
 
     Raises ReviewError when the text does not fit `fmt` or has more decimals than `scale`.
     """
+    if len(text) > MAX_TEXT:  # int() refuses over 4,300 digits with a ValueError; no amount is this long
+        raise ReviewError(f"{text[:40]!r}... ({len(text):,} characters) is too long to be an amount")
     found = fmt.pattern.fullmatch(text)
     if found is None:
         raise _refuse(text, fmt)
