@@ -4,7 +4,8 @@
         [--rss-layers 4,32] [--rss-scale 4]
 
 For every MoE family of the installed mlx-lm (tests/moe_families.py): a tiny random checkpoint in mlx-lm's
-converted layout and in the release layout, and mlx-lm `convert` 4-bit and mxfp4 conversions of it, each
+converted layout and in the release layout, both again with every boolean option of the family switched on
+(tied embeddings, norm_head, biases, ...), and mlx-lm `convert` 4-bit and mxfp4 conversions of it, each
 imported and compared with `mlx_lm.load` (tensors bit for bit, 24 greedy tokens streamed and in RAM). Each cell
 is `pass`, `refused: why`, `fail: what` or `-: why no such checkpoint exists`. Then the peak RSS of an import of
 the family with the largest experts at two layer counts (each in a fresh process), which must stay flat.
@@ -19,6 +20,7 @@ import nightshift.engine  # noqa: F401
 # isort: split
 import argparse
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,6 +36,7 @@ from tests.moe_families import (
     FamilyError,
     build,
     moe_families,
+    option_flags,
     quantized_checkpoint,
     random_weights,
     release_weights,
@@ -43,7 +46,9 @@ from tests.moe_families import (
 )
 from tests.test_family_conformance import check_import
 
-COLUMNS = [*LAYOUTS, *QUANTIZATIONS, "release experts as"]
+OPTIONS = "options on"  # the same checks with every boolean option of the family switched on
+COLUMNS = [*LAYOUTS, *(f"{layout}, {OPTIONS}" for layout in LAYOUTS), *QUANTIZATIONS, OPTIONS, "release experts as"]
+CHECKED = COLUMNS[:-2]
 
 
 def _cell(outcome) -> str:
@@ -63,16 +68,29 @@ def _short(text: str, limit: int = 110) -> str:
 
 
 def family_row(family: str, root: Path) -> dict[str, str]:
-    """One table row: each layout and each quantization of `family`, checked."""
+    """One table row: each layout (as sized, and with the family's options on) and each quantization, checked."""
     row: dict[str, str] = {}
     sources: dict[str, Path] = {}
-    for layout in LAYOUTS:
+    for options in (False, True):
         try:
-            sources[layout] = write_checkpoint(family, root / f"{family}-{layout}", layout)
+            config = tiny_config(family, options=options)
         except FamilyError as exc:
-            row[layout] = f"-: {_short(str(exc))}"
+            row.update(dict.fromkeys(LAYOUTS if not options else [], f"-: {_short(str(exc))}"))
             continue
-        row[layout] = _checked(sources[layout], root / f"{family}-{layout}-work")
+        flags = option_flags(family) if options else []
+        for layout in LAYOUTS:
+            column = f"{layout}, {OPTIONS}" if options else layout
+            if options and not flags:
+                row[column] = "-: no options"
+                continue
+            try:
+                sources[column] = write_checkpoint(family, root / f"{family}-{column}", layout, config=config)
+            except FamilyError as exc:
+                row[column] = f"-: {_short(str(exc))}"
+                continue
+            row[column] = _checked(sources[column], root / f"{family}-{column}-work")
+        if options:
+            row[OPTIONS] = ", ".join(k for k in flags if _on(config, k)) or "-"
     base = sources.get("release") or sources.get("mlx")
     for name in QUANTIZATIONS:
         if base is None:
@@ -87,8 +105,16 @@ def family_row(family: str, root: Path) -> dict[str, str]:
     if "release" in sources:
         release = release_weights(family)
         transformed = f"; sanitize changes {len(release.transformed)} tensors" if release.transformed else ""
-        row["release experts as"] = f"{release.expert_form}{transformed}"
+        row["release experts as"] = re.sub(r"layers\.\d+\.", "layers.N.", release.expert_form) + transformed
     return row
+
+
+def _on(config: dict, flag: str) -> bool:
+    """Whether option `flag` (`text_config.<name>` for a text model's) is on in `config`."""
+    *parents, name = flag.split(".")
+    for parent in parents:
+        config = config.get(parent, {})
+    return config.get(name) is True
 
 
 def _checked(src: Path, work: Path) -> str:
@@ -215,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     catalogue = Catalogue(args.catalogue or catalogue_file())
     command = shlex.join(["python", "-m", "bench.family_table", *argv])
     counts = {c: {k: sum(r.get(c, "").startswith(k) for r in rows.values()) for k in ("pass", "refused", "fail", "-")}
-              for c in [*LAYOUTS, *QUANTIZATIONS]}  # fmt: skip
+              for c in CHECKED}  # fmt: skip
     run = Run(
         kind="family-conformance", model=f"{len(families)} mlx-lm MoE families", verdict="table", command=command,
         config={"families": families}, figures={"cells": counts}, note=json.dumps(rows),

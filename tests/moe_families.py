@@ -757,7 +757,7 @@ def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "a
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # convert prints its progress
             convert(str(src), mlx_path=str(out_dir), quantize=True, q_bits=bits, q_mode=mode, q_group_size=group_size)
-    except (ValueError, TypeError, KeyError) as exc:
+    except Exception as exc:  # convert (and transformers' config checks in it) fail in many ways; each is reported
         family = json.loads((Path(src) / "config.json").read_text()).get("model_type")
         raise FamilyError(f"{family}: mlx-lm's convert cannot make a {mode} {bits}-bit model of it: {exc}") from exc
     return Path(out_dir)
