@@ -56,6 +56,8 @@ BANK = [
     # another finding's amount
     ("F8: Bank charges of 1,480.00 were not booked.", ["1,480.00"]),
     ("Bank charges of 1,480.00 were not booked.", ["1,480.00"]),
+    ("A bank charge of 1,480.00 was not booked.", ["1,480.00"]),
+    ("The insurance debits of 1,480.00 and the charge of 45.00 are missing.", []),
     ("The travel increase of 1,480.00 needs approval.", ["1,480.00"]),
     ("Insurance of 45.00 was debited and bank charges of 1,480.00 were taken.", ["45.00", "1,480.00"]),
     ("F7: The cheque of 1,918.40 has not cleared.", ["1,918.40"]),

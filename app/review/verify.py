@@ -324,10 +324,11 @@ class Verifier:
         # A finding's own figures, and those its title states (a could-not-run finding's date, say).
         self.scopes = [Scope(identifiers={f"f{n}"}).add(f.figures).add_text(f.title) for n, f in enumerate(findings, 1)]
         self.general = general
+        common = _stems(" ".join(COMMON)) | set(MONTHS)
         words: dict[str, set[int]] = {}
         for n, finding in enumerate(findings):
             for label in finding.figures.labels:
-                for word in set(WORD.findall(label.lower())) - COMMON - set(MONTHS):
+                for word in _stems(label) - common:
                     words.setdefault(word, set()).add(n)
         # A word of one finding's labels only ("charges", "insurance"), or a finding's tag or identifiers.
         self.keys = [
@@ -336,8 +337,7 @@ class Verifier:
         ]
 
     def _bound(self, clause: str) -> set[int]:
-        lowered = clause.lower()
-        present = set(WORD.findall(lowered)) | {m.group().lower() for m in re.finditer(r"[\w\-/]*\d[\w\-/]*", clause)}
+        present = _stems(clause) | {m.group().lower() for m in re.finditer(r"[\w\-/]*\d[\w\-/]*", clause)}
         return {n for n, keys in enumerate(self.keys) if keys & present}
 
     def _scope(self, bound: set[int]) -> Scope:
@@ -383,6 +383,11 @@ class Verifier:
         """The numbers of the model's line on finding `number` (its text after the tag), against that finding."""
         scope = self._scope({number - 1}) if 1 <= number <= len(self.findings) else self.period
         return list(self._checked(text, 0, scope))
+
+
+def _stems(text: str) -> set[str]:
+    """The words of `text` (four letters or more), lower case, a plural's s dropped: "charge" finds "CHARGES"."""
+    return {word[:-1] if word.endswith("s") and len(word) > 4 else word for word in WORD.findall(text.lower())}
 
 
 def _pieces(text: str, separator: re.Pattern, at: int) -> Iterator[tuple[str, int]]:
