@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         from nightshift.engine.instruments.catalogue import Catalogue, Run
 
         catalogue = Catalogue(args.catalogue)
-        base = results.get(args.against)
+        base = results[args.against] if args.against else None
         for revision, figures in results.items():
             verdict = "baseline" if revision is not None or base is None else _verdict(figures, base)
             run = Run(kind="csv-load", model="-", verdict=verdict, command=shlex.join(["python", *sys.argv]),
