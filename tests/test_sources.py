@@ -100,9 +100,9 @@ def test_sqlite_errors_say_what_to_fix(tmp_path):
         SqliteSource("l", path, "SELECT d, a FROM e").load(*ANY)
 
 
-def ledger_db(path: Path, rows: list[tuple], amount_type: str = "") -> Path:
+def ledger_db(path: Path, rows: list[tuple], amount_type: str = "", date_type: str = "TEXT") -> Path:
     with sqlite3.connect(path) as db:
-        db.execute(f"CREATE TABLE e (date TEXT, amount {amount_type}, reference TEXT)")
+        db.execute(f"CREATE TABLE e (date {date_type}, amount {amount_type}, reference TEXT)")
         db.executemany("INSERT INTO e VALUES (?, ?, ?)", rows)
     db.close()
     return path
@@ -403,3 +403,13 @@ def test_a_currency_column_must_hold_the_sources_currency(tmp_path):
         source.load(*ANY)
     with pytest.raises(ReviewError, match=r"declare the source's `currency`"):
         CsvSource("bank", path, {"date": "date", "amount": "amount", "currency": "ccy"})
+
+
+@pytest.mark.parametrize("value", ["2026-10-01x", "2026-10-0", "01.10.2026", 2461315.5])
+def test_a_sql_date_is_an_iso_date_or_date_and_time(tmp_path, value):
+    path = ledger_db(tmp_path / "l.sqlite", [("2026-10-01 12:30:00", "1.00", "A"), ("2026-10-02T08:00", "2.00", "B")])
+    assert SqliteSource("l", path, QUERY.replace(" WHERE date BETWEEN :start AND :end", "")).load(*ANY).dates.astype(
+        str).tolist() == ["2026-10-01", "2026-10-02"]  # fmt: skip
+    bad = ledger_db(tmp_path / "bad.sqlite", [(value, "1.00", "A")], date_type="")  # a julian day stays a REAL
+    with pytest.raises(ReviewError, match=r"query row 1, column 'date': .* is not an ISO date"):
+        SqliteSource("l", bad, "SELECT date, amount FROM e").load(*ANY)

@@ -589,11 +589,13 @@ class SqliteSource(Source):
                 budget.check()
             counted[0] = number
             where = f"source {self.name!r}, query row {number}"
-            try:
-                day = date.fromisoformat(str(record[at["date"]])[:10])
+            value = record[at["date"]]
+            try:  # a date, or a date and time ("2026-10-01 12:00:00"): nothing else is cut off
+                if not isinstance(value, str) or value[10:11] not in ("", " ", "T"):
+                    raise ValueError
+                day = date.fromisoformat(value[:10])
             except ValueError:
-                raise ReviewError(f"{where}, column 'date': {record[at['date']]!r} is not an ISO date "
-                                  "(YYYY-MM-DD)") from None  # fmt: skip
+                raise ReviewError(f"{where}, column 'date': {value!r} is not an ISO date (YYYY-MM-DD)") from None
             texts_of = {key: "" if record[i] is None else str(record[i]) for key, i in texts}
             yield number, day, self._units(record[at["amount"]], f"{where}, column 'amount'"), texts_of
 
