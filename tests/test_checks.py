@@ -217,7 +217,7 @@ def test_checks_over_no_rows_or_a_missing_column_cannot_run():
 
 def test_findings_are_capped_per_check_with_the_rest_counted_and_summed():
     rows = [("2026-10-02", f"{n}.00", "") for n in range(1, 251)]  # 1,000 and above are high
-    bank = table("bank", rows + [("2026-10-02", "1500.00", "")])
+    bank = table("bank", [*rows, ("2026-10-02", "1500.00", "")])
     ledger = table("ledger", [("2026-10-20", "0.01", "")])
     checks = [{"type": "match", "left": "bank", "right": "ledger", "max_findings": 10}]
     result = run_checks(checks, context({"bank": bank, "ledger": ledger}))
