@@ -29,6 +29,9 @@ def test_decode_records_floors_roofline_and_counters(store, home, capsys):
     figures = run["figures"]
     assert run["kind"] == "decode" and figures["tokens_identical"] is True
     assert figures["roofline_ms"] == max(figures["disk_floor_ms"], figures["compute_floor_ms"])
+    # the floor's bandwidth is never below what the timed run itself read at
+    assert figures["bandwidth_bytes_per_s"] == max(figures["probed_bytes_per_s"], figures["achieved_bytes_per_s"])
+    assert figures["floor_error"] == (figures["roofline_fraction"] > 1 or figures["disk_floor_fraction"] > 1)
     assert figures["bytes_per_token"] > 0 and run["counters"]["demand_reads"] > 0
     assert run["command"].startswith("nightshift ")
 
@@ -54,6 +57,9 @@ def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
     assert "config prefetch\tFalse\tTrue" in capsys.readouterr().out
     assert main(["runs", "export", "--format", "csv"]) == 0
     assert capsys.readouterr().out.startswith("kind,")
+    assert main(["runs", "export"]) == 0
+    for run in json.loads(capsys.readouterr().out):  # both rows carry the one in-RAM run's floor and identity
+        assert run["figures"]["tokens_identical"] is True and run["figures"]["compute_floor_ms"] > 0
 
 
 def test_every_setting_is_a_flag_under_its_documented_name():
@@ -107,6 +113,7 @@ def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys,
     assert main(["runs", "export"]) == 0
     runs = json.loads(capsys.readouterr().out)
     assert [r["config"]["use_drives"] for r in runs] == [["d0"], ["d0", "d1"]]
+    assert all(r["figures"]["tokens_identical"] is True and "roofline_fraction" in r["figures"] for r in runs)
     assert runs[0]["drives"]["d1"]["bytes"] == 0 and runs[1]["drives"]["d1"]["bytes"] > 0
 
 

@@ -155,13 +155,16 @@ def _show(label: str, result: dict) -> None:
     line = (
         f"{label}: {f['ms_per_token']:.1f} ms/token ({f['tokens_per_s']:.2f} tok/s), "
         f"{f['bytes_per_token'] / 1e6:.2f} MB/token, disk floor {f['disk_floor_ms']:.1f} ms "
-        f"at {f['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s"
+        f"at {f['bandwidth_bytes_per_s'] / 1e6:.2f} MB/s (probe {f['probed_bytes_per_s'] / 1e6:.2f}, "
+        f"this run {f['achieved_bytes_per_s'] / 1e6:.2f})"
     )
     if "compute_floor_ms" in f:
         line += (
             f", compute floor {f['compute_floor_ms']:.1f} ms, roofline fraction {f['roofline_fraction']:.2f}"
             f", tokens identical: {f['tokens_identical']}"
         )
+    if f.get("floor_error"):
+        line += "; MEASUREMENT ERROR: faster than its roofline (a floor was mis-measured)"
     say(line)
     say(f"  counters: {result['counters']}")
     say(f"  trace: {result['trace']}")
@@ -169,6 +172,7 @@ def _show(label: str, result: dict) -> None:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from nightshift.engine import decode_bench
+    from nightshift.engine.bench.decode import verdict as verdict_of
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
@@ -176,12 +180,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         store, settings, args.tokens, drives, ceilings, not args.no_compute_floor, args.bandwidth_seconds
     )
     _show("decode", result)
-    f = result["figures"]
-    verdict = "measured"
-    if "roofline_fraction" in f:
-        verdict = "pass" if f["roofline_fraction"] >= 0.9 else "below-roofline"
-        if f["disk_floor_ms"] < 2 * f["compute_floor_ms"]:
-            verdict += ", compute-bound"  # the rig is too fast for this CPU: not the disk-bound test asked for
+    verdict = verdict_of(result["figures"])
     say(f"recorded as run {_record(args, 'decode', store, settings, result, verdict)} ({verdict})")
     return 0
 
@@ -189,6 +188,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def cmd_ab(args: argparse.Namespace) -> int:
     from nightshift.engine import NightshiftError, Proof, decode_bench
     from nightshift.engine import require_proofs as require
+    from nightshift.engine.bench.decode import in_ram_decode
 
     store, drives, ceilings = sources_from(args)
     base_change, variant_change, counter = MECHANISMS[args.mechanism]
@@ -197,9 +197,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
         raise NightshiftError(f"the {args.mechanism} A/B needs a cache: pass --memory-budget auto or a size")
     baseline = replace(settings, **base_change)
     variant = replace(settings, **variant_change)
+    in_ram = False if args.no_compute_floor else in_ram_decode(store, args.tokens)  # once, for both rows
     results = {}
     for label, config in (("A (baseline)", baseline), ("B (variant)", variant)):
-        results[label] = decode_bench(store, config, args.tokens, drives, ceilings, False, args.bandwidth_seconds)
+        results[label] = decode_bench(store, config, args.tokens, drives, ceilings, in_ram, args.bandwidth_seconds)
         _show(f"{args.mechanism} {label}", results[label])
     a, b = results["A (baseline)"], results["B (variant)"]
     gain = b["figures"]["tokens_per_s"] / a["figures"]["tokens_per_s"] - 1
@@ -214,17 +215,20 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 def cmd_ladder(args: argparse.Namespace) -> int:
     from nightshift.engine import decode_ladder
+    from nightshift.engine.bench.decode import verdict as verdict_of
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
-    runs = decode_ladder(store, settings, args.tokens, drives, ceilings, args.bandwidth_seconds)
+    runs = decode_ladder(
+        store, settings, args.tokens, drives, ceilings, args.bandwidth_seconds, not args.no_compute_floor
+    )
     top = runs[-1][1]["figures"]["tokens_per_s"]
     for count, (step, result) in enumerate(runs, 1):
         share = result["figures"]["tokens_per_s"] / top
         _show(f"{count} drive(s): {share:.0%} of the {len(runs)}-drive rate (linear: {count / len(runs):.0%})", result)
         result["figures"]["share_of_top"] = share
         verdict = "linear" if abs(share - count / len(runs)) <= 0.1 else "off-linear"
-        verdict += ", at disk floor" if result["figures"]["disk_floor_fraction"] >= 0.9 else ", below disk floor"
+        verdict += f", {verdict_of(result['figures'])}"
         _record(args, "ladder", store, step, result, verdict, note=f"ladder step {count} of {len(runs)}")
     return 0
 
@@ -429,8 +433,9 @@ def _add_bandwidth_seconds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bandwidth-seconds",
         type=float,
-        default=2.0,
-        help="how long to measure the drives' aggregate read bandwidth before the run (2)",
+        default=5.0,  # engine/bench/decode.py BANDWIDTH_S: why this long is noted there
+        help="how long to probe the drives' aggregate read bandwidth before the run (5); the disk floor uses "
+        "the larger of the probe and the rate the timed run itself read at",
     )
 
 
@@ -478,6 +483,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     replicate.set_defaults(run=cmd_replicate)
-    decode.add_argument(
-        "--no-compute-floor", action="store_true", help="skip the in-RAM run (when the experts do not fit in RAM)"
-    )
+    for parser in (decode, ab, ladder):
+        parser.add_argument(
+            "--no-compute-floor", action="store_true", help="skip the in-RAM run (when the experts do not fit in RAM)"
+        )
