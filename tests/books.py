@@ -4,7 +4,7 @@ with faults planted on purpose and the findings they must produce.
 Each seed picks a company and its language (headers, account names and descriptions in English, German,
 French or Spanish), a currency, a month, a size, and how each file is written: the bank statement as CSV
 (delimiter, date format, decimal and thousands characters, trailing minus, debit/credit columns, encoding
-with or without a BOM, with or without references) or SWIFT MT940; the ledger and its balances as CSV,
+with or without a BOM, with or without references), SWIFT MT940 or OFX; the ledger and its balances as CSV,
 SQLite (TEXT decimals or INTEGER minor units) or a Beancount file (its balance assertions are the
 balances). The books reconcile except for the planted faults (a posting booked twice, bank charges and a
 direct debit never booked, a cheque not cleared, an amount keyed wrong, a closing balance off, an expense
@@ -17,10 +17,13 @@ that jumps), and `Books.planted` lists the (check, title, amount) each must prod
 from __future__ import annotations
 
 import calendar
+import copy
 import csv
 import random
 import sqlite3
 import unicodedata
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal
@@ -190,7 +193,7 @@ def _month_entries(rng: random.Random, year: int, month: int, usual: Usual, firs
 class Layout:
     """How one company's files are written, drawn from the seed."""
 
-    bank: str  # "csv" or "mt940"
+    bank: str  # "csv", "mt940" or "ofx"
     ledger: str  # "csv", "sqlite" or "beancount"
     references: bool  # the bank states references
     decimal: str = "."
@@ -204,7 +207,8 @@ class Layout:
 
     @classmethod
     def draw(cls, rng: random.Random, code: str, words: Language) -> Layout:
-        bank = "mt940" if rng.random() < 0.2 else "csv"
+        draw = rng.random()
+        bank = "mt940" if draw < 0.15 else ("ofx" if draw < 0.3 else "csv")
         ledger = rng.choice(("csv", "sqlite", "sqlite", "beancount"))
         decimal, thousands = rng.choice(words.numbers)
         return cls(
@@ -223,8 +227,8 @@ class Layout:
         return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode() if self.bank == "mt940" else text
 
     def about(self) -> str:
-        if self.bank == "mt940":
-            bank = "bank MT940"
+        if self.bank != "csv":
+            bank = f"bank {self.bank.upper()}"
         else:
             amounts = "debit/credit" if self.pair else ("trailing minus" if self.trailing else "signed")
             bank = (f"bank CSV {self.encoding} {self.delimiter!r} {self.date_format} {self.decimal!r}/"
@@ -332,10 +336,12 @@ class Files:
     def bank(self, entries: list[Entry], rng: random.Random) -> str:
         """The bank statement (every entry with a bank line); returns its [sources.bank] table."""
         lines = sorted((e for e in entries if e.bank_day is not None), key=lambda e: (e.bank_day, e.reference))
-        if self.layout.bank == "mt940":
-            path = self.folder / f"bank-{self.seed}.sta"
-            path.write_text(self._mt940(lines, _money(rng, 5000, 50000)), encoding="ascii", newline="")
-            return f'[sources.bank]\ntype = "mt940"\npath = "{path.name}"\ncurrency = "{self.currency}"\n'
+        if self.layout.bank != "csv":
+            statements = list(_statements(lines, _money(rng, 5000, 50000)))
+            write, suffix = (self._mt940, "sta") if self.layout.bank == "mt940" else (self._ofx, "ofx")
+            path = self.folder / f"bank-{self.seed}.{suffix}"
+            path.write_text(write(statements), encoding="utf-8", newline="")
+            return f'[sources.bank]\ntype = "{self.layout.bank}"\npath = "{path.name}"\ncurrency = "{self.currency}"\n'
         layout, words = self.layout, self.words
         header = [words.bank["date"], *(words.bank[c] for c in (("debit", "credit") if layout.pair else ("amount",)))]
         header += [words.bank["reference"]] if layout.references else []
@@ -362,23 +368,49 @@ class Files:
                 f'negative = ["{"trailing" if layout.trailing else "leading"}"]\ncurrency = "{self.currency}"\n'
                 f"columns = {_table(columns)}\n")  # fmt: skip
 
-    def _mt940(self, lines: list[Entry], opening: Decimal) -> str:
-        """One statement per month with bank lines: :60F: opening, a :61: and :86: per line, :62F: closing."""
-        months = sorted({(e.bank_day.year, e.bank_day.month) for e in lines})
-        account, out, balance = f"GB{self.seed:02d}NWBK60161331926819", [], opening
-        for number, month in enumerate(months, start=1):
-            first = date(*month, 1)
-            out += [f":20:STMT{number:04d}", f":25:{account}", f":28C:{number:05d}/001",
-                    _mt_balance("60F", balance, first - timedelta(days=1), self.currency)]  # fmt: skip
-            for entry in (e for e in lines if (e.bank_day.year, e.bank_day.month) == month):
+    def _mt940(self, statements: list[Statement]) -> str:
+        """SWIFT MT940: per statement :60F: opening, a :61: and :86: per line, :62F: closing."""
+        out = []
+        for number, (first, last, lines, opening, closing) in enumerate(statements, start=1):
+            out += [f":20:STMT{number:04d}", f":25:{self.account}", f":28C:{number:05d}/001",
+                    _mt_balance("60F", opening, first - timedelta(days=1), self.currency)]  # fmt: skip
+            for entry in lines:
                 mark = "D" if entry.bank_amount < 0 else "C"
                 reference = entry.reference if self.layout.references and entry.reference else "NONREF"
                 out += [f":61:{entry.bank_day:%y%m%d}{entry.bank_day:%m%d}{mark}{_mt_amount(entry.bank_amount)}"
                         f"NTRF{reference}", f":86:{self.layout.says(self.words, entry.role)}"]  # fmt: skip
-                balance += entry.bank_amount
-            last = date(*month, calendar.monthrange(*month)[1])
-            out += [_mt_balance("62F", balance, last, self.currency), "-"]
+            out += [_mt_balance("62F", closing, last, self.currency), "-"]
         return "\r\n".join(out) + "\r\n"
+
+    def _ofx(self, statements: list[Statement]) -> str:
+        """OFX 2 (XML): a statement per month, each line a STMTTRN (REFNUM the reference, MEMO the text)."""
+        status = _element("STATUS", _element("CODE", "0"), _element("SEVERITY", "INFO"))
+        responses = []
+        for number, (first, last, lines, _, closing) in enumerate(statements, start=1):
+            moves = [
+                _element("STMTTRN", _element("TRNTYPE", "DEBIT" if e.bank_amount < 0 else "CREDIT"),
+                         _element("DTPOSTED", f"{e.bank_day:%Y%m%d}"), _element("TRNAMT", f"{e.bank_amount:.2f}"),
+                         _element("FITID", f"{number:02d}{index:05d}"),
+                         _element("REFNUM", e.reference) if self.layout.references and e.reference else None,
+                         _element("MEMO", self.layout.says(self.words, e.role)))
+                for index, e in enumerate(lines, start=1)
+            ]  # fmt: skip
+            account = _element("BANKACCTFROM", _element("BANKID", "60161331"), _element("ACCTID", self.account),
+                               _element("ACCTTYPE", "CHECKING"))  # fmt: skip
+            listed = _element("BANKTRANLIST", _element("DTSTART", f"{first:%Y%m%d}"), _element("DTEND", f"{last:%Y%m%d}"),
+                              *moves)  # fmt: skip
+            held = _element("LEDGERBAL", _element("BALAMT", f"{closing:.2f}"), _element("DTASOF", f"{last:%Y%m%d}"))
+            responses.append(_element("STMTTRNRS", _element("TRNUID", str(number)), copy.deepcopy(status),
+                                      _element("STMTRS", _element("CURDEF", self.currency), account, listed, held)))  # fmt: skip
+        signon = _element("SIGNONMSGSRSV1", _element("SONRS", status, _element("DTSERVER", f"{self.end:%Y%m%d}"),
+                                                     _element("LANGUAGE", "ENG")))  # fmt: skip
+        head = ('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n<?OFX OFXHEADER="200" VERSION="220" '
+                'SECURITY="NONE" OLDFILEUID="NONE" NEWFILEUID="NONE"?>\n')  # fmt: skip
+        return head + ET.tostring(_element("OFX", signon, _element("BANKMSGSRSV1", *responses)), encoding="unicode")
+
+    @property
+    def account(self) -> str:
+        return f"GB{self.seed:02d}NWBK60161331926819"
 
     def ledger(self, entries: list[Entry], opening: Decimal, extra: Decimal) -> str:
         """The ledger and the bank account's balances (end of the month before last, last month, this month)."""
@@ -493,6 +525,29 @@ by = "account"
 threshold_pct = 50
 min_change = "500.00"
 '''
+
+
+Statement = tuple[date, date, list[Entry], Decimal, Decimal]  # first and last day, lines, opening, closing
+
+
+def _statements(lines: list[Entry], opening: Decimal) -> Iterator[Statement]:
+    """The bank lines as monthly statements, each with its opening and closing balance."""
+    for month in sorted({(e.bank_day.year, e.bank_day.month) for e in lines}):
+        mine = [e for e in lines if (e.bank_day.year, e.bank_day.month) == month]
+        closing = opening + sum(e.bank_amount for e in mine)
+        yield date(*month, 1), date(*month, calendar.monthrange(*month)[1]), mine, opening, closing
+        opening = closing
+
+
+def _element(tag: str, *children: ET.Element | str | None) -> ET.Element:
+    """An XML element with text (a str) or child elements (None skipped)."""
+    element = ET.Element(tag)
+    for child in children:
+        if isinstance(child, str):
+            element.text = child
+        elif child is not None:
+            element.append(child)
+    return element
 
 
 def _mt_amount(amount: Decimal) -> str:

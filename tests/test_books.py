@@ -45,6 +45,7 @@ def test_the_seeds_make_many_distinct_books(tmp_path):
         "'\\t'",
         "';'",
         "bank MT940",
+        "bank OFX",
         "ledger Beancount",
         "\\u202f",
     ):
@@ -53,7 +54,7 @@ def test_the_seeds_make_many_distinct_books(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [5, 18])  # SQLite INTEGER and CSV; Beancount and MT940
+@pytest.mark.parametrize("seed", [8, 14])  # OFX and Beancount; MT940 and SQLite INTEGER minor units
 def test_large_generated_books(tmp_path, seed):
     found, planted, about = found_and_planted(seed, tmp_path, rows_per_month=5000)
     assert found == planted, about
