@@ -1,0 +1,128 @@
+"""Several sequences decoded together, so that each step reads the experts their rows select once for all.
+
+When experts stream, a MoE layer costs the union of the experts its rows select, and with skewed
+routing that union grows much more slowly than the number of rows. Each prompt is read alone,
+expert-major, exactly as a single generation reads it (engine/prefill.py); the sequences' caches are
+then merged into mlx-lm's batch caches (left-padded to one length and masked), and every step runs one
+row per live sequence through the model, where a streaming layer reads each selected expert once. A
+sequence that ends (an end token or its own token limit) leaves the batch and the others go on.
+
+Greedy tokens equal each sequence generated alone as long as the batched kernels sum in the same order
+as the one-row ones; where they do not (a GEMM instead of a GEMV), the two agree until a near-tie of
+the top logits, which `first_difference` in the tests shows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.prefill import DEFAULT_CHUNK, prefill
+
+
+@dataclass
+class BatchStats:
+    """What one batch did: its width, tokens per sequence, times, and the streamed reads per decode step."""
+
+    width: int
+    tokens: list[int] = field(default_factory=list)  # generated per sequence
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    steps: int = 0  # decode passes (each with one row per live sequence)
+    rows: int = 0  # rows those passes carried, summed
+    layer_calls: int = 0  # streaming layer calls during decode
+    experts_read: int = 0  # unique experts those calls selected, summed (each read once per call)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """All sequences' tokens after their first, over the decode time."""
+        after_first = sum(max(t - 1, 0) for t in self.tokens)
+        return after_first / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def experts_per_layer_call(self) -> float:
+        """Mean union of experts one layer read per decode step: top-k for one row, less than B x top-k shared."""
+        return self.experts_read / self.layer_calls if self.layer_calls else 0.0
+
+
+def batch_tokens(
+    model: nn.Module,
+    prompts: list[list[int]],
+    max_tokens: int,
+    stream: ExpertStream | None = None,
+    eos: set[int] | frozenset[int] = frozenset(),
+    prefill_chunk: int = DEFAULT_CHUNK,
+    stats: BatchStats | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
+    """Greedy tokens for every prompt, decoded together; each list ends at its first end token or `max_tokens`.
+
+    `on_token(sequence, token)` sees every token as it comes (the first ones after each prompt is read).
+    """
+    if not prompts or any(not p for p in prompts):
+        raise NightshiftError("a batch needs at least one prompt, and every prompt at least one token")
+    if max_tokens < 1:
+        raise NightshiftError(f"max_tokens {max_tokens}: ask for at least 1 token")
+    stats = stats if stats is not None else BatchStats(width=len(prompts))
+    start = time.perf_counter()
+    caches, out = [], []
+    for i, prompt in enumerate(prompts):
+        cache = make_prompt_cache(model)
+        first = int(mx.argmax(prefill(model, prompt, cache, prefill_chunk)).item())
+        caches.append(cache)
+        out.append([first])
+        if on_token is not None:
+            on_token(i, first)
+    stats.prefill_seconds = time.perf_counter() - start
+    live = [i for i in range(len(prompts)) if not _done(out[i], max_tokens, eos)]
+    batch = _merged(caches, live)
+    del caches
+    before = stream.figures().calls if stream is not None else None
+    start = time.perf_counter()
+    while live:
+        rows = mx.array([[out[i][-1]] for i in live])
+        logits = model(rows, cache=batch)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen = mx.argmax(logprobs, axis=-1).tolist()
+        stats.steps += 1
+        stats.rows += len(live)
+        for i, token in zip(live, chosen, strict=True):
+            out[i].append(int(token))
+            if on_token is not None:
+                on_token(i, int(token))
+        keep = [k for k, i in enumerate(live) if not _done(out[i], max_tokens, eos)]
+        if len(keep) < len(live):
+            live = [live[k] for k in keep]
+            if live:
+                for layer_cache in batch:
+                    layer_cache.filter(mx.array(keep))
+    stats.decode_seconds = time.perf_counter() - start
+    if stream is not None and before is not None:
+        after = stream.figures().calls
+        stats.layer_calls, stats.experts_read = after.calls - before.calls, after.unique - before.unique
+    stats.tokens = [len(tokens) for tokens in out]
+    return out
+
+
+def _done(tokens: list[int], max_tokens: int, eos: set[int] | frozenset[int]) -> bool:
+    return len(tokens) >= max_tokens or tokens[-1] in eos
+
+
+def _merged(caches: list[list], live: list[int]) -> list:
+    """The live sequences' per-layer caches as one batch cache per layer (mlx-lm's `merge`)."""
+    if not live:
+        return []
+    merged = []
+    for layer in range(len(caches[live[0]])):
+        kind = type(caches[live[0]][layer])
+        if not hasattr(kind, "merge"):
+            raise NightshiftError(f"this model's {kind.__name__} cannot decode in a batch (mlx-lm has no merge for it)")
+        merged.append(kind.merge([caches[i][layer] for i in live]))
+    return merged
