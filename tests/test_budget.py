@@ -112,3 +112,43 @@ def test_belady_bounds_every_policy_on_random_traces():
         for policy in CACHE_POLICIES:
             assert replay(calls, sizes, budget, policy).hits <= bound.hits
     assert belady(calls, sizes, 16000).hits == bound.lookups - len({(c.layer, e) for c in calls for e in c.experts})
+
+
+def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):
+    """In a container or under `bench peer`'s limit, /proc/meminfo shows the host's RAM; the cgroup's counts."""
+    import os
+    import subprocess
+    import sys
+
+    from nightshift.engine.bench.pressure import V1, V2
+
+    root = V1 if V1.is_dir() else V2
+    if os.geteuid() != 0 or not (root / "cgroup.procs").exists():
+        pytest.skip("needs root and a memory cgroup hierarchy")
+    group = root / f"nightshift-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / ("memory.limit_in_bytes" if root == V1 else "memory.max")).write_text(str(1 << 30))
+        code = "from nightshift.engine.moe.budget import memory_now; m = memory_now(); print(m.total, m.available)"
+        shell = f'echo $$ > {group}/cgroup.procs && exec {sys.executable} -c "{code}"'
+        total, available = map(int, subprocess.run(["sh", "-c", shell], capture_output=True, text=True).stdout.split())
+    finally:
+        group.rmdir()
+    assert total == 1 << 30 and 0 < available < 1 << 30
+
+
+def test_a_schedule_names_its_memory_budget_and_a_bad_one_is_refused(tmp_path):
+    from nightshift.app.paths import bundled
+    from nightshift.app.review.errors import ScheduleError
+    from nightshift.app.review.schedule import load_schedule
+
+    text = (bundled("schedules") / "month-end.toml").read_text()
+    assert load_schedule(bundled("schedules") / "month-end.toml").generation.memory_budget == "auto"
+    for budget, ok in (("12G", True), ("lots", False)):
+        path = tmp_path / f"{budget}.toml"
+        path.write_text(text.replace("[model]", f'[model]\nmemory_budget = "{budget}"'))
+        if ok:
+            assert load_schedule(path).generation.memory_budget == budget
+        else:
+            with pytest.raises(ScheduleError, match="memory_budget"):
+                load_schedule(path)

@@ -125,7 +125,7 @@ class Service:
         self.worker_restarts = 0
         self.worker_error: str | None = None  # the last failure the worker met, as said in the log
         self.schedule_errors: list[str] = []  # schedule files that did not load at the last (re)load
-        self.models: dict[Path, Model] = {}
+        self.models: dict[tuple[Path, str], Model] = {}  # (model, memory budget) -> the loaded model
         self.scheduler: ReviewScheduler | None = None
         self.control: ControlServer | None = None
 
@@ -290,14 +290,14 @@ class Service:
         return {"worker_restarts": self.worker_restarts, "worker_error": self.worker_error,
                 "schedule_errors": self.schedule_errors}  # fmt: skip
 
-    def _model(self, path: Path) -> Model:
-        """One engine: the model stays loaded between runs that use it."""
-        if path not in self.models:
+    def _model(self, path: Path, memory_budget: str = "auto") -> Model:
+        """One engine: the model stays loaded between runs that use it (with the same memory budget)."""
+        if (path, memory_budget) not in self.models:
             for previous in self.models.values():
                 previous.close()  # a streamed store's reader threads
             self.models.clear()
-            self.models[path] = open_for_generation(path)
-        return self.models[path]
+            self.models[(path, memory_budget)] = open_for_generation(path, memory_budget=memory_budget)
+        return self.models[(path, memory_budget)]
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         """A control-socket request: jobs, run, run_status, cancel, pause, resume, reports, ping."""

@@ -23,7 +23,7 @@ from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
 from nightshift.app.review.schedule import Schedule
-from nightshift.app.review.sources import Table
+from nightshift.app.review.sources import Cancel, Table
 from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
 from nightshift.engine import GenerationStats, Model, sha256_of
@@ -63,14 +63,17 @@ class Checked:
     result: CheckResult
 
 
-def run_checks_for(schedule: Schedule, as_of: date, step: Step | None = None) -> Checked:
-    """Load every source and run every check; `step`, if given, is told each one's name and seconds as it ends."""
+def run_checks_for(schedule: Schedule, as_of: date, step: Step | None = None, cancel: Cancel | None = None) -> Checked:
+    """Load every source and run every check; `step`, if given, is told each one's name and seconds as it ends.
+
+    `cancel` is polled while sources load (a SQLite query too): once it returns True the run stops there.
+    """
     window = window_containing(schedule.period, as_of)
     previous = window.previous()
     tables = {}
     for name, source in schedule.sources.items():
         started = time.perf_counter()
-        tables[name] = source.load(previous.start, window.end)
+        tables[name] = source.load(previous.start, window.end, cancel)
         if step is not None:
             step(f"load {name}", time.perf_counter() - started)
     _one_currency_per_check(schedule.checks, tables)
@@ -200,16 +203,18 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
 def run_review(
     schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
     cancel: threading.Event | None = None, say: Say = lambda message: None,
-    load_model: Callable[[Path], Model] = open_for_generation, run_id: int | None = None,
+    load_model: Callable[..., Model] = open_for_generation, run_id: int | None = None,
 ) -> IndexEntry:  # fmt: skip
     """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
     started = time.monotonic()
-    checked = run_checks_for(schedule, as_of)
+    checked = run_checks_for(schedule, as_of, cancel=None if cancel is None else cancel.is_set)
     say(f"{schedule.name}: {checked.window.label}: {len(checked.result.findings)} finding(s); writing the narrative")
     settings = schedule.generation
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
                           settings.prompt_findings)  # fmt: skip
-    model = load_model(model_dir)
+    # A budget other than auto is the schedule's own; the loader then opens the model with it.
+    budget = settings.memory_budget
+    model = load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
     narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
     if cancel is not None and cancel.is_set():
         # The engine notices a cancel between tokens, so one asked for while the prompt was read ends at the first.

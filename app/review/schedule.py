@@ -26,6 +26,8 @@ from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.sources import OptionError, Source, source_kind
 from nightshift.app.review.when import parse_when
 from nightshift.app.review.window import PERIODS
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.settings import parse_budget
 
 BUNDLED_DIR = bundled("schedules")
 TEMPLATES_DIR = bundled("templates")
@@ -35,7 +37,8 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # Every key a schedule may use, by table; any other key is an error naming the nearest of these.
 TOP_KEYS = ("name", "title", "when", "timezone", "grace", "materiality", "window", "sources", "checks", "model",
             "prompt", "report")  # fmt: skip
-SECTION_KEYS = {"window": ("period", "as_of"), "model": ("name", "max_tokens", "temp", "seed", "prompt_findings"),
+SECTION_KEYS = {"window": ("period", "as_of"), "model": ("name", "max_tokens", "temp", "seed", "prompt_findings",
+                                                         "memory_budget"),
                 "prompt": ("template",), "report": ("template", "output")}  # fmt: skip
 CHECK_KEYS = {  # beside `type` and `max_findings`, which every check takes
     "match": ("left", "right", "date_tolerance_days", "use_reference"),
@@ -57,6 +60,7 @@ class Generation:
     temp: float = 0.0
     seed: int = 0
     prompt_findings: int = 10  # findings given to the model (the most severe first)
+    memory_budget: str = "auto"  # RAM for a streamed store's experts: auto, 0 or a size (12G)
 
 
 @dataclass
@@ -306,7 +310,12 @@ def _generation(read: _Reader) -> Generation:
         temp=float(read.get(("model", "temp"), (int, float), 0.0, model)),
         seed=read.get(("model", "seed"), int, 0, model),
         prompt_findings=read.get(("model", "prompt_findings"), int, 10, model),
+        memory_budget=read.get(("model", "memory_budget"), str, "auto", model),
     )
+    try:
+        parse_budget(result.memory_budget)
+    except NightshiftError as exc:
+        raise read.fail(("model", "memory_budget"), str(exc)) from None
     if result.max_tokens < 1:
         raise read.fail(("model", "max_tokens"), "should be at least 1")
     return result

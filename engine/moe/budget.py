@@ -60,6 +60,55 @@ class Budget:
         )
 
 
+@dataclass(frozen=True)
+class Memory:
+    """RAM this process may still take (bytes) and the RAM it has in all: the machine's, or its memory cgroup's
+    where that is smaller (a container, a `bench peer` limit)."""
+
+    available: int
+    total: int
+
+
+def memory_now() -> Memory:
+    """psutil's available and total RAM, bounded by the process's memory cgroup (v1 or v2) when it has a limit.
+
+    A cgroup's free memory is its limit minus its usage plus its inactive file pages (page cache the kernel
+    reclaims first), as container runtimes count it; /proc/meminfo does not see the limit at all.
+    """
+    machine = psutil.virtual_memory()
+    limited = _cgroup_memory()
+    if limited is None or limited.total >= machine.total:
+        return Memory(machine.available, machine.total)
+    return Memory(min(machine.available, limited.available), limited.total)
+
+
+def _cgroup_memory() -> Memory | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:  # not Linux
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "memory":  # v1
+            root = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            break
+    else:  # v2: the one "0::/path" line
+        path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
+        root = Path("/sys/fs/cgroup") / path.lstrip("/")
+        files = ("memory.max", "memory.current", "inactive_file")
+    try:
+        limit_text = (root / files[0]).read_text().strip()
+        usage = int((root / files[1]).read_text())
+        stat = dict(line.split() for line in (root / "memory.stat").read_text().splitlines())
+    except (OSError, ValueError):
+        return None
+    if not limit_text.isdigit():  # v2 "max": no limit
+        return None
+    limit = int(limit_text)
+    return Memory(max(0, limit - usage + int(stat.get(files[2], 0))), limit)
+
+
 def margin_for(total: int) -> int:
     return min(max(int(total * MARGIN_FRACTION), MARGIN_MIN), MARGIN_MAX)
 
@@ -86,7 +135,7 @@ def size_budget(cache_bytes: int, manifest: Manifest, store: Path, reader_thread
     """The budget for `cache_bytes` (AUTO_BUDGET or bytes); auto is sized from RAM available now (call before loading)."""
     if cache_bytes != AUTO_BUDGET:
         return Budget(cache_bytes, False, manifest.expert_bytes)
-    memory = psutil.virtual_memory()
+    memory = memory_now()
     reserved = reserved_bytes(manifest, store, reader_threads)
     margin = margin_for(memory.total)
     spare = max(0, memory.available - reserved - margin)
@@ -111,5 +160,5 @@ class Pressure:
         if now < self._next:
             return None
         self._next = now + CHECK_EVERY_S
-        headroom = psutil.virtual_memory().available - self.budget.margin
+        headroom = memory_now().available - self.budget.margin
         return min(self.budget.bytes, max(0, used + headroom))
