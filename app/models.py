@@ -43,7 +43,10 @@ def open_for_generation(
     `memory_budget` allows in RAM (auto: sized from the RAM available; 0: none; or a size such as 12G);
     `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
     from nightshift.engine import StreamSettings, open_model, parse_budget  # MLX and mlx-lm: only when opened
+    from nightshift.engine.moe.tuning import apply_tuning  # the store's `model tune` choice, if any
 
     budget = parse_budget(memory_budget)
     streamed = StreamSettings(verify_checksums="first", cache_bytes=budget) if is_store(path) and not in_ram else None
+    if streamed is not None:
+        streamed = apply_tuning(path, streamed)
     return open_model(path, stream=streamed, drafter=drafter)

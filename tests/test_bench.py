@@ -65,7 +65,7 @@ def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
 def test_every_setting_is_a_flag_under_its_documented_name():
     parser = argparse.ArgumentParser()
     add_stream_arguments(parser)
-    assert settings_from(parser.parse_args(["--model", "m"])) == StreamSettings()
+    assert settings_from(parser.parse_args(["--model", "m", "--no-tuning"])) == StreamSettings()
     flags = [  # every setting's flag as the docs name it, the field it sets and the value
         ("--demand-threads 8", "demand_threads", 8),
         ("--prefetch-threads 3", "prefetch_threads", 3),
@@ -86,7 +86,9 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--use-drives d0,d1", "use_drives", ("d0", "d1")),
     ]
     assert {name for _, name, _ in flags} == {f.name for f in fields(StreamSettings)}
-    settings = settings_from(parser.parse_args(["--model", "m", *" ".join(flag for flag, _, _ in flags).split()]))
+    settings = settings_from(
+        parser.parse_args(["--model", "m", "--no-tuning", *" ".join(flag for flag, _, _ in flags).split()])
+    )
     assert {name: getattr(settings, name) for _, name, _ in flags} == {name: value for _, name, value in flags}
     for wrong in (["--prefetch-off", "3,x"], ["--dispatch", "nearest"], ["--cache-policy", "random"]):
         with pytest.raises(SystemExit):

@@ -54,6 +54,12 @@ def add_stream_arguments(parser: argparse.ArgumentParser, defaults: dict | None 
     parser.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     parser.add_argument("--drives", help="drives.toml whose roots replace the store's (e.g. the rig's)")
     parser.add_argument("--ceilings", help="drive_ceilings.json from `drives probe` (dispatcher's starting estimates)")
+    parser.add_argument(
+        "--tuning",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="use the store's tuned settings (`nightshift model tune`) where no flag sets them (default: on)",
+    )
     kinds = get_type_hints(StreamSettings)
     for setting in fields(StreamSettings):
         option, kind = setting.metadata["option"], kinds[setting.name]
@@ -62,25 +68,46 @@ def add_stream_arguments(parser: argparse.ArgumentParser, defaults: dict | None 
         default = (defaults or {}).get(setting.name, default)
         if kind is bool:
             on_off = "on" if default else "off"
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=default, help=f"{option.help} (default: {on_off})"
-            )
+            parser.add_argument(flag, action=GivenSwitch, default=default, help=f"{option.help} (default: {on_off})")
         elif option.parse is not None:  # the setting's own notation (a memory budget: auto, 12G, 0)
             parser.add_argument(
-                flag, type=option.parse, default=default, help=f"{option.help} (default: {option.show(default)})"
+                flag,
+                action=Given,
+                type=option.parse,
+                default=default,
+                help=f"{option.help} (default: {option.show(default)})",
             )
         elif get_origin(kind) in (frozenset, tuple):  # empty by default: the help says what none means
-            parser.add_argument(flag, type=comma_list(get_args(kind)[0]), default=default, help=option.help)
+            parser.add_argument(
+                flag, action=Given, type=comma_list(get_args(kind)[0]), default=default, help=option.help
+            )
         else:
             scaled = option.scale != 1
             value = default / option.scale if scaled else default
             parser.add_argument(
                 flag,
+                action=Given,
                 type=float if scaled else kind,
                 default=value,
                 choices=option.choices or None,
                 help=f"{option.help} (default: {value:g})" if scaled else f"{option.help} (default: {value})",
             )
+
+
+class Given(argparse.Action):
+    """Stores a setting's value and notes it was given, so a store's tuned value does not replace it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
+class GivenSwitch(argparse.BooleanOptionalAction):
+    """`--name/--no-name`, noted as given like `Given`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
 
 
 def _flag_name(setting: Field) -> str:
@@ -102,14 +129,26 @@ def comma_list(item: type) -> Callable[[str], tuple]:
 
 
 def settings_from(args: argparse.Namespace):
-    """The StreamSettings the flags of `add_stream_arguments` name (a scaled flag back in its setting's unit)."""
+    """The StreamSettings the flags of `add_stream_arguments` name (a scaled flag back in its setting's unit),
+    with the store's tuned values where no flag set them (unless `--no-tuning`)."""
+    from nightshift.app.models import resolve_model
     from nightshift.engine import StreamSettings
+    from nightshift.engine.moe.tuning import apply_tuning, describe_tuning, read_tuning
 
-    values = {}
+    values, given = {}, set()
     for setting in fields(StreamSettings):
-        value, scale = getattr(args, _flag_name(setting).replace("-", "_")), setting.metadata["option"].scale
+        dest = _flag_name(setting).replace("-", "_")
+        value, scale = getattr(args, dest), setting.metadata["option"].scale
         values[setting.name] = int(value * scale) if scale != 1 else value
-    return StreamSettings(**values)
+        if dest in getattr(args, "given", ()):
+            given.add(setting.name)
+    settings = StreamSettings(**values)
+    if not args.tuning:
+        return settings
+    store = resolve_model(args.model)
+    if read_tuning(store) is not None:
+        say(describe_tuning(store))
+    return apply_tuning(store, settings, frozenset(given))
 
 
 def sources_from(args: argparse.Namespace):

@@ -18,9 +18,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.draft_depth is not None and args.drafter is None:
         raise NightshiftError("--draft-depth needs --drafter (a small model sharing the tokenizer)")
     drafter = resolve_model(args.drafter) if args.drafter else None
-    model = open_for_generation(
-        resolve_model(args.model), in_ram=args.in_ram, drafter=drafter, memory_budget=args.memory_budget
-    )
+    store = resolve_model(args.model)
+    model = open_for_generation(store, in_ram=args.in_ram, drafter=drafter, memory_budget=args.memory_budget)
+    if model.stream is not None:
+        from nightshift.engine.moe.tuning import describe_tuning
+
+        say(describe_tuning(store))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]

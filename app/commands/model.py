@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nightshift.app.commands import moefy, say
+from nightshift.app.commands import moefy, say, tune
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import cache_dir, drives_file, models_dir
 from nightshift.app.progress import live
@@ -297,4 +297,5 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         help="reuse the routing measured last time (or none) instead of measuring again",
     )
     place.set_defaults(run=cmd_place)
+    tune.register(actions)
     moefy.register(actions)

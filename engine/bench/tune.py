@@ -1,0 +1,231 @@
+"""`nightshift model tune`: a short calibration of a store's streaming settings on this machine's drives.
+
+Each step measures the settings chosen so far (the incumbent) and a few candidates side by side: the same
+short greedy decode (a one-token prompt, one warm-up token, then `tokens` timed), cache off so the drives
+are what is measured. A candidate replaces the incumbent only when it is more than MARGIN faster and its
+counters prove it ran (joined_prefetch for prefetch, split_reads for split reads). Steps, in the order they
+matter on the rig (docs/results.md): prefetch on or off; with prefetch on, its low-recall layers off, a
+prefetch limit and one prefetch thread per drive; 1 or 2 demand threads per drive instead of 4; split reads
+where experts have replicas on two devices. Then the defaults and the choice run once more, side by side,
+for the gain recorded. The cache policy is chosen by replaying the chosen run's lookups against every
+policy at the auto budget this machine gives the store (engine/bench/cache_sim.py: the engine's own cache
+class, so its hit rates are the engine's); when that budget holds every expert the policy cannot matter.
+
+A step that would not finish within the time budget is skipped and listed as such, never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from nightshift.engine.bench.cache_sim import Call, replay
+from nightshift.engine.bench.decode import PROMPT, counters_of, drives_of, streamed_decode
+from nightshift.engine.instruments.assertions import Proof, failures
+from nightshift.engine.io.ceilings import Ceilings
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.budget import size_budget
+from nightshift.engine.moe.load import with_drives
+from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, StreamSettings
+from nightshift.engine.moe.tuning import tuned_values, write_tuning
+from nightshift.engine.store.manifest import Manifest, read_manifest
+
+MARGIN = 0.03  # a candidate must beat the incumbent by more than this: the rig's run-to-run spread is 1-3 %
+RECALL_FLOOR = 0.3  # a layer whose prediction names under this share of its experts reads mostly waste
+TUNE_PROMPT = PROMPT[:1]  # decode is what is tuned: a one-token prompt keeps the prefill's reads short
+TUNE_WARMUP = 1
+
+
+@dataclass
+class Trial:
+    """One measured configuration: what it changed from the defaults, its rate, and its proof counters."""
+
+    step: str
+    label: str
+    changes: dict
+    tokens_per_s: float
+    bytes_per_token: float
+    counters: dict
+    drives: dict
+    recall_per_layer: dict[int, float]
+    seconds: float
+    proofs: list[Proof]
+
+    def unproven(self) -> list[str]:
+        return failures(self.proofs, self.counters)
+
+    def as_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "label": self.label,
+            "changes": self.changes,
+            "tokens_per_s": self.tokens_per_s,
+            "bytes_per_token": self.bytes_per_token,
+            "counters": self.counters,
+            "recall_per_layer": {str(k): v for k, v in self.recall_per_layer.items()},
+            "seconds": round(self.seconds, 1),
+            "proven": not self.unproven(),
+        }
+
+
+def proofs_for(settings: StreamSettings) -> list[Proof]:
+    """The counters that show `settings`' mechanisms fired in a decode."""
+    proofs = []
+    if settings.prefetch:
+        proofs.append(Proof("prefetch", "joined_prefetch"))
+    if settings.split_reads:
+        proofs.append(Proof("split reads", "split_reads"))
+    return proofs
+
+
+def split_possible(manifest: Manifest) -> bool:
+    """Whether some expert has replicas on two devices (what split reads need)."""
+    device = {name: os.stat(root).st_dev for name, root in manifest.drives.items()}
+    return any(
+        len({device[d] for d in entry["replicas"]}) > 1 for experts in manifest.experts.values() for entry in experts
+    )
+
+
+class Calibration:
+    """The measuring loop: trials side by side, a time budget, the incumbent's changes from the defaults."""
+
+    def __init__(
+        self,
+        store: Path,
+        drives: list[Drive] | None,
+        ceilings: Ceilings | None,
+        tokens: int,
+        budget_s: float,
+        say: Callable[[str], None],
+    ):
+        self.store, self.drives, self.ceilings, self.tokens = Path(store), drives, ceilings, tokens
+        self.base = StreamSettings(cache_bytes=0)  # the drives are measured: no RAM cache
+        self.deadline = time.monotonic() + budget_s
+        self.say = say
+        self.trials: list[Trial] = []
+        self.skipped: list[str] = []
+        self.chosen: dict = {}
+        self.routing: list = []
+
+    def settings(self, changes: dict) -> StreamSettings:
+        return replace(self.base, **{**self.chosen, **changes})
+
+    def measure(self, step: str, label: str, changes: dict, routing: bool = False) -> Trial:
+        settings = self.settings(changes)
+        began = time.monotonic()
+        run = streamed_decode(self.store, settings, self.tokens, self.drives, self.ceilings, routing,
+                              TUNE_PROMPT, TUNE_WARMUP)  # fmt: skip
+        seconds = time.monotonic() - began
+        trial = Trial(step, label, {**self.chosen, **changes}, 1 / run.timing.seconds_per_token,
+                      run.read_bytes / self.tokens, counters_of(run.figures), drives_of(run.figures),
+                      run.figures.recall_per_layer, seconds, proofs_for(settings))  # fmt: skip
+        if routing:
+            self.routing = run.routing
+        self.trials.append(trial)
+        self.say(f"  {step}: {label}: {trial.tokens_per_s:.3f} tok/s ({seconds:.0f} s)")
+        return trial
+
+    def time_left_for(self, runs: int) -> bool:
+        """Whether `runs` more trials fit in the budget (each as long as the slowest so far)."""
+        longest = max((t.seconds for t in self.trials), default=0.0)
+        return time.monotonic() + runs * longest <= self.deadline
+
+    def step(self, name: str, candidates: list[tuple[str, dict]]) -> Trial | None:
+        """Measure the incumbent, then each candidate; keep the fastest proven one beyond MARGIN."""
+        if not candidates:
+            return None
+        if not self.time_left_for(len(candidates) + 1):
+            self.skipped.append(name)
+            self.say(f"  {name}: skipped (would not finish within the time budget)")
+            return None
+        incumbent = self.measure(name, "as chosen so far", {})
+        best = incumbent
+        for label, changes in candidates:
+            trial = self.measure(name, label, changes)
+            if trial.unproven():
+                self.say(f"    not counted: {'; '.join(trial.unproven())}")
+            elif trial.tokens_per_s > max(incumbent.tokens_per_s * (1 + MARGIN), best.tokens_per_s):
+                best = trial
+        if best is not incumbent:
+            self.chosen = dict(best.changes)
+        return incumbent
+
+
+def prefetch_candidates(settings: StreamSettings, trial: Trial, top_k: int) -> list[tuple[str, dict]]:
+    """With prefetch on: its low-recall layers off, a limit of a quarter of top-k, one prefetch thread."""
+    low = sorted(layer for layer, recall in trial.recall_per_layer.items() if recall < RECALL_FLOOR)
+    out = []
+    if low and len(low) < len(trial.recall_per_layer):
+        out.append((f"prefetch off for layers {low} (recall < {RECALL_FLOOR:.0%})", {"prefetch_off": frozenset(low)}))
+    out.append((f"prefetch limit {max(1, top_k // 4)}", {"prefetch_limit": max(1, top_k // 4)}))
+    if settings.prefetch_threads != 1:
+        out.append(("1 prefetch thread per drive", {"prefetch_threads": 1}))
+    return out
+
+
+def choose_cache_policy(calibration: Calibration, manifest: Manifest) -> dict:
+    """Replay the chosen run's lookups against every policy at this machine's auto budget for the store."""
+    settings = calibration.settings({})
+    threads = (settings.demand_threads + settings.prefetch_threads) * len(manifest.drives)
+    budget = size_budget(AUTO_BUDGET, manifest, calibration.store, threads).bytes
+    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    calls = [Call(layer, tuple(experts), rows) for layer, experts, rows in calibration.routing]
+    hits = {policy: replay(calls, sizes, budget, policy).hit_rate for policy in CACHE_POLICIES}
+    record = {"auto_budget_bytes": budget, "expert_bytes": manifest.expert_bytes, "lookups": len(calls),
+              "hit_rate": {p: round(h, 4) for p, h in hits.items()}}  # fmt: skip
+    if budget >= manifest.expert_bytes:
+        record["why"] = "the auto budget holds every expert: no policy evicts, so the default stays"
+        return record
+    default = settings.cache_policy
+    best = max(CACHE_POLICIES, key=lambda p: (hits[p], p == default))
+    if hits[best] > hits[default]:
+        calibration.chosen["cache_policy"] = best
+    record["why"] = f"{best}: highest hit rate replaying this run's lookups at the auto budget"
+    return record
+
+
+def tune(
+    store: Path,
+    drives: list[Drive] | None = None,
+    ceilings: Ceilings | None = None,
+    tokens: int = 6,
+    budget_s: float = 300.0,
+    say: Callable[[str], None] = print,
+) -> dict:
+    """Calibrate the store's streaming settings on `drives` (default: the store's own), write tuning.json next
+    to its manifest, and return the record written."""
+    began = time.monotonic()
+    manifest = with_drives(read_manifest(store), drives)
+    top_k = int(manifest.config.get("num_experts_per_tok") or manifest.config.get("num_experts_per_token") or 1)
+    cal = Calibration(store, drives, ceilings, tokens, budget_s, say)
+    first = cal.step("prefetch", [("prefetch off", {"prefetch": False})])
+    if first is not None and cal.settings({}).prefetch:
+        cal.step("prefetch details", prefetch_candidates(cal.settings({}), first, top_k))
+    threads = [(f"{n} demand thread(s) per drive", {"demand_threads": n}) for n in (1, 2)]
+    cal.step("demand threads", [c for c in threads if c[1]["demand_threads"] != cal.settings({}).demand_threads])
+    if split_possible(manifest):
+        cal.step("split reads", [("split reads", {"split_reads": True})])
+    defaults = cal.measure("gain", "defaults", {k: getattr(cal.base, k) for k in cal.chosen})
+    tuned = cal.measure("gain", "tuned", {}, routing=True)
+    cache = choose_cache_policy(cal, manifest)
+    gain = tuned.tokens_per_s / defaults.tokens_per_s - 1
+    record = {
+        "tuned_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "drives": dict(manifest.drives),
+        "settings": tuned_values(cal.settings({})),
+        "gain": gain,
+        "defaults_tokens_per_s": defaults.tokens_per_s,
+        "tuned_tokens_per_s": tuned.tokens_per_s,
+        "tokens": tokens,
+        "margin": MARGIN,
+        "cache_policy": cache,
+        "trials": [t.as_dict() for t in cal.trials],
+        "skipped": cal.skipped,
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    record["path"] = str(write_tuning(store, record))
+    return record

@@ -1,0 +1,97 @@
+"""A store's tuned streaming settings: what `nightshift model tune` chose on this machine's drives, kept next to
+the store's manifest and applied wherever the store is opened for streaming, unless a flag says otherwise.
+
+Settings that win on one model lose on another (prefetch: +10.8 % on the bench model, -6 to -8 % on small2
+with the same defaults; docs/results.md, issue [17]), so they are chosen per store, by measurement, and each
+choice keeps the counters that prove it ran and the gain it measured. `tuning.json` is written atomically
+(temp file + rename) and is not part of manifest.json: tuning again never touches what the import wrote.
+
+Light on purpose (no MLX): `generate` and the bench commands read it before the engine loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import fields, replace
+from pathlib import Path
+
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.settings import StreamSettings
+
+TUNING_FILE = "tuning.json"
+FORMAT = 1
+# The settings a calibration may choose; never what the user chooses for other reasons (cache size, checksums,
+# drives in use, tracing).
+TUNED = ("prefetch", "prefetch_off", "prefetch_limit", "demand_threads", "prefetch_threads", "split_reads",
+         "cache_policy")  # fmt: skip
+
+
+class TuningError(NightshiftError):
+    """A store's tuning.json cannot be read; tuning the store again rewrites it."""
+
+
+def tuning_path(store: Path) -> Path:
+    return Path(store) / TUNING_FILE
+
+
+def read_tuning(store: Path) -> dict | None:
+    """The store's tuning record, or None when it was never tuned."""
+    path = tuning_path(store)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise TuningError(f"{path} cannot be read ({exc}); run `nightshift model tune` again or remove it") from exc
+    if record.get("format") != FORMAT or not isinstance(record.get("settings"), dict):
+        raise TuningError(f"{path} is not a tuning record of format {FORMAT}; run `nightshift model tune` again")
+    return record
+
+
+def write_tuning(store: Path, record: dict) -> Path:
+    """Write `record` as the store's tuning.json atomically (a reader sees the old file or the new, never half)."""
+    path = tuning_path(store)
+    fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({**record, "format": FORMAT}, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def tuned_values(settings: StreamSettings) -> dict:
+    """The tunable fields of `settings` as JSON-ready values (prefetch_off as a sorted list)."""
+    data = settings.as_dict()
+    return {name: data[name] for name in TUNED}
+
+
+def apply_tuning(store: Path, settings: StreamSettings, given: frozenset[str] = frozenset()) -> StreamSettings:
+    """`settings` with the store's tuned values, except the fields in `given` (set by the user's flags)."""
+    record = read_tuning(store)
+    if record is None:
+        return settings
+    names = {f.name for f in fields(StreamSettings)}
+    chosen = {k: v for k, v in record["settings"].items() if k in TUNED and k in names and k not in given}
+    if "prefetch_off" in chosen:
+        chosen["prefetch_off"] = frozenset(chosen["prefetch_off"])
+    return replace(settings, **chosen)
+
+
+def describe_tuning(store: Path) -> str:
+    """One line for `generate`: the tuned settings in use, their measured gain and when; or how to tune."""
+    record = read_tuning(store)
+    if record is None:
+        return f"not tuned for these drives: `nightshift model tune {Path(store).name}` calibrates it (a few minutes)"
+    default = tuned_values(StreamSettings())
+    changed = [f"{k}={v}" for k, v in sorted(record["settings"].items()) if default.get(k) != v]
+    return (
+        f"tuned settings from {record['tuned_at']} ({', '.join(changed) or 'the defaults won'}; "
+        f"{record['gain']:+.1%} measured against the defaults)"
+    )

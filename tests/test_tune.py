@@ -1,0 +1,86 @@
+"""Tuned settings per store: the record next to the manifest, applied unless a flag overrides, and the
+calibration end to end on a tiny store (choices and gains recorded, never asserted on time)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from nightshift.app.cli import main
+from nightshift.app.commands.bench import add_stream_arguments, settings_from
+from nightshift.engine import StreamSettings
+from nightshift.engine.moe.tuning import (
+    TuningError,
+    apply_tuning,
+    describe_tuning,
+    read_tuning,
+    tuned_values,
+    tuning_path,
+    write_tuning,
+)
+from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+
+CHOSEN = {**tuned_values(StreamSettings()), "prefetch": False, "demand_threads": 2, "prefetch_off": [3]}
+
+
+def record(gain: float = 0.07) -> dict:
+    return {"tuned_at": "2026-11-30T23:00:00Z", "settings": CHOSEN, "gain": gain}
+
+
+def test_tuned_values_apply_except_where_given(tmp_path):
+    assert read_tuning(tmp_path) is None and apply_tuning(tmp_path, StreamSettings()) == StreamSettings()
+    assert "not tuned" in describe_tuning(tmp_path)
+    write_tuning(tmp_path, record())
+    assert [p.name for p in tmp_path.iterdir()] == ["tuning.json"]  # the temp file was renamed, none left
+    tuned = apply_tuning(tmp_path, StreamSettings(cache_bytes=0, verify_checksums="first"))
+    assert (tuned.prefetch, tuned.demand_threads, tuned.prefetch_off) == (False, 2, frozenset({3}))
+    assert tuned.cache_bytes == 0 and tuned.verify_checksums == "first"  # never tuned: the caller's
+    kept = apply_tuning(tmp_path, StreamSettings(demand_threads=8), frozenset({"demand_threads"}))
+    assert kept.demand_threads == 8 and kept.prefetch is False
+    line = describe_tuning(tmp_path)
+    assert "demand_threads=2" in line and "prefetch=False" in line and "+7.0 %" in line.replace("%", " %")
+
+
+def test_a_damaged_record_is_refused_with_what_to_do(tmp_path):
+    tuning_path(tmp_path).write_text("{not json")
+    with pytest.raises(TuningError, match="model tune"):
+        apply_tuning(tmp_path, StreamSettings())
+    tuning_path(tmp_path).write_text(json.dumps({"format": 99, "settings": {}}))
+    with pytest.raises(TuningError, match="format"):
+        read_tuning(tmp_path)
+
+
+def test_bench_flags_override_tuned_values_and_no_tuning_ignores_them(tmp_path, capsys):
+    write_tuning(tmp_path, record())
+    parser = argparse.ArgumentParser()
+    add_stream_arguments(parser)
+    tuned = settings_from(parser.parse_args(["--model", str(tmp_path)]))
+    assert tuned.prefetch is False and tuned.demand_threads == 2
+    assert "tuned settings from 2026-11-30" in capsys.readouterr().err
+    flagged = settings_from(parser.parse_args(["--model", str(tmp_path), "--prefetch", "--demand-threads", "4"]))
+    assert flagged.prefetch is True and flagged.demand_threads == 4 and flagged.prefetch_off == frozenset({3})
+    assert settings_from(parser.parse_args(["--model", str(tmp_path), "--no-tuning"])) == StreamSettings()
+
+
+@pytest.mark.slow
+def test_model_tune_measures_side_by_side_and_writes_the_record(tmp_path, home, capsys):
+    store = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "kimi_k3", skew=2.0), "k")
+    assert main(["bench", "replicate", "--model", str(store)]) == 0  # replicas on both drives, one device
+    assert main(["model", "tune", str(store), "--tokens", "2", "--minutes", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "tuned settings from" in err and "side by side" in err
+    tuning = read_tuning(store)
+    assert set(tuning["settings"]) == set(CHOSEN) and not tuning["skipped"]
+    steps = [t["step"] for t in tuning["trials"]]
+    assert steps[:2] == ["prefetch", "prefetch"] and steps[-2:] == ["gain", "gain"]
+    assert "split reads" not in steps  # both drives are on one device: split reads cannot fire, not tried
+    assert tuning["gain"] == tuning["tuned_tokens_per_s"] / tuning["defaults_tokens_per_s"] - 1
+    on = tuning["trials"][0]
+    assert on["changes"] == {} and on["proven"] and on["counters"]["joined_prefetch"] > 0
+    assert tuning["cache_policy"]["lookups"] > 0
+    assert main(["runs", "list", "--kind", "tune"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(tuning["trials"])
+    assert main(["generate", "--model", str(store), "--max-tokens", "2", "Hi"]) == 0
+    assert "tuned settings from" in capsys.readouterr().err
