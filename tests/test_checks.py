@@ -231,3 +231,15 @@ def test_findings_are_capped_per_check_with_the_rest_counted_and_summed():
     many = table("ledger", [("2026-10-01", "1.00", f"R{n % 300}") for n in range(900)])  # 300 groups of 3
     result = run_checks([{"type": "duplicates", "source": "ledger"}], context({"ledger": many}))
     assert len(result.findings) == MAX_FINDINGS + 1 and result.total_findings == 300
+
+
+def test_summary_tables_keep_the_largest_groups_and_sum_the_rest():
+    ledger = table("ledger", [("2026-10-01", f"{n}.00", "", f"A{n:03d}") for n in range(1, 101)]
+                   + [("2026-09-01", "1.00", "", "A001")])  # fmt: skip
+    result = run_checks([{"type": "totals", "source": "ledger", "by": "account"},
+                         {"type": "variance", "source": "ledger", "by": "account", "threshold_pct": 1000000}],
+                        context({"ledger": ledger}))  # fmt: skip
+    totals, variance = result.tables
+    assert [row[0] for row in totals.rows[:2]] == ["A061", "A062"] and len(totals.rows) == 40 + 2
+    assert totals.rows[-2:] == [["60 more", "60", "1,830.00"], ["total", "100", "5,050.00"]]
+    assert len(variance.rows) == 40 + 1 and variance.rows[-1][0] == "60 more" and len(variance.chart) == 40
