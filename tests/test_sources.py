@@ -413,3 +413,21 @@ def test_a_sql_date_is_an_iso_date_or_date_and_time(tmp_path, value):
     bad = ledger_db(tmp_path / "bad.sqlite", [(value, "1.00", "A")], date_type="")  # a julian day stays a REAL
     with pytest.raises(ReviewError, match=r"query row 1, column 'date': .* is not an ISO date"):
         SqliteSource("l", bad, "SELECT date, amount FROM e").load(*ANY)
+
+
+def test_a_review_cancelled_while_a_query_runs_stops_there(tmp_path):
+    """run_review hands its cancel Event to the loads: a query that never ends stops, no model is loaded."""
+    import threading
+
+    from nightshift.app.review.errors import ReviewInterrupted
+    from nightshift.app.review.runner import run_review
+
+    ledger_db(tmp_path / "bank.sqlite", [])
+    bank = f'type = "sqlite"\npath = "bank.sqlite"\nquery = "{ENDLESS}"'
+    write(tmp_path / "ledger.csv", "date,amount,reference\n2026-10-01,1.00,A\n")
+    schedule = load_schedule(write(tmp_path / "s.toml", SCHEDULE.format(bank=bank, ledger=LEDGER_CSV, check=MATCH)))
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    with pytest.raises(ReviewInterrupted, match="source 'bank': stopped while loading"):
+        run_review(schedule, date(2026, 10, 15), tmp_path / "no-model", cancel=cancel,
+                   load_model=lambda _: pytest.fail("no model is loaded for a cancelled run"))  # fmt: skip
