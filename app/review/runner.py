@@ -203,7 +203,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
 def run_review(
     schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
     cancel: threading.Event | None = None, say: Say = lambda message: None,
-    load_model: Callable[[Path], Model] = open_for_generation, run_id: int | None = None,
+    load_model: Callable[..., Model] = open_for_generation, run_id: int | None = None,
 ) -> IndexEntry:  # fmt: skip
     """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
     started = time.monotonic()
@@ -212,7 +212,9 @@ def run_review(
     settings = schedule.generation
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
                           settings.prompt_findings)  # fmt: skip
-    model = load_model(model_dir)
+    # A budget other than auto is the schedule's own; the loader then opens the model with it.
+    budget = settings.memory_budget
+    model = load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
     narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
     if cancel is not None and cancel.is_set():
         # The engine notices a cancel between tokens, so one asked for while the prompt was read ends at the first.
