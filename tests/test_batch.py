@@ -1,6 +1,7 @@
 """Batched decoding: every sequence of a batch gets the greedy tokens it gets alone, and the batch shares reads.
 
-Tiny stores of two families (kimi_k3 with MXFP4 experts, qwen3_moe with float ones), streamed and in RAM,
+Tiny stores of two families (kimi_k3 with MXFP4 experts, qwen3_moe with float ones), streamed (no RAM cache,
+so every step reads from the drives) and in RAM,
 at widths 1, 2, 4 and 8 with prompts of different lengths. Where a batched kernel sums in another order
 than the one-row kernel, identity can only hold until a near-tie of the top two logits; the test then
 shows the tie (the alone run's logits at that step) instead of failing, and says so.
@@ -62,7 +63,7 @@ def assert_same_or_near_tie(batched: list[int], expected: list[int], logprobs: l
 @pytest.mark.parametrize("how", ["streamed", "in RAM"])
 def test_every_sequence_of_a_batch_decodes_as_it_does_alone(store, width, how):
     if how == "streamed":
-        model, _, stream = load_streaming(store, StreamSettings())
+        model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
     else:
         (model, _), stream = load_store(store), None
     try:
@@ -88,7 +89,7 @@ def test_a_sequence_that_ends_leaves_the_batch_and_the_others_go_on(store):
 
 
 def test_a_batch_reads_the_union_of_its_rows_experts_once_per_layer(store):
-    model, _, stream = load_streaming(store, StreamSettings())
+    model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
     try:
         one, four = BatchStats(width=1), BatchStats(width=4)
         batch_tokens(model, PROMPTS[:1], 8, stream, stats=one)
