@@ -324,6 +324,9 @@ def test_a_detected_encoding_is_said(tmp_path):
     assert table.text["description"][0] == "Müller Gebühren für Überweisung"
     (note,) = table.notes  # the codec it guessed (cp1250 and cp1252 read these letters alike): said, not hidden
     assert re.fullmatch(r"encoding cp125\d detected by charset-normalizer from the first 2,017 bytes", note)
+    path.write_bytes(b"")
+    with pytest.raises(ReviewError, match="is empty"):  # not "cannot tell the encoding"
+        CsvSource("bank", path, encoding="auto").load(*ANY)
 
 
 def test_debit_and_credit_columns_and_an_inverted_sign(tmp_path):

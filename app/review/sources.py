@@ -421,8 +421,8 @@ class CsvSource(Source):
                 raise ReviewError(f"source {self.name!r}: {self.path} starts with a {marked} byte-order mark but "
                                   f"`encoding` is {self.encoding!r}; set it to {marked!r}")  # fmt: skip
             return ("utf-8-sig" if marked == "utf-8" else marked), ()
-        if declared is not None:
-            return ("utf-8-sig" if declared == "utf-8" else self.encoding), ()
+        if declared is not None or not head:  # an empty file is refused as such, not as undetectable
+            return ("utf-8-sig" if declared in ("utf-8", None) else self.encoding), ()
         from charset_normalizer import from_bytes
 
         best = from_bytes(head).best()
