@@ -181,6 +181,8 @@ def _exchange(path: Path, deadline: float, timeout: float, message: dict[str, An
         with connection, connection.makefile("rb") as replies:
             connection.sendall(json.dumps(message).encode() + b"\n")
             line = replies.readline(MAX_REPLY)
+    except (BrokenPipeError, ConnectionResetError):  # closed before reading: the service is turning connections away
+        return {"ok": False, "error": BUSY}
     except TimeoutError:
         raise ServiceUnreachable(
             f"the service at {path} did not answer within {timeout:.0f} s: it may be stopped (SIGSTOP), busy or "

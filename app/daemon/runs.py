@@ -207,6 +207,14 @@ class RunQueue:
         with self._transaction() as db:
             return db.execute(sql, parameters)
 
+    def keep_open(self) -> sqlite3.Connection:
+        """A connection held open by the service for its lifetime: SQLite keeps the -wal and -shm files while one
+        is open, so reading the queue (`jobs`) still works when the disk fills (a new -shm could not be made)."""
+        with self._guard():
+            db = self._connect()
+            db.execute("SELECT count(*) FROM runs").fetchone()
+        return db
+
     def enqueue(self, review: str, as_of: date | None = None, due: datetime | None = None,
                 origin: str = "manual") -> int | None:  # fmt: skip
         """Queue a run; None when that scheduled run (review, due) is already recorded."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -116,6 +117,7 @@ class Service:
         self.from_files = schedules is None  # read from the schedule folders, and read again by `reload`
         self.work = work
         self.queue: RunQueue | None = None
+        self.queue_held: sqlite3.Connection | None = None
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
         self.running: tuple[int, Cancel] | None = None  # the run being worked on and its cancel event
@@ -132,6 +134,7 @@ class Service:
     def start(self) -> None:
         self.lock.acquire()
         self.queue = RunQueue()
+        self.queue_held = self.queue.keep_open()
         self._recover()
         if self.from_files:
             self._read_schedules()
@@ -352,4 +355,9 @@ class Service:
             self.scheduler.shutdown(wait=False)
         for thread in self.threads:
             thread.join(timeout=STOP_WAIT_S)
+        if self.queue_held is not None:
+            self.queue_held.close()
+        if self.worker is None or not self.worker.is_alive():
+            for model in self.models.values():
+                model.close()  # a streamed store's reader threads, before the interpreter exits under them
         self.lock.release()

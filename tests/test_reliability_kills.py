@@ -1,0 +1,187 @@
+"""Real processes killed at every step of a run (issue [12]): each due run ends done exactly once, one report.
+
+`nightshift serve` runs as a child process on the tiny model; the test stops it with SIGKILL (and
+power loss looks the same to the data dir: commits are synchronous), SIGTERM or SIGINT while a run
+is claimed or being written, starts it again, and reads the queue, the report folder and the index.
+A foreground `review run` beside a starting service, a stopped (SIGSTOP) service, a read-only and a
+full data dir are here too. All slow; the full and read-only data dirs need root (a small tmpfs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.review.index import read_index
+from tests.test_review_run import serve, user_schedule, wait_for
+
+pytestmark = pytest.mark.slow
+DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
+
+
+def nightshift(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nightshift.app.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "NIGHTSHIFT_HOME": str(home)}, timeout=timeout)  # fmt: skip
+
+
+def settled() -> bool:
+    return all(run.state not in ("queued", "running") for run in RunQueue().recent(1000))
+
+
+def stop(service: subprocess.Popen) -> None:
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=120) == 0
+
+
+def done_once(home: Path, review: str) -> None:
+    """The review's due run ended done exactly once, every other attempt interrupted; one PDF, one index entry."""
+    runs = [run for run in RunQueue().recent(1000) if run.review == review]
+    assert [run.state for run in runs].count("done") == 1, [(run.id, run.state, run.error) for run in runs]
+    assert all(run.state in ("done", "interrupted") for run in runs)
+    assert all(run.due == DUE for run in runs)
+    (report,) = (home / "reports" / review).glob("*.pdf")
+    assert [entry.path for entry in read_index() if entry.review == review] == [str(report)]
+
+
+WHEN = {
+    "claimed": lambda run: run.state == "running",
+    "writing": lambda run: run.state == "running" and run.progress is not None and run.progress.generated_tokens > 2,
+}
+
+
+@pytest.mark.parametrize("when", sorted(WHEN))
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])
+def test_a_due_run_is_done_exactly_once_whatever_stops_the_service(home, tiny_model, signum, when):
+    user_schedule(home, tiny_model, "due", max_tokens=400)
+    run_id = RunQueue().enqueue("due", due=DUE, origin="schedule")  # fell due while the service was off
+    service = serve(home)
+    try:
+        wait_for(lambda: WHEN[when](RunQueue().get(run_id)) or RunQueue().get(run_id).state == "done", 300)
+    finally:
+        service.send_signal(signum)
+        code = service.wait(timeout=120)
+    assert code == (-signal.SIGKILL if signum == signal.SIGKILL else 0)
+    first = RunQueue().get(run_id)
+    if first.state != "done":  # the signal landed mid-run
+        if signum != signal.SIGKILL:  # a stop the service saw: interrupted and queued again, as it says
+            assert first.state == "interrupted" and [r.origin for r in RunQueue().recent()].count("retry") == 1
+        jobs = nightshift(home, "jobs").stdout  # true without the service: nothing shown running
+        assert not re.search(r"^\s*\d+\s+running ", jobs, re.MULTILINE), jobs
+    service = serve(home)
+    try:
+        wait_for(settled, 300)
+    finally:
+        stop(service)
+    done_once(home, "due")
+
+
+def test_a_foreground_run_beside_a_starting_service_is_left_to_finish(home, tiny_model):
+    user_schedule(home, tiny_model, "fore", max_tokens=600)
+    foreground = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "review", "run", "fore"],
+                                  env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: (home / "runs.sqlite").exists() and RunQueue().recent() and
+                 RunQueue().recent()[0].state == "running", 120)  # fmt: skip
+        service = serve(home)
+        try:
+            (run,) = RunQueue().recent()
+            assert run.state == "running" and run.pid == foreground.pid  # not interrupted, not run again
+            assert "running     fore" in nightshift(home, "jobs").stdout
+            assert foreground.wait(timeout=300) == 0
+            time.sleep(3)  # the service looks at the queue every 2 s: nothing to do
+        finally:
+            stop(service)
+    finally:
+        foreground.kill()
+    (run,) = RunQueue().recent()
+    assert run.state == "done" and len(list((home / "reports" / "fore").glob("*.pdf"))) == 1
+    assert len(read_index()) == 1
+
+
+def test_a_stopped_service_gives_jobs_a_clear_message(home, tiny_model):
+    service = serve(home)
+    service.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        jobs = nightshift(home, "jobs")
+        assert jobs.returncode == 1 and time.monotonic() - started < 30
+        assert "did not answer within 10 s: it may be stopped (SIGSTOP)" in jobs.stderr
+        assert "Traceback" not in jobs.stderr
+    finally:
+        service.send_signal(signal.SIGCONT)
+        stop(service)
+
+
+@pytest.fixture
+def small_home(tmp_path, monkeypatch) -> Path:
+    """NIGHTSHIFT_HOME on a 16 MiB tmpfs (root)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a small tmpfs as the data dir")
+    home = tmp_path / "home"
+    home.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(home)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    monkeypatch.setenv("NIGHTSHIFT_HOME", str(home))
+    yield home
+    subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Fill the file system under `folder` to the last byte; returns the filler file."""
+    filler = folder / "filler"
+    handle = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(handle, b"\0" * 65536):
+            pass
+    except OSError:
+        with_small = b"\0" * 512
+        try:
+            while os.write(handle, with_small):
+                pass
+        except OSError:
+            pass  # full
+    finally:
+        os.close(handle)
+    return filler
+
+
+def test_a_read_only_data_dir_gives_messages_not_tracebacks(small_home, tiny_model):
+    user_schedule(small_home, tiny_model, "ro", max_tokens=4)
+    RunQueue().enqueue("ro")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_home)], check=True)
+    for args in (["jobs"], ["review", "run", "ro"]):
+        result = nightshift(small_home, *args)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert "cannot be read or written" in result.stderr and "writable" in result.stderr
+
+
+def test_a_full_data_dir_fails_the_run_with_its_reason_and_the_worker_goes_on(small_home, tiny_model):
+    user_schedule(small_home, tiny_model, "full", max_tokens=400)
+    service = serve(small_home)
+    try:
+        first = RunQueue().enqueue("full")
+        wait_for(lambda: WHEN["writing"](RunQueue().get(first)), 300)
+        filler = fill(small_home)  # mid-generation: live figures, the PDF and the queue's writes all fail
+        wait_for(lambda: "No space left" in (small_home / "nightshift.log").read_text(errors="replace"), 300)
+        time.sleep(2)
+        assert service.poll() is None and "Traceback" not in nightshift(small_home, "jobs").stderr
+        filler.unlink()  # the cause clears: the failure is recorded with its reason, the queue moves on
+        wait_for(lambda: RunQueue().get(first).state != "running", 120)
+        assert RunQueue().get(first).state == "failed" and "No space left" in RunQueue().get(first).error
+        second = RunQueue().enqueue("full")
+        wait_for(lambda: RunQueue().get(second).state == "done", 300)
+    finally:
+        stop(service)
