@@ -70,6 +70,8 @@ def test_estimates_use_what_is_known():
         "reading the prompt: 512/700 tokens read · running 30 s\nabout 2 s in all at run 0's 280.0 tok/s"
     )
     assert live_figures(reading, None, NOW)[0].endswith("no earlier run to estimate from")
+    read = replace(reading, progress=replace(reading.progress, prompt_done=700))
+    assert live_figures(read, None, NOW)[0] == "prompt read (700 tokens); working out the first token · running 30 s"
     assert live_figures(replace(BASE, progress=None), None, NOW)[-1] == "preparing 30 s"
     assert live_figures(BASE, None, NOW)[0] == (
         "writing: 40/160 tokens · 8.0 tok/s · first token after 2.5 s · prompt 700\nETA 15 s at most, to max_tokens 160"

@@ -58,6 +58,11 @@ def live_figures(run: Run, before: Run | None, now: float) -> tuple[str, ...]:
     if progress is None:
         return (f"preparing: reading the data, running the checks, loading the model · {running}",
                 f"preparing (checks, model) · {running}", f"preparing {running}")  # fmt: skip
+    if not progress.generated_tokens and progress.prompt_tokens and progress.prompt_done >= progress.prompt_tokens:
+        # The last chunk's rows are in the cache; the first token's own pass (the last layers' experts,
+        # the logits) is still being computed, which can take a while on a slow machine.
+        return (f"prompt read ({progress.prompt_tokens} tokens); working out the first token · running {running}",
+                f"prompt read; first token next · {running}", f"first token next · {running}")  # fmt: skip
     if not progress.generated_tokens:
         read = f"{progress.prompt_done}/{progress.prompt_tokens}"
         estimate = reading_estimate(progress, before)
@@ -80,7 +85,7 @@ def engine_figures(progress: RunProgress) -> str:
     read = sum(progress.drive_bytes.values()) if progress.drive_bytes else None
     engine = (("read", read / 1e6 if read is not None else None, "{:.0f} MB"), ("cache hits", progress.cache_hits, "{}"),
               ("prefetch recall", progress.prefetch_recall, "{:.0%}"),
-              ("prefill read amp", progress.read_amplification, "{:.2f}x"),
+              ("prefill read amp", progress.read_amplification or None, "{:.2f}x"),  # 0: not known until read
               ("last to land", progress.last_landed, "{}"))  # fmt: skip
     return "  ".join(f"{label} {'—' if value is None else template.format(value)}" for label, value, template in engine)
 
