@@ -17,6 +17,7 @@ from nightshift.engine.moe.tuning import (
     describe_tuning,
     read_tuning,
     tuned_values,
+    tuning_for,
     tuning_path,
     write_tuning,
 )
@@ -25,12 +26,18 @@ from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 CHOSEN = {**tuned_values(StreamSettings()), "prefetch": False, "demand_threads": 2, "prefetch_off": [3]}
 
 
-def record(gain: float = 0.07) -> dict:
-    return {"tuned_at": "2026-11-30T23:00:00Z", "settings": CHOSEN, "gain": gain}
+def record(gain: float = 0.07, drives: tuple[str, ...] = ("d0", "d1"), every: bool = True, **chosen) -> dict:
+    return {
+        "tuned_at": "2026-11-30T23:00:00Z",
+        "settings": {**CHOSEN, **chosen},
+        "gain": gain,
+        "drives_in_use": list(drives),
+        "all_drives": every,
+    }
 
 
 def test_tuned_values_apply_except_where_given(tmp_path):
-    assert read_tuning(tmp_path) is None and apply_tuning(tmp_path, StreamSettings()) == StreamSettings()
+    assert read_tuning(tmp_path) == [] and apply_tuning(tmp_path, StreamSettings()) == StreamSettings()
     assert "not tuned" in describe_tuning(tmp_path)
     write_tuning(tmp_path, record())
     assert [p.name for p in tmp_path.iterdir()] == ["tuning.json"]  # the temp file was renamed, none left
@@ -40,14 +47,25 @@ def test_tuned_values_apply_except_where_given(tmp_path):
     kept = apply_tuning(tmp_path, StreamSettings(demand_threads=8), frozenset({"demand_threads"}))
     assert kept.demand_threads == 8 and kept.prefetch is False
     line = describe_tuning(tmp_path)
-    assert "demand_threads=2" in line and "prefetch=False" in line and "+7.0 %" in line.replace("%", " %")
+    assert "demand_threads=2" in line and "prefetch=False" in line and "+7.0%" in line and "all its drives" in line
+
+
+def test_each_set_of_drives_keeps_its_own_record(tmp_path):
+    write_tuning(tmp_path, record())
+    write_tuning(tmp_path, record(drives=("d1", "d0"), every=True, demand_threads=1))  # same set: replaced
+    write_tuning(tmp_path, record(drives=("d0",), every=False, prefetch=True))
+    assert len(read_tuning(tmp_path)) == 2
+    assert apply_tuning(tmp_path, StreamSettings()).demand_threads == 1
+    one = apply_tuning(tmp_path, StreamSettings(use_drives=("d0",)))
+    assert one.prefetch is True and "on d0 (" in describe_tuning(tmp_path, ("d0",))
+    assert tuning_for(tmp_path, ("d1",))["all_drives"]  # no record for d1 alone: the all-drives one
 
 
 def test_a_damaged_record_is_refused_with_what_to_do(tmp_path):
     tuning_path(tmp_path).write_text("{not json")
     with pytest.raises(TuningError, match="model tune"):
         apply_tuning(tmp_path, StreamSettings())
-    tuning_path(tmp_path).write_text(json.dumps({"format": 99, "settings": {}}))
+    tuning_path(tmp_path).write_text(json.dumps({"format": 99, "tunings": []}))
     with pytest.raises(TuningError, match="format"):
         read_tuning(tmp_path)
 
@@ -71,8 +89,8 @@ def test_model_tune_measures_side_by_side_and_writes_the_record(tmp_path, home, 
     assert main(["model", "tune", str(store), "--tokens", "2", "--minutes", "5"]) == 0
     err = capsys.readouterr().err
     assert "tuned settings from" in err and "side by side" in err
-    tuning = read_tuning(store)
-    assert set(tuning["settings"]) == set(CHOSEN) and not tuning["skipped"]
+    tuning = tuning_for(store)
+    assert tuning["all_drives"] and set(tuning["settings"]) == set(CHOSEN) and not tuning["skipped"]
     steps = [t["step"] for t in tuning["trials"]]
     assert steps[:2] == ["prefetch", "prefetch"] and steps[-2:] == ["gain", "gain"]
     assert "split reads" not in steps  # both drives are on one device: split reads cannot fire, not tried

@@ -131,24 +131,36 @@ def comma_list(item: type) -> Callable[[str], tuple]:
 def settings_from(args: argparse.Namespace):
     """The StreamSettings the flags of `add_stream_arguments` name (a scaled flag back in its setting's unit),
     with the store's tuned values where no flag set them (unless `--no-tuning`)."""
+    from nightshift.engine import StreamSettings
+
+    values = {}
+    for setting in fields(StreamSettings):
+        value, scale = getattr(args, _flag_name(setting).replace("-", "_")), setting.metadata["option"].scale
+        values[setting.name] = int(value * scale) if scale != 1 else value
+    settings = StreamSettings(**values)
+    tuned = tuning_from(args)
+    return tuned(settings) if tuned else settings
+
+
+def tuning_from(args: argparse.Namespace) -> Callable | None:
+    """settings -> settings with the store's tuned values for the drives they read, except where a flag was
+    given (None with `--no-tuning`); says which tuning it uses."""
     from nightshift.app.models import resolve_model
     from nightshift.engine import StreamSettings
-    from nightshift.engine.moe.tuning import apply_tuning, describe_tuning, read_tuning
+    from nightshift.engine.moe.tuning import apply_tuning, describe_tuning, tuning_for
 
-    values, given = {}, set()
-    for setting in fields(StreamSettings):
-        dest = _flag_name(setting).replace("-", "_")
-        value, scale = getattr(args, dest), setting.metadata["option"].scale
-        values[setting.name] = int(value * scale) if scale != 1 else value
-        if dest in getattr(args, "given", ()):
-            given.add(setting.name)
-    settings = StreamSettings(**values)
     if not args.tuning:
-        return settings
+        return None
     store = resolve_model(args.model)
-    if read_tuning(store) is not None:
-        say(describe_tuning(store))
-    return apply_tuning(store, settings, frozenset(given))
+    flags = getattr(args, "given", frozenset())
+    given = frozenset(f.name for f in fields(StreamSettings) if _flag_name(f).replace("-", "_") in flags)
+
+    def tuned(settings):
+        if tuning_for(store, settings.use_drives) is not None:
+            say(describe_tuning(store, settings.use_drives))
+        return apply_tuning(store, settings, given)
+
+    return tuned
 
 
 def sources_from(args: argparse.Namespace):
@@ -259,8 +271,9 @@ def cmd_ladder(args: argparse.Namespace) -> int:
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
     runs = decode_ladder(
-        store, settings, args.tokens, drives, ceilings, args.bandwidth_seconds, not args.no_compute_floor
-    )
+        store, settings, args.tokens, drives, ceilings, args.bandwidth_seconds, not args.no_compute_floor,
+        tuning_from(args),
+    )  # fmt: skip
     top = runs[-1][1]["figures"]["tokens_per_s"]
     for count, (step, result) in enumerate(runs, 1):
         share = result["figures"]["tokens_per_s"] / top

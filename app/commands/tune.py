@@ -12,7 +12,7 @@ import shlex
 from dataclasses import replace
 
 from nightshift.app.commands import say
-from nightshift.app.commands.bench import sources_from
+from nightshift.app.commands.bench import comma_list, sources_from
 from nightshift.app.commands.runs import catalogue
 
 
@@ -23,11 +23,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     store, drives, ceilings = sources_from(args)
     say(f"tuning {store.name}: {args.tokens} tokens per trial, at most {args.minutes:g} minutes")
-    record = tune(store, drives, ceilings, args.tokens, 60 * args.minutes, say)
+    record = tune(store, drives, ceilings, args.tokens, 60 * args.minutes, say, args.use_drives)
     command = shlex.join(["nightshift", *args.invocation])
     ids = []
     for trial in record["trials"]:
-        settings = replace(StreamSettings(cache_bytes=0), **trial["changes"])
+        settings = replace(StreamSettings(cache_bytes=0, use_drives=args.use_drives), **trial["changes"])
         run = Run(
             kind="tune",
             model=store.name,
@@ -44,7 +44,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for name in record["skipped"]:
         say(f"not measured (time budget): {name}; run again with more --minutes to include it")
     say(f"cache policy: {record['cache_policy']['why']}")
-    say(describe_tuning(store))
+    say(describe_tuning(store, args.use_drives))
     say(
         f"defaults {record['defaults_tokens_per_s']:.3f} tok/s, tuned {record['tuned_tokens_per_s']:.3f} tok/s "
         f"side by side; {record['seconds']:.0f} s in all; written to {record['path']}; "
@@ -65,6 +65,12 @@ def register(actions: argparse._SubParsersAction) -> None:
     tune.add_argument("model", metavar="MODEL", help="model name or store directory")
     tune.add_argument("--drives", help="drives.toml whose roots replace the store's (e.g. the rig's)")
     tune.add_argument("--ceilings", help="drive_ceilings.json from `drives probe` (dispatcher's starting estimates)")
+    tune.add_argument(
+        "--use-drives",
+        type=comma_list(str),
+        default=(),
+        help="tune for reading from these drives only, comma-separated (default: all the store's drives)",
+    )
     tune.add_argument("--tokens", type=int, default=6, help="tokens timed per trial (6)")
     tune.add_argument(
         "--minutes", type=float, default=5.0, help="time budget; steps that would not fit are skipped (5)"

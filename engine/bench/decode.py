@@ -19,6 +19,7 @@ import itertools
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -261,14 +262,17 @@ def ladder(
     ceilings: Ceilings | None = None,
     bandwidth_s: float = BANDWIDTH_S,
     compute_floor: bool = True,
+    tuned: Callable[[StreamSettings], StreamSettings] | None = None,
 ) -> list[tuple[StreamSettings, dict]]:
     """The same decode on the first 1, 2, ... n drives of the store (every expert must be on each); with
-    `compute_floor`, the in-RAM run is measured once and every step gets its roofline and token identity."""
+    `compute_floor`, the in-RAM run is measured once and every step gets its roofline and token identity;
+    `tuned` gives each step the store's tuning for its drives (`model tune --use-drives`)."""
     names = list(settings.use_drives) or list(with_drives(read_manifest(store), drives).drives)
     in_ram = in_ram_decode(store, tokens) if compute_floor else False
     runs = []
     for count in range(1, len(names) + 1):
         step = StreamSettings(**{**vars(settings), "use_drives": tuple(itertools.islice(names, count))})
+        step = tuned(step) if tuned else step
         runs.append((step, decode_bench(store, step, tokens, drives, ceilings, in_ram, bandwidth_s)))
     return runs
 

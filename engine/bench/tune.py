@@ -62,7 +62,7 @@ class Trial:
         return {
             "step": self.step,
             "label": self.label,
-            "changes": self.changes,
+            "changes": {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.changes.items()},
             "tokens_per_s": self.tokens_per_s,
             "bytes_per_token": self.bytes_per_token,
             "counters": self.counters,
@@ -82,11 +82,13 @@ def proofs_for(settings: StreamSettings) -> list[Proof]:
     return proofs
 
 
-def split_possible(manifest: Manifest) -> bool:
-    """Whether some expert has replicas on two devices (what split reads need)."""
-    device = {name: os.stat(root).st_dev for name, root in manifest.drives.items()}
+def split_possible(manifest: Manifest, in_use: list[str]) -> bool:
+    """Whether some expert has replicas on two devices among the drives in use (what split reads need)."""
+    device = {name: os.stat(manifest.drives[name]).st_dev for name in in_use}
     return any(
-        len({device[d] for d in entry["replicas"]}) > 1 for experts in manifest.experts.values() for entry in experts
+        len({device[d] for d in entry["replicas"] if d in device}) > 1
+        for experts in manifest.experts.values()
+        for entry in experts
     )
 
 
@@ -101,9 +103,10 @@ class Calibration:
         tokens: int,
         budget_s: float,
         say: Callable[[str], None],
+        use_drives: tuple[str, ...] = (),
     ):
         self.store, self.drives, self.ceilings, self.tokens = Path(store), drives, ceilings, tokens
-        self.base = StreamSettings(cache_bytes=0)  # the drives are measured: no RAM cache
+        self.base = StreamSettings(cache_bytes=0, use_drives=use_drives)  # the drives are measured: no RAM cache
         self.deadline = time.monotonic() + budget_s
         self.say = say
         self.trials: list[Trial] = []
@@ -167,10 +170,10 @@ def prefetch_candidates(settings: StreamSettings, trial: Trial, top_k: int) -> l
     return out
 
 
-def choose_cache_policy(calibration: Calibration, manifest: Manifest) -> dict:
+def choose_cache_policy(calibration: Calibration, manifest: Manifest, in_use: list[str]) -> dict:
     """Replay the chosen run's lookups against every policy at this machine's auto budget for the store."""
     settings = calibration.settings({})
-    threads = (settings.demand_threads + settings.prefetch_threads) * len(manifest.drives)
+    threads = (settings.demand_threads + settings.prefetch_threads) * len(in_use)
     budget = size_budget(AUTO_BUDGET, manifest, calibration.store, threads).bytes
     sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
     calls = [Call(layer, tuple(experts), rows) for layer, experts, rows in calibration.routing]
@@ -195,27 +198,31 @@ def tune(
     tokens: int = 6,
     budget_s: float = 300.0,
     say: Callable[[str], None] = print,
+    use_drives: tuple[str, ...] = (),
 ) -> dict:
-    """Calibrate the store's streaming settings on `drives` (default: the store's own), write tuning.json next
-    to its manifest, and return the record written."""
+    """Calibrate the store's streaming settings on `drives` (default: the store's own; `use_drives`: only
+    those), keep the record in tuning.json next to its manifest, and return it."""
     began = time.monotonic()
     manifest = with_drives(read_manifest(store), drives)
+    in_use = list(use_drives) or list(manifest.drives)
     top_k = int(manifest.config.get("num_experts_per_tok") or manifest.config.get("num_experts_per_token") or 1)
-    cal = Calibration(store, drives, ceilings, tokens, budget_s, say)
+    cal = Calibration(store, drives, ceilings, tokens, budget_s, say, tuple(use_drives))
     first = cal.step("prefetch", [("prefetch off", {"prefetch": False})])
     if first is not None and cal.settings({}).prefetch:
         cal.step("prefetch details", prefetch_candidates(cal.settings({}), first, top_k))
     threads = [(f"{n} demand thread(s) per drive", {"demand_threads": n}) for n in (1, 2)]
     cal.step("demand threads", [c for c in threads if c[1]["demand_threads"] != cal.settings({}).demand_threads])
-    if split_possible(manifest):
+    if split_possible(manifest, in_use):
         cal.step("split reads", [("split reads", {"split_reads": True})])
     defaults = cal.measure("gain", "defaults", {k: getattr(cal.base, k) for k in cal.chosen})
     tuned = cal.measure("gain", "tuned", {}, routing=True)
-    cache = choose_cache_policy(cal, manifest)
+    cache = choose_cache_policy(cal, manifest, in_use)
     gain = tuned.tokens_per_s / defaults.tokens_per_s - 1
     record = {
         "tuned_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "drives": dict(manifest.drives),
+        "drives": {name: manifest.drives[name] for name in in_use},
+        "drives_in_use": in_use,
+        "all_drives": set(in_use) == set(manifest.drives),
         "settings": tuned_values(cal.settings({})),
         "gain": gain,
         "defaults_tokens_per_s": defaults.tokens_per_s,
