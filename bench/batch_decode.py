@@ -1,0 +1,117 @@
+"""Batched decoding on a streamed store: aggregate tok/s at widths 1, 2, 4, 8, and the union each step read.
+
+    nightshift rig run -- .venv/bin/python bench/batch_decode.py --model bench [--widths 2,4,8] [--tokens 6]
+
+Every prompt is first decoded alone (width 1) with the barrier trace on: its time is the width-1 figure and
+its trace says which experts each of its decode steps selected per layer. A batch of width B then decodes the
+first B prompts together; the union predicted for it is, per step and layer, the size of the union of the B
+solo selections, and the union measured is the experts its layer calls selected (each read once). Runs with
+no RAM cache, so every step reads from the drives. Recorded in the run catalogue (kind `batch-decode`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import nightshift.engine  # noqa: F401  (the CPU BLAS before MLX)
+
+# isort: split
+from nightshift.app.models import resolve_model
+from nightshift.app.paths import catalogue_file, drives_file
+from nightshift.engine import Catalogue, StreamSettings, calibration_prompts, load_drives
+from nightshift.engine.batch import BatchStats, batch_tokens
+from nightshift.engine.instruments.assertions import Proof
+from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.runtime import Model
+
+
+def solo_selections(model: Model, prompt: list[int], tokens: int) -> tuple[BatchStats, list[dict[int, set[int]]]]:
+    """Decode `prompt` alone; its stats and, per decode step, the experts each layer selected."""
+    trace = model.stream.trace
+    seen = len(trace.passes())
+    stats = BatchStats(width=1)
+    batch_tokens(model.model, [prompt], tokens, model.stream, stats=stats)
+    decode = [p for p in trace.passes()[seen:] if p.rows == 1]
+    layers = len(model.stream.manifest.layers)
+    steps: list[dict[int, set[int]]] = [{} for _ in range(len(decode) // layers)]
+    for i, p in enumerate(decode[: len(steps) * layers]):
+        steps[i // layers][p.layer] = {r.expert for r in p.reads}
+    return stats, steps
+
+
+def predicted_union(selections: list[list[dict[int, set[int]]]]) -> float:
+    """Mean over steps and layers of the union of the sequences' solo selections."""
+    sizes = [
+        len(set().union(*(seq[step][layer] for seq in selections)))
+        for step in range(min(len(seq) for seq in selections))
+        for layer in selections[0][step]
+    ]
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--widths", default="2,4,8", help="batch widths besides 1, comma-separated")
+    parser.add_argument("--tokens", type=int, default=6, help="tokens per sequence (the first comes from its prompt)")
+    parser.add_argument("--prompt-tokens", type=int, default=24, help="length of each calibration prompt")
+    parser.add_argument("--drives", type=Path, default=None, help="drives.toml (default: the data dir's, if any)")
+    parser.add_argument("--catalogue", type=Path, default=None, help="run catalogue (default: the data dir's)")
+    args = parser.parse_args()
+    widths = sorted({int(w) for w in args.widths.split(",")})
+    drives_path = args.drives or (drives_file() if drives_file().is_file() else None)
+    drives = load_drives(drives_path) if drives_path else None
+    model = Model(resolve_model(args.model), StreamSettings(cache_bytes=0, trace=True), drives)
+    prompts = calibration_prompts(model.tokenizer, length=args.prompt_tokens)[: max(widths)]
+    if len(prompts) < max(widths):
+        raise SystemExit(f"the calibration text gives {len(prompts)} prompts; ask for widths up to that")
+
+    solo = [solo_selections(model, p, args.tokens) for p in prompts]
+    width1 = sum(s.decode_tokens_per_s for s, _ in solo) / len(solo)
+    k_per_call = sum(s.experts_per_layer_call for s, _ in solo) / len(solo)
+    rows = [{"width": 1, "tok_s": width1, "ratio": 1.0, "union_measured": k_per_call, "union_predicted": k_per_call}]
+    counters: dict[str, float] = {}
+    for width in widths:
+        if width == 1:
+            continue
+        stats = BatchStats(width=width)
+        start = time.perf_counter()
+        batch_tokens(model.model, prompts[:width], args.tokens, model.stream, stats=stats)
+        rows.append(
+            {
+                "width": width,
+                "tok_s": stats.decode_tokens_per_s,
+                "ratio": stats.decode_tokens_per_s / width1 if width1 else 0.0,
+                "union_measured": stats.experts_per_layer_call,
+                "union_predicted": predicted_union([sel for _, sel in solo[:width]]),
+                "decode_s": stats.decode_seconds,
+                "wall_s": time.perf_counter() - start,
+            }
+        )
+        counters[f"rows_per_step_w{width}"] = stats.rows / stats.steps if stats.steps else 0.0
+    model.stream.close()
+
+    print(f"{'width':>5} {'tok/s':>8} {'x width 1':>9} {'experts/layer step':>19} {'predicted':>10}")
+    for r in rows:
+        print(
+            f"{r['width']:>5} {r['tok_s']:>8.3f} {r['ratio']:>9.2f} {r['union_measured']:>19.2f} "
+            f"{r['union_predicted']:>10.2f}"
+        )
+    figures = {"rows": rows, "width1_tok_s": width1}
+    config = {"model": args.model, "widths": widths, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens}
+    proofs = [Proof(f"batch of {w}", f"rows_per_step_w{w}", w - 0.5) for w in widths if w > 1]
+    catalogue = Catalogue(args.catalogue or catalogue_file())
+    run_id = catalogue.record(
+        Run("batch-decode", args.model, config, figures, "pass", counters=counters, command=" ".join(sys.argv)),
+        proofs,
+    )
+    print(json.dumps(figures))
+    print(f"recorded as run {run_id} in {catalogue.path}")
+
+
+if __name__ == "__main__":
+    main()
