@@ -24,6 +24,7 @@ from nightshift.engine import NightshiftError
 COMMANDS: dict[str, str] = {
     "model": "prepare and list models",
     "generate": "answer a prompt with a model, streaming tokens",
+    "cluster": "run one model's layers over several hosts (mlx.distributed)",
     "drives": "show drives and measure their read ceilings",
     "rig": "a throttled multi-drive test rig on one disk (root)",
     "review": "list and run day-, week- and month-end reviews",

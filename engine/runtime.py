@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Nothing leaves the machine: transformers and huggingface_hub must never reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,6 +38,9 @@ from nightshift.engine.prefill import DEFAULT_CHUNK, counted_prefill, prefill
 from nightshift.engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import is_store
+
+if TYPE_CHECKING:
+    from nightshift.engine.distributed.stage import PipelineStage
 
 Message = dict[str, str]
 
@@ -113,6 +117,7 @@ class Model:
         drives: list[Drive] | None = None,
         ceilings: Ceilings | None = None,
         drafter: Path | None = None,
+        stage: PipelineStage | None = None,
     ):
         self.path = Path(path)
         self.stream: ExpertStream | None = None
@@ -126,7 +131,7 @@ class Model:
             )
         try:
             if stream is not None:
-                self.model, config, self.stream = load_streaming(self.path, stream, drives, ceilings)
+                self.model, config, self.stream = load_streaming(self.path, stream, drives, ceilings, stage)
             elif is_store(self.path):
                 self.model, config = load_store(self.path)
             else:
@@ -290,8 +295,10 @@ def open_model(
     drives: list[Drive] | None = None,
     ceilings: Ceilings | None = None,
     drafter: Path | None = None,
+    stage: PipelineStage | None = None,
 ) -> Model:
     """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
     (default: the drives its manifest names), starting its read estimates from `ceilings` if given.
-    `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding."""
-    return Model(path, stream, drives, ceilings, drafter)
+    `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding.
+    `stage`: this process is one rank of a pipeline over several hosts (engine/distributed)."""
+    return Model(path, stream, drives, ceilings, drafter, stage)

@@ -154,7 +154,14 @@ def cmd_place(args: argparse.Namespace) -> int:
     )
 
     store = resolve_model(args.model)
-    if args.drives:
+    if args.hosts:
+        from nightshift.engine.distributed.hosts import load_hosts
+        from nightshift.engine.distributed.placement import plan_hosts, planner_by_host
+
+        hosts = load_hosts(Path(args.hosts))
+        plan = plan_hosts(read_manifest(store), hosts)
+        drives = [d for h in hosts for d in h.drives]
+    elif args.drives:
         drives = load_drives(Path(args.drives))
     else:
         drives = [Drive(name, Path(root)) for name, root in read_manifest(store).drives.items()]
@@ -167,7 +174,16 @@ def cmd_place(args: argparse.Namespace) -> int:
         manifest = read_manifest(store)
         by_module = {layer.module: layer.layer for layer in manifest.layers}
         routing = {by_module[path]: list(c) for path, c in counts.items()}
-    manifest, copied = place_store(store, drives, routing, replicate=not args.no_replicas)
+    planner = {"planner": planner_by_host(plan, hosts)} if args.hosts else {}
+    manifest, copied = place_store(store, drives, routing, replicate=not args.no_replicas, **planner)
+    if args.hosts:
+        from nightshift.engine.distributed.placement import write_plan
+
+        write_plan(store, plan, hosts)
+        say(
+            f"layers per host ({plan.how}): "
+            + ", ".join(f"{h.label} {s}-{e - 1}" for h, (s, e) in zip(hosts, plan.ranges(), strict=True))
+        )
     replicas = sum(len(e["replicas"]) for layer in manifest.experts.values() for e in layer)
     experts = sum(len(layer) for layer in manifest.experts.values())
     say(
@@ -291,6 +307,12 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     place.add_argument("--drives", metavar="TOML", help="drives.toml to place onto (default: the store's drives)")
     place.add_argument("--prompts", metavar="FILE", help="calibration text (default: nightshift's own)")
     place.add_argument("--no-replicas", action="store_true", help="one copy of each expert only")
+    place.add_argument(
+        "--hosts",
+        metavar="JSON",
+        help="hosts.json (docs/distributed.md): split the layers over the hosts by their drives' read rates, "
+        "each layer's experts on its own host's drives",
+    )
     place.add_argument(
         "--no-measure",
         action="store_true",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,6 +18,9 @@ from nightshift.engine.moe.streaming import install
 from nightshift.engine.store.families import build_model, quantize_as_stored
 from nightshift.engine.store.manifest import Manifest, read_manifest
 from nightshift.engine.store.safetensors_io import read_header, read_tensor
+
+if TYPE_CHECKING:
+    from nightshift.engine.distributed.stage import PipelineStage
 
 
 def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
@@ -36,22 +40,28 @@ def load_streaming(
     settings: StreamSettings | None = None,
     drives: list[Drive] | None = None,
     ceilings: Ceilings | None = None,
+    stage: PipelineStage | None = None,
 ) -> tuple[nn.Module, dict, ExpertStream]:
     """The model of the store at `store` with streaming expert layers, its config, and the stream behind them.
 
     An auto cache budget is sized here, before the trunk is loaded, from the RAM available now.
+    `stage`: one rank of a pipeline (engine/distributed): only its layers, their trunk tensors and experts.
     """
     store = Path(store)
     settings = settings or StreamSettings()
     manifest = with_drives(read_manifest(store), drives)
+    if stage is not None:
+        manifest = stage.manifest(manifest)
     trunk_path = store / manifest.trunk["file"]
     if not trunk_path.is_file():
         raise ModelFormatError(f"{trunk_path} is missing; import the model again")
     drives_in_use = len(settings.use_drives or manifest.drives)
     threads = (settings.demand_threads + settings.prefetch_threads) * drives_in_use
     budget = size_budget(settings.cache_bytes, manifest, store, threads)
-    weights = {entry.name: read_tensor(entry) for entry in read_header(trunk_path)}
+    weights = {e.name: read_tensor(e) for e in read_header(trunk_path) if stage is None or stage.keeps(e.name)}
     model = build_model(manifest.config)
+    if stage is not None:
+        stage.apply(model)
     stream = ExpertStream(manifest, settings, budget, ceilings)
     try:
         install(model, manifest, stream)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +109,15 @@ def calibration_prompts(tokenizer, text: str | None = None, length: int = 128) -
 
 
 def place_store(
-    store: Path, drives: list[Drive], routing: dict[int, list[int]] | None = None, replicate: bool = True
+    store: Path,
+    drives: list[Drive],
+    routing: dict[int, list[int]] | None = None,
+    replicate: bool = True,
+    planner: Callable[..., dict[Key, list[str]]] = plan_placement,
 ) -> tuple[Manifest, dict[str, int]]:
     """Re-plan the store over `drives` (by `routing` counts if given) and move files to match.
 
+    `planner` takes plan_placement's arguments (placement by host plans each host's layers on its own drives).
     Returns the new manifest and the bytes copied per drive.
     """
     store = Path(store)
@@ -127,7 +133,7 @@ def place_store(
     for key, size in sizes.items():
         for drive in manifest.experts[key[0]][key[1]]["replicas"]:
             held[drive] = held.get(drive, 0) + size
-    plan = plan_placement(sizes, rooms(drives, held), frequency, replicate=replicate)
+    plan = planner(sizes, rooms(drives, held), frequency, replicate)
     by_drive = {d.name: d for d in drives}
     old_roots = {**manifest.drives}
 

@@ -1,0 +1,1 @@
+"""A model's layers pipelined over several hosts with mlx.distributed, each streaming its own layers' experts."""

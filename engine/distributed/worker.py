@@ -1,0 +1,131 @@
+"""One rank of a pipelined generation: `python -m nightshift.engine.distributed.worker --request JSON`.
+
+Started on every host by the launcher (engine/distributed/launch.py) or by `mlx.launch`, with mlx's ring
+environment (MLX_RANK, MLX_HOSTFILE). Each rank opens the store streamed with only its layers (a
+`PipelineStage`), reading its experts from its own drives, and runs the same greedy generation; the
+transport is mlx-lm's pipeline (send/recv between neighbours, an all_gather at the end of each pass).
+
+It speaks JSON lines on stdout: `ready`, `beat` (every `beat_s`, from a thread: a rank that stops
+beating has stopped), `token` (rank 0 only), `done` with its figures, or `error` with the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nightshift.engine.errors import NightshiftError
+
+
+@dataclass
+class Request:
+    """What every rank runs: the store, the layers per rank, each rank's drives, the prompt."""
+
+    store: str
+    split: list[int]
+    drives: list[dict[str, str]]  # per rank: drive name -> root on that host
+    prompt: list[int]
+    max_tokens: int
+    memory_budget: int = 0
+    prefill_chunk: int = 512
+    beat_s: float = 0.5
+    ceilings: list[str | None] = field(default_factory=list)  # per rank: drive_ceilings.json on that host, or None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+
+class Lines:
+    """JSON lines on stdout, one writer at a time (the beat thread and the generation share it)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def say(self, event: str, **fields) -> None:
+        with self._lock:
+            sys.stdout.write(json.dumps({"rank": self.rank, "event": event, **fields}) + "\n")
+            sys.stdout.flush()
+
+
+def beat(lines: Lines, every: float, stop: threading.Event) -> None:
+    """Say `beat` every `every` seconds until `stop`: proof of life while a pass computes or waits."""
+    while not stop.wait(every):
+        lines.say("beat")
+
+
+def run(request: Request, lines: Lines) -> None:
+    """Open this rank's stage of the store and generate; rank 0 reports each token."""
+    import mlx.core as mx
+
+    from nightshift.engine.io.ceilings import Ceilings
+    from nightshift.engine.io.drives import Drive
+    from nightshift.engine.moe.settings import StreamSettings
+    from nightshift.engine.runtime import open_model
+
+    from .stage import PipelineStage
+
+    group = mx.distributed.init(backend="ring", strict=True)
+    if group.size() != len(request.split):
+        raise NightshiftError(f"{group.size()} ranks started for a split over {len(request.split)} hosts")
+    rank = group.rank()
+    stage = PipelineStage(group, tuple(request.split))
+    drives = [Drive(name, Path(root)) for name, root in request.drives[rank].items()]
+    ceilings_file = request.ceilings[rank] if request.ceilings else None
+    ceilings = Ceilings.load(Path(ceilings_file)) if ceilings_file and Path(ceilings_file).is_file() else None
+    settings = StreamSettings(cache_bytes=request.memory_budget)
+    model = open_model(Path(request.store), stream=settings, drives=drives, ceilings=ceilings, stage=stage)
+    try:
+        # Every rank loaded before the first pass (mlx-lm's sharded_load does the same): a slow load is not a stall.
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
+        lines.say("ready", layers=list(stage.layers), drives=sorted(model.stream.manifest.drives))
+        stats = None
+        for chunk in model.generate_tokens(
+            request.prompt, max_tokens=request.max_tokens, prefill_chunk=request.prefill_chunk
+        ):
+            stats = chunk.stats
+            if rank == 0:
+                lines.say("token", token=chunk.token, elapsed=stats.elapsed)
+        figures = model.stream.trace.summary()
+        lines.say(
+            "done",
+            time_to_first_token=stats.time_to_first_token,
+            elapsed=stats.elapsed,
+            generated=stats.generated_tokens,
+            drive_bytes=stats.drive_bytes,
+            one_row_wait_s=figures.get("one_row_wait_s", 0.0),
+            one_row_readback_s=figures.get("one_row_readback_s", 0.0),
+            one_row_expert_s=figures.get("one_row_expert_s", 0.0),
+        )
+    finally:
+        model.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--request", required=True, help="the Request as JSON")
+    args = parser.parse_args(argv)
+    request = Request(**json.loads(args.request))
+    import os
+
+    lines = Lines(int(os.environ.get("MLX_RANK", "0")))
+    stop = threading.Event()
+    threading.Thread(target=beat, args=(lines, request.beat_s, stop), daemon=True).start()
+    started = time.perf_counter()
+    try:
+        run(request, lines)
+    except Exception as exc:  # every failure is reported as a line the launcher reads, then the rank exits
+        lines.say("error", message=f"{type(exc).__name__}: {exc}", after_s=time.perf_counter() - started)
+        return 1
+    finally:
+        stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

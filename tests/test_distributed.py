@@ -1,0 +1,215 @@
+"""A store's layers pipelined over ranks with mlx.distributed (ring backend on localhost).
+
+The slow tests start real ranks (one process each, its own drives) and check greedy tokens equal the
+single-process streamed model, for two families and 2 and 3 ranks; and that a rank that dies or stops
+ends the run with an error naming it, with nothing written. The quick ones check the split, the stage's
+share of the store and the hosts file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nightshift.app.cli import main
+from nightshift.engine import Drive, ImportOptions, StreamSettings, import_checkpoint, open_model, synthesize
+from nightshift.engine.distributed.hosts import PipelineError, load_hosts
+from nightshift.engine.distributed.launch import Timeouts, free_port, generate_over_hosts
+from nightshift.engine.distributed.placement import (
+    PIPELINE_FILE,
+    balanced_split,
+    plan_hosts,
+    planner_by_host,
+    write_plan,
+)
+from nightshift.engine.distributed.stage import PipelineStage, RankOf, family_split, layer_ranges
+from nightshift.engine.store.manifest import read_manifest, write_manifest
+from nightshift.engine.store.upkeep import place_store
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+TOKENS = 10
+LAYERS = 4  # the first dense where the family has one: 3 ranks still get an MoE layer each
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pipelined")
+    out = {}
+    for arch in ("qwen3_moe", "kimi_k3"):
+        src = synthesize(arch, "tiny", root / f"{arch}-src", seed=1, layers=LAYERS)
+        drives = [Drive(f"d{i}", root / f"{arch}-import{i}") for i in range(2)]
+        import_checkpoint(src, root / arch, drives, ImportOptions(trunk_bits=16))
+        out[arch] = root / arch
+    return out
+
+
+def hosts_file(path: Path, store: Path, ranks: int, drives_each: int = 2, mbps: list[float] | None = None) -> Path:
+    """hosts.json for `ranks` local hosts, each with its own drives (directories under the test's folder)."""
+    hosts = []
+    for rank in range(ranks):
+        drives = {f"h{rank}d{i}": str(path / f"{store.name}-h{rank}d{i}") for i in range(drives_each)}
+        hosts.append({"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "drives": drives})
+        if mbps:
+            hosts[-1]["read_mbps"] = mbps[rank]
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "hosts.json").write_text(json.dumps({"hosts": hosts}))
+    return path / "hosts.json"
+
+
+def place_by_hosts(store: Path, hosts_json: Path) -> None:
+    hosts = load_hosts(hosts_json)
+    plan = plan_hosts(read_manifest(store), hosts)
+    place_store(store, [d for h in hosts for d in h.drives], planner=planner_by_host(plan, hosts))
+    write_plan(store, plan, hosts)
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """A copy of the store at `src` with its own drives: placing it moves none of the original's files."""
+    shutil.copytree(src, dst)
+    manifest = read_manifest(dst)
+    for name, root in manifest.drives.items():
+        copy = dst.parent / f"{dst.name}-{name}"
+        shutil.copytree(root, copy)
+        manifest.drives[name] = str(copy)
+    write_manifest(dst, manifest)
+    return dst
+
+
+def single_process(store: Path) -> list[int]:
+    model = open_model(store, stream=StreamSettings(cache_bytes=0))
+    try:
+        return [c.token for c in model.generate_tokens(PROMPT, max_tokens=TOKENS)]
+    finally:
+        model.close()
+
+
+# Quick: the split, the stage, the hosts file.
+
+
+def test_balanced_split_gives_the_faster_host_more_bytes():
+    layer_bytes = [0, 10, 10, 10, 10, 10, 10, 10, 10]  # a dense first layer, then 8 equal MoE layers
+    assert balanced_split(layer_bytes, [1.0, 1.0]) == [4, 5]  # rank 0 runs the last 4, rank 1 the dense + 4
+    assert balanced_split(layer_bytes, [3.0, 1.0]) == [6, 3]  # rank 0 reads 3x faster: 6 of the 8 MoE layers
+    assert balanced_split(layer_bytes, [1.0, 3.0]) == [2, 7]
+    assert layer_ranges([6, 3]) == [(3, 9), (0, 3)]
+
+
+def test_balanced_split_gives_every_host_an_moe_layer():
+    assert balanced_split([0, 0, 0, 5, 5], [1.0, 100.0]) == [1, 4]
+    with pytest.raises(PipelineError, match="2 MoE layers cannot give each of 3 hosts one"):
+        balanced_split([0, 5, 5], [1.0, 1.0, 1.0])
+
+
+def test_kimi_k3_keeps_its_own_split_and_mixin_families_take_any(stores):
+    kimi = read_manifest(stores["kimi_k3"]).config
+    assert family_split(kimi, 3) == [1, 1, 2]  # kimi_k3's pipeline gives the first ranks' extra layer to the last rank
+    assert family_split(read_manifest(stores["qwen3_moe"]).config, 3) is None
+
+
+def test_a_stage_keeps_its_layers_trunk_and_experts_only(stores):
+    manifest = read_manifest(stores["qwen3_moe"])
+    stage = PipelineStage(RankOf(1, 2), (3, 1))  # rank 1 of 2 runs layer 0 only
+    assert stage.layers == (0, 1)
+    assert stage.keeps("model.layers.0.self_attn.q_proj.weight") and stage.keeps("model.embed_tokens.weight")
+    assert not stage.keeps("model.layers.1.self_attn.q_proj.weight") and stage.keeps("lm_head.weight")
+    mine = stage.manifest(manifest)
+    assert [layer.layer for layer in mine.layers] == [0] and set(mine.experts) == {0}
+    assert mine.expert_bytes < manifest.expert_bytes
+
+
+def test_placement_by_host_puts_each_layer_on_its_hosts_drives(stores, tmp_path):
+    store = tmp_path / "q"
+    import shutil
+
+    shutil.copytree(stores["qwen3_moe"], store)
+    manifest = read_manifest(store)
+    for layer in manifest.layers:  # the import's drives were the module's; this copy's experts stay readable
+        assert all(
+            Path(p).is_file() for e in range(layer.num_experts) for _, p in manifest.replica_paths(layer.layer, e)
+        )
+    hosts_json = hosts_file(tmp_path, store, 2, mbps=[300.0, 100.0])
+    place_by_hosts(store, hosts_json)
+    kept = json.loads((store / PIPELINE_FILE).read_text())
+    assert kept["split"] == [3, 1] and "measured read rate" in kept["how"]  # 3x faster rank 0: 3 of 4 MoE layers
+    placed = read_manifest(store)
+    for (start, end), host in zip(layer_ranges(kept["split"]), ("h0", "h1"), strict=True):
+        for layer in range(start, end):
+            assert all(r.startswith(host) for e in placed.experts[layer] for r in e["replicas"])
+
+
+def test_hosts_file_is_checked(tmp_path):
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps({"hosts": [{"ssh": "a", "ips": ["10.0.0.1"], "drives": {"x": "/x"}}]}))
+    with pytest.raises(PipelineError, match="at least two hosts"):
+        load_hosts(path)
+    path.write_text(json.dumps([{"ssh": "a", "ips": ["10.0.0.1"], "drives": {"x": "/x"}}, {"ssh": "b", "drives": {}}]))
+    with pytest.raises(PipelineError, match="host 1 needs"):
+        load_hosts(path)
+    two = [{"ssh": h, "ips": ["10.0.0.1"], "drives": {"x": f"/{h}"}} for h in ("a", "b")]
+    path.write_text(json.dumps(two))
+    with pytest.raises(PipelineError, match="same drive"):
+        load_hosts(path)
+
+
+# Slow: real ranks on localhost, each with its own drives.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "ranks"), [("qwen3_moe", 2), ("qwen3_moe", 3), ("kimi_k3", 2), ("kimi_k3", 3)])
+def test_pipelined_greedy_tokens_equal_one_process(stores, tmp_path, arch, ranks):
+    store = copy_store(stores[arch], tmp_path / arch)
+    expected = single_process(store)
+    place_by_hosts(store, hosts_file(tmp_path, store, ranks))
+    result = generate_over_hosts(store, load_hosts(tmp_path / "hosts.json"), PROMPT, TOKENS, port=free_port(ranks))
+    assert result.tokens == expected
+    for rank, figures in enumerate(result.ranks):  # each rank read its own drives, and only those
+        read = {d for d, b in figures["drive_bytes"].items() if b}
+        assert read and all(d.startswith(f"h{rank}") for d in read)
+
+
+@pytest.mark.slow
+def test_cluster_command_writes_its_answer_only_when_done(stores, tmp_path):
+    store = copy_store(stores["qwen3_moe"], tmp_path / "q")
+    hosts_json = hosts_file(tmp_path, store, 2)
+    place_by_hosts(store, hosts_json)
+    out = tmp_path / "answer.json"
+    args = ["--hosts", str(hosts_json), "--model", str(store), "--max-tokens", "4"]
+    assert main(["cluster", "generate", "hello", *args, "--out", str(out), "--port", str(free_port(2))]) == 0
+    assert len(json.loads(out.read_text())["tokens"]) == 4
+
+
+def worker_process(rank: int) -> psutil.Process:
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "distributed.worker" in " ".join(child.cmdline()) and child.environ().get("MLX_RANK") == str(rank):
+                return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "why"), [(signal.SIGKILL, "exited with code"), (signal.SIGSTOP, "stopped answering")])
+def test_a_rank_that_stops_stops_the_run_naming_its_host(stores, tmp_path, sig, why):
+    store = copy_store(stores["qwen3_moe"], tmp_path / "q")
+    place_by_hosts(store, hosts_file(tmp_path, store, 3))
+    hosts = load_hosts(tmp_path / "hosts.json")
+    seen = []
+
+    def on_token(token: int) -> None:
+        seen.append(token)
+        if len(seen) == 2:
+            os.kill(worker_process(1).pid, sig)
+
+    with pytest.raises(PipelineError, match=rf"host 127\.0\.0\.1 \(rank 1\) {why}.*nothing was written"):
+        generate_over_hosts(
+            store, hosts, PROMPT, 200, port=free_port(3), timeouts=Timeouts(stall_s=5), on_token=on_token
+        )
+    assert len(seen) < 200
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
