@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ class Dashboard(App):
         self.service: ServiceState | None = None
         self.catalogue: CatalogueView | None = None
         self.own_service = None  # app.daemon.service.Service started by this dashboard (s)
+        self.service_thread: threading.Thread | None = None  # runs it, from start to stop
+        self.quitting = threading.Event()
         self.tokens_history = History()
         self.drive_histories: dict[str, History] = {}
         self.engine_rates: dict[str, float] = {}  # nightshift's MB/s per engine drive, from the run's progress
@@ -185,11 +188,16 @@ class Dashboard(App):
         if self.service is not None and self.service.running:
             self.notify("a service is already running", severity="warning")
             return
-        self._start_service()
+        if self.service_thread is None or not self.service_thread.is_alive():
+            self.service_thread = threading.Thread(target=self._serve, name="dashboard-service", daemon=True)
+            self.service_thread.start()
 
-    @work(thread=True, exclusive=True, group="service")
-    def _start_service(self) -> None:
-        """The same service as `nightshift serve`, under the same single-instance lock, in this process."""
+    def _serve(self) -> None:
+        """The same service as `nightshift serve`, under the same single-instance lock, in this process.
+
+        Started and stopped by this one thread: the service keeps a SQLite connection open, which only the
+        thread that opened it may close.
+        """
         from nightshift.app.daemon.service import Service
 
         service = Service()
@@ -202,6 +210,8 @@ class Dashboard(App):
         self.own_service = service
         self.ticks = 0
         self.call_from_thread(self.notify, "scheduler started in this dashboard; it stops when you quit")
+        self.quitting.wait()
+        service.stop()
 
     def open_report(self, path: Path) -> None:
         if not path.is_file():
@@ -220,7 +230,8 @@ class Dashboard(App):
         self.notify(f"opened {path.name}")
 
     def on_unmount(self) -> None:
-        if self.own_service is not None:
-            self.own_service.stop()
+        self.quitting.set()
+        if self.service_thread is not None:
+            self.service_thread.join()  # the scheduler stopped and its lock released before the app returns
         if self.feed is not None:
             self.feed.close()
