@@ -92,8 +92,12 @@ def run(request: Request, lines: Lines) -> None:
             if rank == 0:
                 lines.say("token", token=chunk.token, elapsed=stats.elapsed)
         figures = model.stream.trace.summary()
+        busy_s, entry_s, steps = own_time(model.stream.trace.passes())
         lines.say(
             "done",
+            busy_s=busy_s,
+            entry_s=entry_s,
+            decode_steps=steps,
             time_to_first_token=stats.time_to_first_token,
             elapsed=stats.elapsed,
             generated=stats.generated_tokens,
@@ -104,6 +108,29 @@ def run(request: Request, lines: Lines) -> None:
         )
     finally:
         model.close()
+
+
+def own_time(passes: list) -> tuple[float, float, int]:
+    """Seconds this rank spent on its own layers in decode steps, the seconds of each step's first pass
+    until its router was read (the wait for the other ranks is there, with that layer's attention), and
+    the steps counted.
+
+    A step's first readback evaluates whatever the pass waits on (the previous rank's activations, or the
+    last step's all_gather), so a step's own time runs from that readback's end to the end of its last pass.
+    """
+    busy = entry = 0.0
+    steps = 0
+    step: list = []
+    for p in [p for p in passes if p.rows == 1] + [None]:
+        if step and (p is None or p.layer <= step[-1].layer):  # layers start again: a new step
+            first, last = step[0], step[-1]
+            busy += last.began + last.readback_s + last.predict_s + last.wait_s - (first.began + first.readback_s)
+            entry += first.readback_s
+            steps += 1
+            step = []
+        if p is not None:
+            step.append(p)
+    return busy, entry, steps
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,134 @@
+"""A store pipelined over 2 ranks (2 drives each) against one process with 2 drives: per-token time in one run.
+
+Run inside the rig's cgroup (each rank reads its own throttled drives):
+
+    nightshift rig run -- .venv/bin/python bench/distributed.py --one ONE --two TWO --hosts HOSTS_JSON \
+        --single-drives rig0,rig1 [--tokens 24]
+
+ONE is the store placed on the single process's 2 drives, TWO the same weights placed with
+`nightshift model place TWO --hosts HOSTS_JSON` (each host's layers on its own 2 drives). Both decode
+the same greedy tokens from the same prompt with no expert cache (every expert read from the drives).
+Prints per-token decode time of each, each rank's own time per step (its layers, from the trace) and
+what two sequences in flight would give at most (batching, [15], does not exist yet): one token per
+slowest rank's own time instead of one per whole pipeline pass. Both runs go into the run catalogue
+(kind `pipeline`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nightshift.app.paths import catalogue_file
+from nightshift.engine import StreamSettings, open_model
+from nightshift.engine.distributed.hosts import load_hosts
+from nightshift.engine.distributed.launch import free_port, generate_over_hosts
+from nightshift.engine.distributed.worker import own_time
+from nightshift.engine.instruments.assertions import Proof
+from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.manifest import read_manifest
+
+PROMPT = [(7 * i + 3) % 997 + 1 for i in range(32)]
+SKIP = 2  # decode steps left out of the per-token time in both runs (the first steps' allocations)
+
+
+def per_token(elapsed: list[float]) -> float:
+    """Seconds per decode token after the first token and SKIP more."""
+    return (elapsed[-1] - elapsed[SKIP]) / (len(elapsed) - 1 - SKIP)
+
+
+def single(store: Path, drives: list[str], tokens: int) -> dict:
+    """One process reading every layer's experts from `drives`."""
+    manifest = read_manifest(store)
+    model = open_model(
+        store,
+        stream=StreamSettings(cache_bytes=0),
+        drives=[Drive(name, Path(manifest.drives[name])) for name in drives],
+    )
+    try:
+        elapsed, ids, stats = [], [], None
+        for chunk in model.generate_tokens(PROMPT, max_tokens=tokens):
+            elapsed.append(chunk.stats.elapsed)
+            ids.append(chunk.token)
+            stats = chunk.stats
+        busy, _, steps = own_time(model.stream.trace.passes())
+        return {"tokens": ids, "elapsed": elapsed, "drive_bytes": stats.drive_bytes, "busy_s": busy, "steps": steps}
+    finally:
+        model.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--one", required=True, type=Path, help="the store placed on the single process's drives")
+    parser.add_argument("--two", required=True, type=Path, help="the store placed with model place --hosts")
+    parser.add_argument("--hosts", required=True, type=Path, help="hosts.json of the pipeline")
+    parser.add_argument("--single-drives", required=True, help="the single process's drives, e.g. rig0,rig1")
+    parser.add_argument("--tokens", type=int, default=24, help="tokens per run (24)")
+    parser.add_argument("--note", default="", help="kept with the runs in the catalogue")
+    args = parser.parse_args()
+
+    one = single(args.one, args.single_drives.split(","), args.tokens)
+    hosts = load_hosts(args.hosts)
+    result = generate_over_hosts(args.two, hosts, PROMPT, args.tokens, memory_budget=0, port=free_port(len(hosts)))
+    t_one, t_two = per_token(one["elapsed"]), per_token(result.elapsed)
+    same = result.tokens == one["tokens"]
+    own = [r["busy_s"] / r["decode_steps"] for r in result.ranks]
+    one_own = one["busy_s"] / one["steps"]
+    bound = t_one / max(own)  # aggregate tok/s with every rank busy, over one process's
+    print(f"tokens identical: {same} ({len(result.tokens)} tokens)")
+    print(f"one process, 2 drives: {t_one:.3f} s/token ({one_own:.3f} s in its MoE layers)")
+    print(f"pipeline, {len(hosts)} ranks x 2 drives: {t_two:.3f} s/token ({t_two / t_one:.2f}x one process's time)")
+    for rank, (r, t) in enumerate(zip(result.ranks, own, strict=True)):
+        mb = sum(r["drive_bytes"].values()) / 1e6 / (len(result.tokens) - 1)
+        print(
+            f"  rank {rank}: layers own {t:.3f} s/step ({t / t_two:.0%} of a step), "
+            f"waiting/entry {r['entry_s'] / r['decode_steps']:.3f} s/step, {mb:.1f} MB/token from "
+            + ", ".join(sorted(d for d, b in r["drive_bytes"].items() if b))
+        )
+    print(
+        f"with {len(hosts)} sequences in flight (batching, not built): at most {bound:.2f}x one process's "
+        f"tokens/s (one token per slowest rank's own time {max(own):.3f} s)"
+    )
+    catalogue = Catalogue(catalogue_file())
+    command = " ".join(sys.argv)
+    base = {"tokens": args.tokens, "memory_budget": 0, "prompt_tokens": len(PROMPT)}
+    catalogue.record(
+        Run(
+            "pipeline",
+            args.one.name,
+            {**base, "ranks": 1, "drives": args.single_drives},
+            {"s_per_token": t_one, "own_s_per_step": one_own},
+            "measured",
+            drives=one["drive_bytes"],
+            command=command,
+            note=args.note,
+        )
+    )
+    ranks_reading = sum(1 for r in result.ranks if any(r["drive_bytes"].values()))
+    catalogue.record(
+        Run(
+            "pipeline",
+            args.two.name,
+            {**base, "ranks": len(hosts), "drives": [[d.name for d in h.drives] for h in hosts]},
+            {
+                "s_per_token": t_two,
+                "ratio_to_one_process": t_two / t_one,
+                "own_s_per_step": own,
+                "in_flight_bound_x": bound,
+                "tokens_identical": same,
+            },
+            "measured" if same else "tokens differ",
+            drives={d: b for r in result.ranks for d, b in r["drive_bytes"].items()},
+            counters={"ranks_reading": ranks_reading},
+            command=command,
+            note=args.note,
+        ),
+        [Proof("pipeline", "ranks_reading", len(hosts))],
+    )
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
