@@ -169,3 +169,22 @@ def test_dashboard_is_a_command_and_the_default_only_in_a_terminal(capsys):
     assert exit.value.code == 0 and "attaches to `nightshift serve`" in capsys.readouterr().out
     assert main([]) == 0  # stdin/stdout are not a terminal under pytest: help, not the app
     assert "dashboard" in capsys.readouterr().out
+
+
+def test_per_run_rates_and_plot_from_progress_records():
+    from nightshift.app.daemon.control import Jobs
+    from nightshift.app.tui.feed import ServiceState
+
+    app = Dashboard()
+
+    def seen(run: Run, now: float) -> None:
+        app._follow_run(ServiceState(True, 1, Jobs([run], {}), []), now)
+
+    first = replace(BASE, progress=replace(PROGRESS, elapsed=1.0, drive_bytes={"d0": 1_000_000}))
+    seen(first, 100.0)
+    seen(replace(first, progress=replace(first.progress, elapsed=3.0, drive_bytes={"d0": 5_000_000})), 102.0)
+    assert app.engine_rates == {"d0": 2.0} and app.fresh_engine_rates(104.0) == {"d0": 2.0}
+    assert app.fresh_engine_rates(105.5) == {}  # no record for a while: not shown as the rate now
+    assert list(app.tokens_history) == [8.0, 8.0]
+    seen(replace(first, id=2), 106.0)  # the next run: its own plot
+    assert list(app.tokens_history) == [8.0]

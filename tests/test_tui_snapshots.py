@@ -140,7 +140,7 @@ def frozen_app(state: str) -> Dashboard:
     app._watched_run = seen_running  # the run as the dashboard last saw it: a run that ended is announced
     if state in ("writing", "cancelling"):
         app._last_progress = (7, WRITING["elapsed"])
-        app.engine_rates = {"d0": 1391.2, "d1": 129.8}
+        app.engine_rates, app.engine_rates_at = {"d0": 1391.2, "d1": 129.8}, NOW
     return app
 
 

@@ -36,6 +36,7 @@ from nightshift.engine import NightshiftError
 TICK_S = 0.1
 SERVICE_EVERY = 5
 VIEWER_VARIABLE = "NIGHTSHIFT_PDF_VIEWER"
+ENGINE_RATE_FRESH_S = 3.0  # nightshift's per-drive rate is shown this long after the record it came from
 
 
 def viewer_command() -> list[str] | None:
@@ -84,6 +85,7 @@ class Dashboard(App):
         self.tokens_history = History()
         self.drive_histories: dict[str, History] = {}
         self.engine_rates: dict[str, float] = {}  # nightshift's MB/s per engine drive, from the run's progress
+        self.engine_rates_at = 0.0  # when (the snapshot's time) the record they came from was first seen
         self._last_progress: tuple[int, float] | None = None  # the run and elapsed time of the last point
         self._last_bytes: dict[str, int] = {}  # the run's bytes per drive at that point
         self._watched_run: int | None = None  # the run seen running at the last refresh, to announce its end
@@ -107,7 +109,7 @@ class Dashboard(App):
             self.catalogue = snapshot.catalogue
         if snapshot.service is not None:
             self.service = snapshot.service
-            self._follow_run(snapshot.service)
+            self._follow_run(snapshot.service, snapshot.taken_at)
             for row in snapshot.drives:  # plotted at the queue's pace, so a plot spans a minute or more
                 self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
         if isinstance(self.screen, DashboardScreen):
@@ -121,7 +123,7 @@ class Dashboard(App):
         self.next_poll = max(self.next_poll + self.tick_s, now - self.tick_s)
         self.set_timer(max(0.001, self.next_poll - now), self._poll)  # a zero delay divides by zero in Textual
 
-    def _follow_run(self, service: ServiceState) -> None:
+    def _follow_run(self, service: ServiceState, now: float) -> None:
         """Per run: a new run starts an empty tok/s plot; one point and nightshift's per-drive read rates per
         new progress record (the service stores one a second); a run seen running and now ended is announced."""
         current = service.jobs.current
@@ -142,9 +144,16 @@ class Dashboard(App):
             span = progress.elapsed - self._last_progress[1]
             self.engine_rates = {drive: (n - self._last_bytes.get(drive, 0)) / span / 1e6
                                  for drive, n in progress.drive_bytes.items()}  # fmt: skip
+            self.engine_rates_at = now
         self._last_progress, self._last_bytes = key, dict(progress.drive_bytes)
         if progress.generated_tokens >= 2:  # no decode rate before the second token
             self.tokens_history.append(progress.decode_tokens_per_s)
+
+    def fresh_engine_rates(self, now: float) -> dict[str, float]:
+        """nightshift's per-drive rates while the record they came from is recent: the average over the last
+        interval between records is not shown as the rate now once no record has come for a while (a long
+        chunk of the prompt being read, a run that ended)."""
+        return self.engine_rates if now - self.engine_rates_at <= ENGINE_RATE_FRESH_S else {}
 
     def _announce(self, run: QueueRun | None) -> None:
         """A toast for a run that ended while the dashboard watched."""

@@ -130,7 +130,8 @@ class LiveScreen(DashboardScreen):
                 f"service {gib(memory.service_bytes)} of {ram} · reads {own} (own)",
                 f"service {gib(memory.service_bytes)} · reads {own}",
             )  # fmt: skip
-        self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note, self.app.engine_rates)
+        self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note,
+                                        self.app.fresh_engine_rates(snapshot.taken_at))  # fmt: skip
         if service is not None:
             self.query_one(JobPanel).show(service.jobs.runs, service.jobs.cancelling, snapshot.taken_at)
             self.query_one("#strip", Fit).set(*queue_strip(service, snapshot.taken_at))
