@@ -294,7 +294,7 @@ class RunsScreen(DashboardScreen):
     """The benchmark catalogue (`nightshift runs`), filterable, with two marked runs side by side."""
 
     BINDINGS = [Binding("m", "mark", "Mark for compare"), Binding("slash", "filter", "Filter", key_display="/"),
-                Binding("escape", "leave_filter", "Back to the list", show=False)]  # fmt: skip
+                Binding("escape", "leave_filter", "Back to the list", show=False, key_display="esc")]  # fmt: skip
     AUTO_FOCUS = "#catalogue"
 
     def compose(self) -> ComposeResult:
