@@ -1,6 +1,6 @@
 """Chaos benchmark: scheduled runs through a real `nightshift serve` that is killed, flooded and starved of disk.
 
-    .venv/bin/python bench/chaos.py --model MODEL_DIR --runs 200 [--seed 1] [--tmpfs-mb 48]
+    .venv/bin/python bench/chaos.py --model MODEL_DIR --runs 200 [--minutes 45] [--seed 1] [--tmpfs-mb 48]
 
 Starts `nightshift serve` as a child process on a fresh data dir (a small tmpfs
 of its own when run as root, so the disk can be filled; otherwise no disk
@@ -14,8 +14,10 @@ connections on the control socket. At every step `jobs` is sampled and checked
 against the processes: a run it shows running is held by the live service.
 
 At the end: every due run done exactly once (or failed, with its reason), one
-PDF and one index entry per done run, nothing queued or running. Prints each
-event and one JSON line of figures; exits 1 if any check failed.
+PDF and one index entry per done run, nothing queued or running. With
+`--minutes`, no due run is recorded after that time (as many as fit) and the
+faults stop once all are recorded, so the queue can drain. Prints each event
+and one JSON line of figures; exits 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from nightshift.app.review.index import read_index
 from nightshift.engine import NightshiftError
 
 FIRST_DUE = datetime(2026, 10, 30, 17, 30, tzinfo=UTC)
-ACTIONS = ("wait", "wait", "wait", "kill", "term", "int", "flood", "disk")
+ACTIONS = ("wait",) * 25 + ("kill", "term", "int", "flood", "disk")  # a fault every ~6 steps; a stop every ~10
 
 
 class Chaos:
@@ -180,7 +182,8 @@ def check(home: Path, dues: list[datetime]) -> dict[str, object]:
             "failed_reasons": dict(failed_reasons), "problems": problems}  # fmt: skip
 
 
-def chaos(home: Path, model: Path, runs: int, seed: int, disk: bool, max_tokens: int) -> dict[str, object]:
+def chaos(home: Path, model: Path, runs: int, seed: int, disk: bool, max_tokens: int,
+          minutes: float | None) -> dict[str, object]:  # fmt: skip
     write_schedule(home, model, max_tokens)
     rng = random.Random(seed)
     run = Chaos(home, rng, disk)
@@ -190,6 +193,9 @@ def chaos(home: Path, model: Path, runs: int, seed: int, disk: bool, max_tokens:
     run.start()
     try:
         while recorded < len(dues) or not run.settled():
+            if minutes is not None and time.monotonic() - started > minutes * 60 and recorded < len(dues):
+                run.say(f"{minutes} minutes passed: {recorded} due runs recorded; letting the queue drain")
+                dues = dues[:recorded]
             if recorded < len(dues):
                 for due in dues[recorded : recorded + rng.randint(1, 4)]:
                     with suppress(NightshiftError):  # the queue full with the disk: recorded at the next step
@@ -198,7 +204,8 @@ def chaos(home: Path, model: Path, runs: int, seed: int, disk: bool, max_tokens:
                         if rng.random() < 0.2:
                             record_due_run("soak", due)  # recorded again, as a restarted service would
             action = rng.choice(ACTIONS if disk else tuple(a for a in ACTIONS if a != "disk"))
-            time.sleep(rng.uniform(0.2, 3.0))
+            action = action if recorded < len(dues) else "wait"
+            time.sleep(rng.uniform(0.5, 4.0))
             if action in ("kill", "term", "int"):
                 run.signal({"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[action])
             elif action == "flood":
@@ -221,6 +228,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="model directory (a tiny one)")
     parser.add_argument("--runs", type=int, default=200, help="due runs to record (200)")
+    parser.add_argument("--minutes", type=float, help="record no due run after this many minutes")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--tmpfs-mb", type=int, default=48, help="size of the data dir's tmpfs when root (48)")
@@ -236,7 +244,7 @@ def main() -> int:
         )
         os.environ["NIGHTSHIFT_HOME"] = str(home)
         try:
-            figures = chaos(home, args.model.resolve(), args.runs, args.seed, disk, args.max_tokens)
+            figures = chaos(home, args.model.resolve(), args.runs, args.seed, disk, args.max_tokens, args.minutes)
         finally:
             if disk:
                 subprocess.run(["umount", "-l", str(home)], check=False)

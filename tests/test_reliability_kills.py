@@ -109,6 +109,40 @@ def test_a_foreground_run_beside_a_starting_service_is_left_to_finish(home, tiny
     assert len(read_index()) == 1
 
 
+ENDLESS = """WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)
+SELECT '2026-10-01' AS date, '1.00' AS amount, 'r' AS reference, 'a' AS account, 'm' AS description FROM n WHERE i < 0"""
+
+
+def endless_ledger(home: Path, model: Path, name: str, budget: str = "") -> None:
+    """The month-end review with a ledger query that never ends (and never returns a row)."""
+    schedule = user_schedule(home, model, name, max_tokens=4)
+    text = schedule.read_text()
+    start = text.index('query = """', text.index("[sources.ledger]"))
+    end = text.index('"""', start + len('query = """')) + 3
+    schedule.write_text(f'{text[:start]}query = """{ENDLESS}"""\n{budget}{text[end:]}')
+
+
+def test_an_endless_sqlite_query_stops_at_sigterm_and_at_its_budget(home, tiny_model):
+    endless_ledger(home, tiny_model, "endless")
+    endless_ledger(home, tiny_model, "budgeted", "timeout_seconds = 2\n")
+    service = serve(home)
+    try:
+        endless = RunQueue().enqueue("endless", due=DUE, origin="schedule")
+        wait_for(lambda: RunQueue().get(endless).state == "running", 120)
+        time.sleep(2)  # in the query
+        service.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert service.wait(timeout=60) == 0
+        assert time.monotonic() - started < 20  # the query was stopped, not waited for
+    finally:
+        service.kill()
+    assert RunQueue().get(endless).state == "interrupted"
+    assert [run.origin for run in RunQueue().recent() if run.review == "endless"].count("retry") == 1
+    assert "budgeted" in nightshift(home, "review", "list").stdout
+    result = nightshift(home, "review", "run", "budgeted", timeout=120)
+    assert result.returncode == 1 and "longer than its 2 s budget" in result.stderr, result.stderr
+
+
 def test_a_stopped_service_gives_jobs_a_clear_message(home, tiny_model):
     service = serve(home)
     service.send_signal(signal.SIGSTOP)
