@@ -29,7 +29,10 @@ from pathlib import Path
 
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from tests.moe_families import (
-    HIDDEN,
+    EXPERT_FIELDS,
+    HIDDEN_FIELDS,
+    INTERMEDIATE_FIELDS,
+    LAYER_FIELDS,
     LAYERS,
     LAYOUTS,
     QUANTIZATIONS,
@@ -105,7 +108,7 @@ def family_row(family: str, root: Path) -> dict[str, str]:
     if "release" in sources:
         release = release_weights(family)
         transformed = f"; sanitize changes {len(release.transformed)} tensors" if release.transformed else ""
-        row["release experts as"] = re.sub(r"layers\.\d+\.", "layers.N.", release.expert_form) + transformed
+        row["release experts as"] = re.sub(r"\.(layers|h)\.\d+\.", r".\1.N.", release.expert_form) + transformed
     return row
 
 
@@ -159,9 +162,9 @@ def scaled_config(family: str, layers: int, scale: int) -> dict:
                 out[key] = scaled(value)
             elif isinstance(value, list) and len(value) == LAYERS:
                 out[key] = [value[i % LAYERS] for i in range(layers)]
-            elif value == LAYERS and "layer" in key:
+            elif key in LAYER_FIELDS:
                 out[key] = layers
-            elif isinstance(value, int) and not isinstance(value, bool) and "size" in key and value >= HIDDEN // 2:
+            elif key in (*HIDDEN_FIELDS, *INTERMEDIATE_FIELDS, *EXPERT_FIELDS):
                 out[key] = value * scale
             else:
                 out[key] = value

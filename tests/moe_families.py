@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import json
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -86,24 +87,27 @@ def model_classes(model_type: str) -> tuple[type, type]:
     return get_classes({"model_type": model_type})
 
 
+# Field names of the model's widths and depth (bench/family_table.py scales a family by them).
+HIDDEN_FIELDS = ("hidden_size", "d_model", "model_dim", "hidden_size_per_layer_input")
+INTERMEDIATE_FIELDS = ("intermediate_size", "ffn_hidden_size", "dense_intermediate_size")
+EXPERT_FIELDS = (
+    "moe_intermediate_size",
+    "expert_ffn_hidden_size",
+    "shared_expert_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+    "shared_intermediate_size",
+    "share_expert_dim",
+)
+LAYER_FIELDS = ("num_hidden_layers", "n_layers", "num_layers")
+
 # The generic rule: a ModelArgs field's tiny value, by its name. Names outside the table keep their default
 # (a required one without a rule makes the family fail loudly, naming the field).
 RULE: dict[str, object] = {
     **dict.fromkeys(("vocab_size", "num_vocab", "vocab_size_per_layer_input"), VOCAB),
-    **dict.fromkeys(("hidden_size", "d_model", "model_dim", "hidden_size_per_layer_input"), HIDDEN),
-    **dict.fromkeys(("intermediate_size", "ffn_hidden_size", "dense_intermediate_size"), INTERMEDIATE),
-    **dict.fromkeys(
-        (
-            "moe_intermediate_size",
-            "expert_ffn_hidden_size",
-            "shared_expert_intermediate_size",
-            "moe_shared_expert_intermediate_size",
-            "shared_intermediate_size",
-            "share_expert_dim",
-        ),
-        EXPERT_INTERMEDIATE,
-    ),
-    **dict.fromkeys(("num_hidden_layers", "n_layers", "num_layers"), LAYERS),
+    **dict.fromkeys(HIDDEN_FIELDS, HIDDEN),
+    **dict.fromkeys(INTERMEDIATE_FIELDS, INTERMEDIATE),
+    **dict.fromkeys(EXPERT_FIELDS, EXPERT_INTERMEDIATE),
+    **dict.fromkeys(LAYER_FIELDS, LAYERS),
     **dict.fromkeys(("num_attention_heads", "n_heads", "num_heads", "swa_num_attention_heads"), HEADS),
     **dict.fromkeys(
         ("num_key_value_heads", "num_attention_groups", "swa_num_key_value_heads", "num_global_key_value_heads"),
@@ -747,17 +751,32 @@ QUANTIZATIONS: dict[str, dict] = {
 def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64) -> Path:
     """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked.
 
+    A nightshift family, which `convert` cannot look up, goes through the same mlx-lm functions `convert`
+    calls (load_model with nightshift's classes, quantize_model, save_model, save_config).
     Raises FamilyError, naming the family, where mlx-lm cannot quantize it so.
     """
     import contextlib
     import io
 
     from mlx_lm.convert import convert
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
+    from nightshift.engine.models import FAMILIES, get_classes
+
+    family = json.loads((Path(src) / "config.json").read_text()).get("model_type")
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # convert prints its progress
-            convert(str(src), mlx_path=str(out_dir), quantize=True, q_bits=bits, q_mode=mode, q_group_size=group_size)
+            if family not in FAMILIES:
+                convert(
+                    str(src), mlx_path=str(out_dir), quantize=True, q_bits=bits, q_mode=mode, q_group_size=group_size
+                )
+                return Path(out_dir)
+            model, config = load_model(Path(src), lazy=True, get_model_classes=get_classes)
+            model, config = quantize_model(model, config, group_size, bits, mode=mode)
+            save_model(out_dir, model)
+            save_config(config, Path(out_dir) / "config.json")
     except Exception as exc:  # convert (and transformers' config checks in it) fail in many ways; each is reported
-        family = json.loads((Path(src) / "config.json").read_text()).get("model_type")
-        raise FamilyError(f"{family}: mlx-lm's convert cannot make a {mode} {bits}-bit model of it: {exc}") from exc
+        raise FamilyError(f"{family}: mlx-lm's convert cannot quantize it ({mode}, {bits} bits): {exc}") from exc
+    for tokenizer_file in Path(src).glob("tokenizer*.json"):
+        shutil.copy(tokenizer_file, out_dir)
     return Path(out_dir)
