@@ -12,6 +12,12 @@ Prints per-token decode time of each, each rank's own time per step (its layers,
 what two sequences in flight would give at most (batching, [15], does not exist yet): one token per
 slowest rank's own time instead of one per whole pipeline pass. Both runs go into the run catalogue
 (kind `pipeline`).
+
+Expert parallelism (each host a share of every layer's experts) is not built; `--four STORE
+--four-drives a,b,c,d` measures its two ingredients in the same run: one process reading every layer
+from all 4 drives (the reads EP would spread over both hosts) and, over a 2-rank ring on this machine,
+the latency of the per-MoE-layer exchange (an all_sum of one hidden state); their sum per token is
+what EP would take at best.
 """
 
 from __future__ import annotations
@@ -59,12 +65,61 @@ def single(store: Path, drives: list[str], tokens: int) -> dict:
         model.close()
 
 
+def ring_probe(hidden: int, rounds: int = 200) -> None:
+    """In a rank of a 2-rank ring: print the mean seconds of an all_sum of one hidden state (EP's exchange)."""
+    import time
+
+    import mlx.core as mx
+
+    group = mx.distributed.init(backend="ring", strict=True)
+    x = mx.ones((1, hidden), dtype=mx.bfloat16)
+    mx.eval(mx.distributed.all_sum(x, stream=mx.cpu))
+    start = time.perf_counter()
+    for _ in range(rounds):
+        x = mx.distributed.all_sum(x, stream=mx.cpu) * 0.5
+        mx.eval(x)
+    if group.rank() == 0:
+        print(f"{(time.perf_counter() - start) / rounds:.6f}", flush=True)
+
+
+def exchange_latency(hidden: int) -> float:
+    """Seconds per all_sum of one hidden state over 2 ranks on this machine (mlx.launch, ring backend)."""
+    import subprocess
+
+    launch = Path(sys.executable).with_name("mlx.launch")
+    out = subprocess.run(
+        [
+            str(launch),
+            "-n",
+            "2",
+            "--backend",
+            "ring",
+            "-p",
+            str(free_port(2)),
+            sys.executable,
+            __file__,
+            "--ring-probe",
+            str(hidden),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return float(out.stdout.split()[0])
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--ring-probe"]:
+        ring_probe(int(sys.argv[2]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", required=True, type=Path, help="the store placed on the single process's drives")
     parser.add_argument("--two", required=True, type=Path, help="the store placed with model place --hosts")
     parser.add_argument("--hosts", required=True, type=Path, help="hosts.json of the pipeline")
     parser.add_argument("--single-drives", required=True, help="the single process's drives, e.g. rig0,rig1")
+    parser.add_argument("--four", type=Path, help="the store placed over 4 drives (expert parallelism's reads)")
+    parser.add_argument("--four-drives", help="its drives, e.g. rig0,rig1,rig2,rig3")
     parser.add_argument("--tokens", type=int, default=24, help="tokens per run (24)")
     parser.add_argument("--note", default="", help="kept with the runs in the catalogue")
     args = parser.parse_args()
@@ -84,13 +139,28 @@ def main() -> int:
         mb = sum(r["drive_bytes"].values()) / 1e6 / (len(result.tokens) - 1)
         print(
             f"  rank {rank}: layers own {t:.3f} s/step ({t / t_two:.0%} of a step), "
-            f"waiting/entry {r['entry_s'] / r['decode_steps']:.3f} s/step, {mb:.1f} MB/token from "
+            f"waiting/entry {r['entry_s'] / r['decode_steps']:.3f} s/step, {mb:.1f} MB/token (the prompt's reads included) from "
             + ", ".join(sorted(d for d, b in r["drive_bytes"].items() if b))
         )
     print(
         f"with {len(hosts)} sequences in flight (batching, not built): at most {bound:.2f}x one process's "
-        f"tokens/s (one token per slowest rank's own time {max(own):.3f} s)"
+        f"tokens/s (one token per slowest rank's own time {max(own):.3f} s; "
+        "an upper bound: own time leaves out the work outside the MoE passes)"
     )
+    four = None
+    if args.four:
+        four = single(args.four, args.four_drives.split(","), args.tokens)
+        config = read_manifest(args.four).config
+        hidden = int(config.get("hidden_size") or config["text_config"]["hidden_size"])
+        moe_layers = len(read_manifest(args.four).layers)
+        latency = exchange_latency(hidden)
+        t_four = per_token(four["elapsed"])
+        ep = t_four + moe_layers * latency
+        print(
+            f"expert parallelism, ingredients: one process on 4 drives {t_four:.3f} s/token; one exchange "
+            f"(all_sum of a hidden state, 2 ranks here) {latency * 1e3:.2f} ms x {moe_layers} MoE layers; "
+            f"at best {ep:.3f} s/token ({ep / t_one:.2f}x one process on 2 drives, {ep / t_two:.2f}x the pipeline)"
+        )
     catalogue = Catalogue(catalogue_file())
     command = " ".join(sys.argv)
     base = {"tokens": args.tokens, "memory_budget": 0, "prompt_tokens": len(PROMPT)}
@@ -106,6 +176,19 @@ def main() -> int:
             note=args.note,
         )
     )
+    if four is not None:
+        catalogue.record(
+            Run(
+                "pipeline",
+                args.four.name,
+                {**base, "ranks": 1, "drives": args.four_drives, "shape": "expert-parallel ingredients"},
+                {"s_per_token": t_four, "exchange_s": latency, "moe_layers": moe_layers, "ep_best_s_per_token": ep},
+                "measured",
+                drives=four["drive_bytes"],
+                command=command,
+                note=args.note,
+            )
+        )
     ranks_reading = sum(1 for r in result.ranks if any(r["drive_bytes"].values()))
     catalogue.record(
         Run(
