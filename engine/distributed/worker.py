@@ -62,6 +62,7 @@ def beat(lines: Lines, every: float, stop: threading.Event) -> None:
 def run(request: Request, lines: Lines) -> None:
     """Open this rank's stage of the store and generate; rank 0 reports each token."""
     import mlx.core as mx
+    from mlx_lm.generate import generation_stream
 
     from nightshift.engine.io.ceilings import Ceilings
     from nightshift.engine.io.drives import Drive
@@ -91,6 +92,11 @@ def run(request: Request, lines: Lines) -> None:
             stats = chunk.stats
             if rank == 0:
                 lines.say("token", token=chunk.token, elapsed=stats.elapsed)
+        # mlx-lm's decode loop builds (and starts) the step after the last token before yielding it; in a
+        # pipeline that step's send and all_gather are still in flight. Finish them on every rank, then leave
+        # together: a rank that exits first cuts a neighbour off mid-transfer ("connection to a peer was lost").
+        mx.synchronize(generation_stream)
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
         figures = model.stream.trace.summary()
         busy_s, entry_s, steps = own_time(model.stream.trace.passes())
         lines.say(
