@@ -238,3 +238,16 @@ def test_error_texts_from_a_read_only_queue_are_messages(home, capsys):
         assert "cannot be read or written" in capsys.readouterr().err
     finally:
         home.chmod(0o700)
+
+
+def test_a_cancel_between_checks_stops_the_review_there(home):
+    from nightshift.app.review.errors import ReviewInterrupted
+    from nightshift.app.review.runner import run_checks_for
+    from nightshift.app.review.schedule import find_schedule
+
+    schedule = find_schedule("month-end")
+    seen: list[str] = []
+    with pytest.raises(ReviewInterrupted, match=r"stopped after check 1 \w+ \(the run was cancelled\)"):
+        run_checks_for(schedule, schedule.as_of, lambda name, seconds: seen.append(name),
+                       lambda: any(name.startswith("check") for name in seen))  # fmt: skip
+    assert [name for name in seen if name.startswith("check")] == [seen[-1]]  # one check ran, no more
