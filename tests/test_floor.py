@@ -31,5 +31,7 @@ def test_verdicts_below_the_roofline_and_compute_bound():
     assert verdict(figures(100.0, 50.0)) == "measured"  # no compute floor: no roofline
     below = with_compute_floor(figures(100.0, 80.0), [1], DecodeTiming([1], 0.02))
     assert verdict(below) == "below-roofline"
+    differs = with_compute_floor(figures(100.0, 95.0), [1], DecodeTiming([2], 0.02))
+    assert verdict(differs) == "pass, tokens differ from the model in RAM"
     bound = with_compute_floor(figures(100.0, 95.0), [1], DecodeTiming([1], 0.06))
     assert verdict(bound) == "pass, compute-bound"

@@ -192,8 +192,9 @@ def with_compute_floor(figures: dict, streamed_tokens: list[int], in_ram: Decode
 
 
 def verdict(figures: dict) -> str:
-    """pass / below-roofline (and compute-bound: disk floor under twice the compute floor); a fraction
-    above 1 is a measurement error, never a pass; `measured` without a compute floor."""
+    """pass / below-roofline (and compute-bound: disk floor under twice the compute floor; tokens differ when
+    greedy output is not the in-RAM model's); a fraction above 1 is a measurement error, never a pass;
+    `measured` without a compute floor."""
     if figures.get("floor_error") or figures["disk_floor_fraction"] > 1:
         return "measurement error: faster than its floor"
     if "roofline_fraction" not in figures:
@@ -201,6 +202,8 @@ def verdict(figures: dict) -> str:
     said = "pass" if figures["roofline_fraction"] >= PASS_FRACTION else "below-roofline"
     if figures["disk_floor_ms"] < 2 * figures["compute_floor_ms"]:
         said += ", compute-bound"  # the drives are too fast for this CPU: not a disk-bound test
+    if not figures["tokens_identical"]:
+        said += ", tokens differ from the model in RAM"
     return said
 
 
