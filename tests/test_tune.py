@@ -86,13 +86,15 @@ def test_bench_flags_override_tuned_values_and_no_tuning_ignores_them(tmp_path, 
 def test_model_tune_measures_side_by_side_and_writes_the_record(tmp_path, home, capsys):
     store = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "kimi_k3", skew=2.0), "k")
     assert main(["bench", "replicate", "--model", str(store)]) == 0  # replicas on both drives, one device
-    assert main(["model", "tune", str(store), "--tokens", "2", "--minutes", "5"]) == 0
+    assert main(["model", "tune", str(store), "--tokens", "2", "--minutes", "5", "--repeats", "2"]) == 0
     err = capsys.readouterr().err
     assert "tuned settings from" in err and "side by side" in err
     tuning = tuning_for(store)
     assert tuning["all_drives"] and set(tuning["settings"]) == set(CHOSEN) and not tuning["skipped"]
     steps = [t["step"] for t in tuning["trials"]]
-    assert steps[:2] == ["prefetch", "prefetch"] and steps[-2:] == ["gain", "gain"]
+    assert steps[:4] == ["prefetch"] * 4 and steps[-4:] == ["gain"] * 4  # two rounds, alternating
+    labels = [t["label"] for t in tuning["trials"][:4]]
+    assert labels == ["as chosen so far", "prefetch off", "prefetch off", "as chosen so far"]
     assert "split reads" not in steps  # both drives are on one device: split reads cannot fire, not tried
     assert tuning["gain"] == tuning["tuned_tokens_per_s"] / tuning["defaults_tokens_per_s"] - 1
     on = tuning["trials"][0]

@@ -17,13 +17,15 @@ from nightshift.app.commands.runs import catalogue
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from nightshift.engine import Run, StreamSettings
+    from nightshift.engine import NightshiftError, Run, StreamSettings
     from nightshift.engine.bench.tune import tune
     from nightshift.engine.moe.tuning import describe_tuning
 
     store, drives, ceilings = sources_from(args)
+    if args.repeats < 1 or args.tokens < 1:
+        raise NightshiftError("--repeats and --tokens must be at least 1")
     say(f"tuning {store.name}: {args.tokens} tokens per trial, at most {args.minutes:g} minutes")
-    record = tune(store, drives, ceilings, args.tokens, 60 * args.minutes, say, args.use_drives)
+    record = tune(store, drives, ceilings, args.tokens, 60 * args.minutes, say, args.use_drives, args.repeats)
     command = shlex.join(["nightshift", *args.invocation])
     ids = []
     for trial in record["trials"]:
@@ -72,6 +74,9 @@ def register(actions: argparse._SubParsersAction) -> None:
         help="tune for reading from these drives only, comma-separated (default: all the store's drives)",
     )
     tune.add_argument("--tokens", type=int, default=6, help="tokens timed per trial (6)")
+    tune.add_argument(
+        "--repeats", type=int, default=1, help="runs per configuration, alternating; each rate the median (1)"
+    )
     tune.add_argument(
         "--minutes", type=float, default=5.0, help="time budget; steps that would not fit are skipped (5)"
     )

@@ -2,8 +2,8 @@
 
 Each step measures the settings chosen so far (the incumbent) and a few candidates side by side: the same
 short greedy decode (a one-token prompt, one warm-up token, then `tokens` timed), cache off so the drives
-are what is measured. A candidate replaces the incumbent only when it is more than MARGIN faster and its
-counters prove it ran (joined_prefetch for prefetch, split_reads for split reads). Steps, in the order they
+are what is measured; with `repeats` > 1, in alternating order, each rate the median. A candidate
+replaces the incumbent only when it is more than MARGIN faster and its counters prove it ran (joined_prefetch for prefetch, split_reads for split reads). Steps, in the order they
 matter on the rig (docs/results.md): prefetch on or off; with prefetch on, its low-recall layers off, a
 prefetch limit and one prefetch thread per drive; 1 or 2 demand threads per drive instead of 4; split reads
 where experts have replicas on two devices. Then the defaults and the choice run once more, side by side,
@@ -17,6 +17,7 @@ A step that would not finish within the time budget is skipped and listed as suc
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -104,8 +105,10 @@ class Calibration:
         budget_s: float,
         say: Callable[[str], None],
         use_drives: tuple[str, ...] = (),
+        repeats: int = 1,
     ):
         self.store, self.drives, self.ceilings, self.tokens = Path(store), drives, ceilings, tokens
+        self.repeats = repeats
         self.base = StreamSettings(cache_bytes=0, use_drives=use_drives)  # the drives are measured: no RAM cache
         self.deadline = time.monotonic() + budget_s
         self.say = say
@@ -137,25 +140,40 @@ class Calibration:
         longest = max((t.seconds for t in self.trials), default=0.0)
         return time.monotonic() + runs * longest <= self.deadline
 
+    def side_by_side(self, step: str, configs: list[tuple[str, dict]], routing: str = "") -> list[list[Trial]]:
+        """Each config's trials, `repeats` rounds in alternating order (A B, B A, ...) so drift favours none;
+        the config labelled `routing` records its lookups."""
+        trials: dict[str, list[Trial]] = {label: [] for label, _ in configs}
+        for round_ in range(self.repeats):
+            for label, changes in configs if round_ % 2 == 0 else configs[::-1]:
+                trials[label].append(self.measure(step, label, changes, label == routing))
+        return [trials[label] for label, _ in configs]
+
     def step(self, name: str, candidates: list[tuple[str, dict]]) -> Trial | None:
-        """Measure the incumbent, then each candidate; keep the fastest proven one beyond MARGIN."""
+        """Measure the incumbent and each candidate side by side; keep the fastest proven one (median rate)
+        beyond MARGIN. Returns the incumbent's first trial (its recall per layer), None when not measured."""
         if not candidates:
             return None
-        if not self.time_left_for(len(candidates) + 1):
+        if not self.time_left_for(self.repeats * (len(candidates) + 1)):
             self.skipped.append(name)
             self.say(f"  {name}: skipped (would not finish within the time budget)")
             return None
-        incumbent = self.measure(name, "as chosen so far", {})
-        best = incumbent
-        for label, changes in candidates:
-            trial = self.measure(name, label, changes)
-            if trial.unproven():
-                self.say(f"    not counted: {'; '.join(trial.unproven())}")
-            elif trial.tokens_per_s > max(incumbent.tokens_per_s * (1 + MARGIN), best.tokens_per_s):
-                best = trial
-        if best is not incumbent:
-            self.chosen = dict(best.changes)
-        return incumbent
+        incumbent, *measured = self.side_by_side(name, [("as chosen so far", {}), *candidates])
+        best, best_rate = None, rate(incumbent) * (1 + MARGIN)
+        for trials in measured:
+            unproven = [line for t in trials for line in t.unproven()]
+            if unproven:
+                self.say(f"    not counted: {'; '.join(unproven)}")
+            elif rate(trials) > best_rate:
+                best, best_rate = trials, rate(trials)
+        if best is not None:
+            self.chosen = dict(best[0].changes)
+        return incumbent[0]
+
+
+def rate(trials: list[Trial]) -> float:
+    """A configuration's rate over its trials: the median tokens/s."""
+    return statistics.median(t.tokens_per_s for t in trials)
 
 
 def prefetch_candidates(settings: StreamSettings, trial: Trial, top_k: int) -> list[tuple[str, dict]]:
@@ -199,6 +217,7 @@ def tune(
     budget_s: float = 300.0,
     say: Callable[[str], None] = print,
     use_drives: tuple[str, ...] = (),
+    repeats: int = 1,
 ) -> dict:
     """Calibrate the store's streaming settings on `drives` (default: the store's own; `use_drives`: only
     those), keep the record in tuning.json next to its manifest, and return it."""
@@ -206,7 +225,7 @@ def tune(
     manifest = with_drives(read_manifest(store), drives)
     in_use = list(use_drives) or list(manifest.drives)
     top_k = int(manifest.config.get("num_experts_per_tok") or manifest.config.get("num_experts_per_token") or 1)
-    cal = Calibration(store, drives, ceilings, tokens, budget_s, say, tuple(use_drives))
+    cal = Calibration(store, drives, ceilings, tokens, budget_s, say, tuple(use_drives), repeats)
     first = cal.step("prefetch", [("prefetch off", {"prefetch": False})])
     if first is not None and cal.settings({}).prefetch:
         cal.step("prefetch details", prefetch_candidates(cal.settings({}), first, top_k))
@@ -214,10 +233,10 @@ def tune(
     cal.step("demand threads", [c for c in threads if c[1]["demand_threads"] != cal.settings({}).demand_threads])
     if split_possible(manifest, in_use):
         cal.step("split reads", [("split reads", {"split_reads": True})])
-    defaults = cal.measure("gain", "defaults", {k: getattr(cal.base, k) for k in cal.chosen})
-    tuned = cal.measure("gain", "tuned", {}, routing=True)
+    undo = {k: getattr(cal.base, k) for k in cal.chosen}
+    defaults, tuned = map(rate, cal.side_by_side("gain", [("defaults", undo), ("tuned", {})], routing="tuned"))
     cache = choose_cache_policy(cal, manifest, in_use)
-    gain = tuned.tokens_per_s / defaults.tokens_per_s - 1
+    gain = tuned / defaults - 1
     record = {
         "tuned_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "drives": {name: manifest.drives[name] for name in in_use},
@@ -225,9 +244,10 @@ def tune(
         "all_drives": set(in_use) == set(manifest.drives),
         "settings": tuned_values(cal.settings({})),
         "gain": gain,
-        "defaults_tokens_per_s": defaults.tokens_per_s,
-        "tuned_tokens_per_s": tuned.tokens_per_s,
+        "defaults_tokens_per_s": defaults,
+        "tuned_tokens_per_s": tuned,
         "tokens": tokens,
+        "repeats": repeats,
         "margin": MARGIN,
         "cache_policy": cache,
         "trials": [t.as_dict() for t in cal.trials],
