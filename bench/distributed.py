@@ -37,6 +37,7 @@ from nightshift.engine.io.drives import Drive
 from nightshift.engine.store.manifest import read_manifest
 
 PROMPT = [(7 * i + 3) % 997 + 1 for i in range(32)]
+OTHER_PROMPT = [(11 * i + 5) % 997 + 1 for i in range(32)]  # the second sequence in flight
 SKIP = 2  # decode steps left out of the per-token time in both runs (the first steps' allocations)
 
 
@@ -45,7 +46,7 @@ def per_token(elapsed: list[float]) -> float:
     return (elapsed[-1] - elapsed[SKIP]) / (len(elapsed) - 1 - SKIP)
 
 
-def single(store: Path, drives: list[str], tokens: int) -> dict:
+def single(store: Path, drives: list[str], tokens: int, prompt: list[int] = PROMPT) -> dict:
     """One process reading every layer's experts from `drives`."""
     manifest = read_manifest(store)
     model = open_model(
@@ -55,7 +56,7 @@ def single(store: Path, drives: list[str], tokens: int) -> dict:
     )
     try:
         elapsed, ids, stats = [], [], None
-        for chunk in model.generate_tokens(PROMPT, max_tokens=tokens):
+        for chunk in model.generate_tokens(prompt, max_tokens=tokens):
             elapsed.append(chunk.stats.elapsed)
             ids.append(chunk.token)
             stats = chunk.stats
@@ -109,9 +110,40 @@ def exchange_latency(hidden: int) -> float:
     return float(out.stdout.split()[0])
 
 
+def two_processes(store: Path, drives: str, tokens: int) -> list[dict]:
+    """Two single processes at once on the same drives, one sequence each (one host, 2 sequences in flight)."""
+    import json
+    import subprocess
+
+    command = [sys.executable, __file__, "--single-run", str(store), drives, str(tokens)]
+    runs = [subprocess.Popen([*command, str(i)], stdout=subprocess.PIPE, text=True) for i in range(2)]
+    return [json.loads(run.communicate()[0].splitlines()[-1]) for run in runs]
+
+
+def two_pipelines(store: Path, hosts: list, tokens: int) -> list:
+    """Two pipelines at once over the same hosts, one sequence each: while one sequence's step is on one host,
+    the other's can be on the other host (what batching would do inside one pipeline, here two)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first = free_port(len(hosts))
+    second = next(p for p in iter(lambda: free_port(len(hosts)), None) if abs(p - first) >= len(hosts))
+    with ThreadPoolExecutor(2) as pool:
+        runs = [
+            pool.submit(generate_over_hosts, store, hosts, prompt, tokens, 0, port)
+            for prompt, port in ((PROMPT, first), (OTHER_PROMPT, second))
+        ]
+        return [r.result() for r in runs]
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--ring-probe"]:
         ring_probe(int(sys.argv[2]))
+        return 0
+    if sys.argv[1:2] == ["--single-run"]:
+        import json
+
+        store, drives, tokens, which = sys.argv[2:6]
+        print(json.dumps(single(Path(store), drives.split(","), int(tokens), (PROMPT, OTHER_PROMPT)[int(which)])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", required=True, type=Path, help="the store placed on the single process's drives")
@@ -120,6 +152,9 @@ def main() -> int:
     parser.add_argument("--single-drives", required=True, help="the single process's drives, e.g. rig0,rig1")
     parser.add_argument("--four", type=Path, help="the store placed over 4 drives (expert parallelism's reads)")
     parser.add_argument("--four-drives", help="its drives, e.g. rig0,rig1,rig2,rig3")
+    parser.add_argument(
+        "--in-flight", action="store_true", help="also 2 sequences at once: 2 pipelines, and 2 processes on one host"
+    )
     parser.add_argument("--tokens", type=int, default=24, help="tokens per run (24)")
     parser.add_argument("--note", default="", help="kept with the runs in the catalogue")
     args = parser.parse_args()
@@ -161,6 +196,15 @@ def main() -> int:
             f"(all_sum of a hidden state, 2 ranks here) {latency * 1e3:.2f} ms x {moe_layers} MoE layers; "
             f"at best {ep:.3f} s/token ({ep / t_one:.2f}x one process on 2 drives, {ep / t_two:.2f}x the pipeline)"
         )
+    if args.in_flight:
+        host_rate = sum(1 / per_token(r["elapsed"]) for r in two_processes(args.one, args.single_drives, args.tokens))
+        pipes = two_pipelines(args.two, hosts, args.tokens)
+        pipe_rate = sum(1 / per_token(r.elapsed) for r in pipes)
+        print(
+            f"2 sequences at once: one host, 2 drives, 2 processes {host_rate:.3f} tok/s; "
+            f"2 pipelines over {len(hosts)} hosts x 2 drives {pipe_rate:.3f} tok/s = {pipe_rate * t_one:.2f}x one "
+            f"process's {1 / t_one:.3f} tok/s, {pipe_rate / host_rate:.2f}x one host's 2 processes"
+        )
     catalogue = Catalogue(catalogue_file())
     command = " ".join(sys.argv)
     base = {"tokens": args.tokens, "memory_budget": 0, "prompt_tokens": len(PROMPT)}
@@ -185,6 +229,27 @@ def main() -> int:
                 {"s_per_token": t_four, "exchange_s": latency, "moe_layers": moe_layers, "ep_best_s_per_token": ep},
                 "measured",
                 drives=four["drive_bytes"],
+                command=command,
+                note=args.note,
+            )
+        )
+    if args.in_flight:
+        catalogue.record(
+            Run(
+                "pipeline",
+                args.two.name,
+                {
+                    **base,
+                    "ranks": len(hosts),
+                    "in_flight": 2,
+                    "shape": "2 pipelines at once vs 2 processes on one host",
+                },
+                {
+                    "aggregate_tok_s": pipe_rate,
+                    "one_host_two_processes_tok_s": host_rate,
+                    "one_process_tok_s": 1 / t_one,
+                },
+                "measured",
                 command=command,
                 note=args.note,
             )
