@@ -154,6 +154,8 @@ def cmd_place(args: argparse.Namespace) -> int:
     )
 
     store = resolve_model(args.model)
+    if args.hosts and args.drives:
+        raise NightshiftError("--hosts names each host's drives; leave out --drives")
     if args.hosts:
         from nightshift.engine.distributed.hosts import load_hosts
         from nightshift.engine.distributed.placement import plan_hosts, planner_by_host
