@@ -40,7 +40,7 @@ def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home,
     hostile_review(home, ("\ufeff" + BANK).encode("utf-8")[:-40] + "Caf\xe9\n".encode("latin-1"))
     assert main(["review", "run", "hostile", "--as-of", "2026-10-30"]) == 1
     reason = capsys.readouterr().err
-    assert "hostile.csv is not UTF-8 text" in reason
+    assert "is not utf-8 text" in reason
     earlier, failed = read_index()
     stored_earlier, stored_failed = json.loads(reports_index().read_text())
     assert stored_earlier == json.loads(before)[0] == {"id": 1, **EARLIER, "path": str(earlier_pdf)}  # untouched
@@ -49,7 +49,7 @@ def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home,
     assert failed.failed and failed.run == run.id and failed.review == "hostile"
     assert failed.as_of == "2026-10-30" and failed.period == "October 2026"
     assert failed.start == "2026-10-01" and failed.end == "2026-10-31"
-    assert failed.reason == run.error and "hostile.csv is not UTF-8 text" in failed.reason
+    assert failed.reason == run.error and "is not utf-8 text" in failed.reason
     assert "\n" not in failed.reason and failed.created.startswith(str(date.today().year))
     assert failed.path is None and not failed.missing
     assert stored_failed["state"] == "failed" and not set(stored_failed) & {"path", "findings", "missing"}
@@ -57,7 +57,7 @@ def test_a_run_failing_on_its_source_leaves_a_failed_entry_with_the_reason(home,
     assert main(["reports", "list"]) == 0
     first, second = capsys.readouterr().out.splitlines()
     assert "September 2026" in first and "3 findings" in first
-    assert f"FAILED (run {run.id}, as of 2026-10-30): " in second and "is not UTF-8 text" in second
+    assert f"FAILED (run {run.id}, as of 2026-10-30): " in second and "is not utf-8 text" in second
     assert main(["reports", "open", "--print-only"]) == 0  # the latest report: the failed run has none
     assert capsys.readouterr().out.strip() == str(earlier_pdf)
     assert main(["reports", "open", str(failed.id), "--print-only"]) == 1
@@ -108,8 +108,8 @@ def test_the_dashboard_shows_a_failed_run_apart_from_the_reports(home):
             await pilot.press("3")
             await until(pilot, lambda: len(cells(app, "#reports")) == 2, 30, "the reports table")
             failed, earlier = cells(app, "#reports")  # newest first
-            assert failed[2:] == ["month-end", "October 2026", "—", "failed"]
-            assert earlier[2:] == ["month-end", "September 2026", "3", "missing"]
+            assert failed[:2] + failed[3:] == ["2", "7", "month-end", "October 2026", "—", "failed"]  # [2]: time
+            assert earlier[:2] + earlier[3:] == ["1", "1", "month-end", "September 2026", "3", "missing"]
             summary = text(app, "#summary")
             assert "run 7 FAILED" in summary and "no file at /data/bank.csv" in summary
 
