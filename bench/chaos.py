@@ -7,7 +7,8 @@ of its own when run as root, so the disk can be filled; otherwise no disk
 faults) with one schedule, the bundled daily review written by MODEL_DIR (use a
 tiny model: the service is measured, not the model). Due runs are recorded a few
 at a time the way the scheduler's job records them (`record_due_run`, some
-twice, as a restarted service would). Between them, at random points: SIGKILL,
+twice, as a restarted service would), at about the pace the service works them
+off. Between them, at random points: SIGKILL,
 SIGTERM or SIGINT of the service (started again at once), the data dir filled
 to the last byte and freed a few seconds later, a flood of idle and garbage
 connections on the control socket. At every step `jobs` is sampled and checked
@@ -15,8 +16,8 @@ against the processes: a run it shows running is held by the live service.
 
 At the end: every due run done exactly once (or failed, with its reason), one
 PDF and one index entry per done run, nothing queued or running. With
-`--minutes`, no due run is recorded after that time (as many as fit) and the
-faults stop once all are recorded, so the queue can drain. Prints each event
+`--minutes`, no due run is recorded and no fault done after that time (as many
+as fit), so the queue can drain. Prints each event
 and one JSON line of figures; exits 1 if any check failed.
 """
 
@@ -196,15 +197,15 @@ def chaos(home: Path, model: Path, runs: int, seed: int, disk: bool, max_tokens:
             if minutes is not None and time.monotonic() - started > minutes * 60 and recorded < len(dues):
                 run.say(f"{minutes} minutes passed: {recorded} due runs recorded; letting the queue drain")
                 dues = dues[:recorded]
-            if recorded < len(dues):
-                for due in dues[recorded : recorded + rng.randint(1, 4)]:
+            if recorded < len(dues) and rng.random() < 0.5:
+                for due in dues[recorded : recorded + rng.randint(1, 2)]:
                     with suppress(NightshiftError):  # the queue full with the disk: recorded at the next step
                         record_due_run("soak", due)
                         recorded += 1
                         if rng.random() < 0.2:
                             record_due_run("soak", due)  # recorded again, as a restarted service would
             action = rng.choice(ACTIONS if disk else tuple(a for a in ACTIONS if a != "disk"))
-            action = action if recorded < len(dues) else "wait"
+            action = action if minutes is None or time.monotonic() - started < minutes * 60 else "wait"
             time.sleep(rng.uniform(0.5, 4.0))
             if action in ("kill", "term", "int"):
                 run.signal({"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[action])
