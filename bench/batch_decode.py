@@ -70,7 +70,10 @@ def main() -> None:
     if len(prompts) < max(widths):
         raise SystemExit(f"the calibration text gives {len(prompts)} prompts; ask for widths up to that")
 
-    solo = [solo_selections(model, p, args.tokens) for p in prompts]
+    solo = []
+    for i, prompt in enumerate(prompts, 1):
+        solo.append(solo_selections(model, prompt, args.tokens))
+        print(f"alone {i}/{len(prompts)}: {solo[-1][0].decode_tokens_per_s:.3f} tok/s", flush=True)
     width1 = sum(s.decode_tokens_per_s for s, _ in solo) / len(solo)
     k_per_call = sum(s.experts_per_layer_call for s, _ in solo) / len(solo)
     rows = [{"width": 1, "tok_s": width1, "ratio": 1.0, "union_measured": k_per_call, "union_predicted": k_per_call}]
@@ -93,6 +96,7 @@ def main() -> None:
             }
         )
         counters[f"rows_per_step_w{width}"] = stats.rows / stats.steps if stats.steps else 0.0
+        print(f"width {width}: {stats.decode_tokens_per_s:.3f} tok/s", flush=True)
     model.stream.close()
 
     print(f"{'width':>5} {'tok/s':>8} {'x width 1':>9} {'experts/layer step':>19} {'predicted':>10}")
