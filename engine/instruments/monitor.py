@@ -90,10 +90,12 @@ class DriveMonitor:
         return self
 
     def stop(self) -> None:
+        """Stop sampling, with one last sample: the window then ends with everything done before the stop."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            self.sample()
         self._os.close()
 
     def __enter__(self) -> DriveMonitor:
