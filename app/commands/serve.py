@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sys
 import threading
 
 from nightshift.app.commands import say
@@ -44,7 +46,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         say("stopping (a run in progress is interrupted and queued again)")
         service.stop()
-    return 0
+    # Everything is recorded and the threads are told to end. Leave now: the interpreter's teardown under
+    # daemon threads still running (a connection's, APScheduler's, the engine's) could abort the process
+    # (SIGABRT, "could not acquire lock for <stderr> at interpreter shutdown"), exit -6 instead of 0.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
