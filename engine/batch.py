@@ -14,6 +14,7 @@ the top logits, which `first_difference` in the tests shows.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import DEFAULT_CHUNK, prefill
+from nightshift.engine.runtime import GenerationStats, Message, Model
 
 
 @dataclass
@@ -126,3 +128,94 @@ def _merged(caches: list[list], live: list[int]) -> list:
             raise NightshiftError(f"this model's {kind.__name__} cannot decode in a batch (mlx-lm has no merge for it)")
         merged.append(kind.merge([caches[i][layer] for i in live]))
     return merged
+
+
+@dataclass
+class BatchText:
+    """One sequence of a chat batch: its text, why it ended, and its own share of the batch's time."""
+
+    text: str
+    prompt_tokens: int
+    tokens: int  # generated, an end token included (as a single generation counts it)
+    finish_reason: str  # stop (an end token), length (max_tokens) or cancelled
+    prefill_seconds: float  # reading its own prompt
+    decode_seconds: float  # from the batch's first decode step to its own last token
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Its tokens after the first over the decode time it was in the batch: its rate while sharing it."""
+        return (self.tokens - 1) / self.decode_seconds if self.tokens > 1 and self.decode_seconds > 0 else 0.0
+
+
+@dataclass
+class ChatBatch:
+    """A chat batch's texts, the batch's own figures, and the whole as one generation's statistics."""
+
+    parts: list[BatchText]
+    stats: BatchStats
+    generation: GenerationStats  # summed over the parts; the first token: when every prompt had been read
+
+
+class _Cancelled(Exception):
+    """Raised from inside the decode loop to leave it between tokens."""
+
+
+def generate_batch(
+    model: Model,
+    conversations: list[list[Message]],
+    max_tokens: int,
+    prefill_chunk: int = DEFAULT_CHUNK,
+    cancel: threading.Event | None = None,
+    progress: Callable[[GenerationStats, list[str]], None] | None = None,
+) -> ChatBatch:
+    """Greedy answers to several chats, decoded together (`batch_tokens`) and detokenized one by one.
+
+    `progress` sees the summed statistics and every text so far after each token; `cancel` is looked at
+    after each token, and a cancelled batch returns what was written with finish reason "cancelled".
+    """
+    prompts = [model.chat_tokens(messages) for messages in conversations]
+    eos = set(model.tokenizer.eos_token_ids)
+    detokenizers = [model.tokenizer.detokenizer for _ in prompts]
+    generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+    stats = BatchStats(width=len(prompts))
+    firsts: list[float] = []
+    lasts = [0.0] * len(prompts)
+    counts = [0] * len(prompts)
+    before = model.stream.figures() if model.stream is not None else None
+    start = time.perf_counter()
+
+    def on_token(sequence: int, token: int) -> None:
+        now = time.perf_counter()
+        if counts[sequence] == 0:
+            firsts.append(now)
+            generation.prompt_done += len(prompts[sequence])
+            generation.time_to_first_token = now - start  # the first token of the last prompt read
+        counts[sequence] += 1
+        lasts[sequence] = now
+        if token not in eos:
+            detokenizers[sequence].add_token(token)
+        generation.generated_tokens += 1
+        generation.elapsed = now - start
+        generation.peak_memory_bytes = mx.get_peak_memory()
+        model._stream_figures(generation, before)  # the stream's counters since this batch began (a shared model)
+        if progress is not None:
+            progress(generation, [d.text for d in detokenizers])
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled
+
+    try:
+        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token)
+    except _Cancelled:
+        tokens = None
+    parts = []
+    decode_start = max(firsts) if len(firsts) == len(prompts) else time.perf_counter()
+    for i, (prompt, detokenizer) in enumerate(zip(prompts, detokenizers, strict=True)):
+        detokenizer.finalize()
+        ended = tokens[i][-1] in eos if tokens is not None else False
+        reason = "cancelled" if tokens is None else ("stop" if ended else "length")
+        read = firsts[i] - (firsts[i - 1] if i else start) if i < len(firsts) else 0.0
+        parts.append(BatchText(detokenizer.text, len(prompt), counts[i], reason, read,
+                               max(lasts[i] - decode_start, 0.0)))  # fmt: skip
+    generation.finish_reason = "cancelled" if tokens is None else "stop" if all(
+        p.finish_reason == "stop" for p in parts) else "length"  # fmt: skip
+    return ChatBatch(parts, stats, generation)

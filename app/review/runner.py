@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightshift.app.models import open_for_generation
 from nightshift.app.review.charts import bar_chart
@@ -22,11 +22,14 @@ from nightshift.app.review.errors import ReviewError, ReviewInterrupted
 from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
-from nightshift.app.review.schedule import Schedule
+from nightshift.app.review.schedule import Generation, Schedule
 from nightshift.app.review.sources import Cancel, Table
 from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
 from nightshift.engine import GenerationStats, Model, sha256_of
+
+if TYPE_CHECKING:
+    from nightshift.engine.batch import ChatBatch
 
 Say = Callable[[str], None]
 
@@ -126,7 +129,7 @@ class Provenance:
     """
 
     model: str
-    max_tokens: int
+    max_tokens: int  # per answer: the one answer (single) or each part's (split)
     temp: float
     seed: int
     stats: GenerationStats
@@ -135,6 +138,7 @@ class Provenance:
     schedule: str
     schedule_sha256: str
     host: str
+    batch: ChatBatch | None = None  # split: the batch (its width, each part's tokens and tok/s)
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,14 @@ def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrati
         TemplateFile(f"reports/{schedule.report_template}", _file_digest(REPORTS_DIR / schedule.report_template)),
         TemplateFile("reports/report.css", _file_digest(REPORTS_DIR / "report.css")),
     ]  # fmt: skip
-    return Provenance(str(model), settings.max_tokens, settings.temp, settings.seed, narrative.stats, files,
-                      templates, str(schedule.file), _file_digest(schedule.file), platform.node())  # fmt: skip
+    return Provenance(str(model), answer_tokens(settings), settings.temp, settings.seed, narrative.stats, files,
+                      templates, str(schedule.file), _file_digest(schedule.file), platform.node(),
+                      narrative.batch)  # fmt: skip
+
+
+def answer_tokens(settings: Generation) -> int:
+    """The tokens the model may write per answer: the narrative's (single) or each part's (split)."""
+    return settings.part_tokens if settings.narrative == "split" else settings.max_tokens
 
 
 def _headline(checked: Checked) -> Headline:
@@ -219,11 +229,12 @@ def run_review(
     say(f"{schedule.name}: {checked.window.label}: {len(checked.result.findings)} finding(s); writing the narrative")
     settings = schedule.generation
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
-                          settings.prompt_findings)  # fmt: skip
+                          settings.prompt_findings, settings.narrative, settings.batch_width)  # fmt: skip
     # A budget other than auto is the schedule's own; the loader then opens the model with it.
     budget = settings.memory_budget
     model = load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
-    narrative = write_narrative(model, prompt, settings.max_tokens, settings.temp, settings.seed, progress, cancel)
+    narrative = write_narrative(model, prompt, answer_tokens(settings), settings.temp, settings.seed, progress,
+                                cancel)  # fmt: skip
     if cancel is not None and cancel.is_set():
         # The engine notices a cancel between tokens, so one asked for while the prompt was read ends at the first.
         when = "reading the prompt" if narrative.stats.generated_tokens <= 1 else "writing"

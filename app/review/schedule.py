@@ -38,7 +38,7 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 TOP_KEYS = ("name", "title", "when", "timezone", "grace", "materiality", "window", "sources", "checks", "model",
             "prompt", "report")  # fmt: skip
 SECTION_KEYS = {"window": ("period", "as_of"), "model": ("name", "max_tokens", "temp", "seed", "prompt_findings",
-                                                         "memory_budget"),
+                                                         "memory_budget", "narrative", "batch_width", "part_tokens"),
                 "prompt": ("template",), "report": ("template", "output")}  # fmt: skip
 CHECK_KEYS = {  # beside `type` and `max_findings`, which every check takes
     "match": ("left", "right", "date_tolerance_days", "use_reference"),
@@ -47,6 +47,7 @@ CHECK_KEYS = {  # beside `type` and `max_findings`, which every check takes
     "balance": ("balances", "movements", "account"),
     "variance": ("source", "by", "threshold_pct", "min_change"),
 }
+NARRATIVES = ("single", "split")  # a [model] narrative: one prompt, or a summary and one per finding in a batch
 DEFAULT_TOLERANCE_DAYS = 3  # a match check's `date_tolerance_days`
 _OPTION_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list}
 
@@ -61,6 +62,11 @@ class Generation:
     seed: int = 0
     prompt_findings: int = 10  # findings given to the model (the most severe first)
     memory_budget: str = "auto"  # RAM for a streamed store's experts: auto, 0 or a size (12G)
+    # single: one prompt, one answer of up to max_tokens; split: a summary and one paragraph per finding
+    # (up to batch_width answers in all, each up to part_tokens), decoded as one batch (docs/reviews.md).
+    narrative: str = "single"
+    batch_width: int = 11  # the summary and prompt_findings' default of 10 findings
+    part_tokens: int = 64
 
 
 @dataclass
@@ -311,11 +317,21 @@ def _generation(read: _Reader) -> Generation:
         seed=read.get(("model", "seed"), int, 0, model),
         prompt_findings=read.get(("model", "prompt_findings"), int, 10, model),
         memory_budget=read.get(("model", "memory_budget"), str, "auto", model),
+        narrative=read.get(("model", "narrative"), str, Generation.narrative, model),
+        batch_width=read.get(("model", "batch_width"), int, Generation.batch_width, model),
+        part_tokens=read.get(("model", "part_tokens"), int, Generation.part_tokens, model),
     )
     try:
         parse_budget(result.memory_budget)
     except NightshiftError as exc:
         raise read.fail(("model", "memory_budget"), str(exc)) from None
-    if result.max_tokens < 1:
-        raise read.fail(("model", "max_tokens"), "should be at least 1")
+    for key in ("max_tokens", "part_tokens"):
+        if getattr(result, key) < 1:
+            raise read.fail(("model", key), "should be at least 1")
+    if result.narrative not in NARRATIVES:
+        raise read.fail(("model", "narrative"), f"should be one of {', '.join(NARRATIVES)}")
+    if result.batch_width < 2:
+        raise read.fail(("model", "batch_width"), "should be at least 2 (the summary and one finding)")
+    if result.narrative == "split" and result.temp != 0:
+        raise read.fail(("model", "temp"), 'a split narrative is written greedily: set 0, or narrative = "single"')
     return result

@@ -1,0 +1,116 @@
+"""A review's narrative split into a summary and one paragraph per finding, written as one batch.
+
+Each part of a batched narrative is the text that part's chat gets alone (greedy); each finding's
+paragraph becomes its "F<n>: " line, so its numbers are checked against that finding's own figures;
+the report's provenance shows the batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nightshift.app.review.errors import ReviewError, ScheduleError
+from nightshift.app.review.narrative import CONTROL, build_prompt, joined, split_narrative, write_narrative
+from nightshift.app.review.report import render_html
+from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
+from nightshift.engine import GenerationStats, open_model
+from nightshift.engine.batch import generate_batch
+from tests.test_review_run import user_schedule
+
+TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def month_end() -> tuple:
+    schedule = load_schedule(BUNDLED_DIR / "month-end.toml")
+    return schedule, run_checks_for(schedule, schedule.as_of)
+
+
+def split_prompt(schedule, checked: Checked, width: int):
+    return build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result, 10,
+                        "split", width)  # fmt: skip
+
+
+def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, month_end):
+    schedule, checked = month_end
+    model = open_model(tiny_model)
+    prompt = split_prompt(schedule, checked, width=4)
+    assert len(prompt.conversations) == 4  # the summary and F1-F3
+    batch = generate_batch(model, prompt.conversations, TOKENS)
+    alone = ["".join(chunk.text for chunk in model.generate(chat, max_tokens=TOKENS)) for chat in prompt.conversations]
+    assert [part.text for part in batch.parts] == alone
+    assert batch.stats.width == 4 and all(part.tokens == TOKENS for part in batch.parts)
+    assert batch.generation.generated_tokens == 4 * TOKENS
+
+
+def test_a_finding_s_paragraph_is_checked_against_that_finding_s_figures(month_end):
+    schedule, checked = month_end
+    # F1 is INV-5010 (1,918.40); F3 the insurance debit (-1,480.00). The third paragraph states F1's amount.
+    texts = [
+        "Eight issues, 1,918.40 twice.",
+        "F1: Check 1,918.40\nagainst the bank.",
+        "",
+        "Book 1,918.40 and 1,480.00.",
+    ]
+    narrative = split_narrative(joined(texts), GenerationStats())
+    assert narrative.text.splitlines()[1:] == [
+        "F1: Check 1,918.40 against the bank.",
+        "F3: Book 1,918.40 and 1,480.00.",
+    ]
+    assert set(narrative.comments) == {1, 3}  # the empty paragraph (F2) is left out
+    context = report_context(schedule, checked, narrative)
+    assert 'class="verified">1,918.40<' in context["comments"][1]
+    assert 'class="unverified" title="not a figure of what it is about">1,918.40<' in context["comments"][3]
+    assert 'class="verified">1,480.00<' in context["comments"][3]
+    assert context["unverified"] == ["1,918.40"]  # F3's line, not the summary's (a general clause) or F1's
+
+
+def report_context(schedule, checked, narrative) -> dict:
+    from datetime import datetime
+
+    provenance = _provenance(schedule, checked, "tiny", narrative)
+    return build_report_context(schedule, checked, "", narrative, provenance, datetime.now())
+
+
+def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_batch(tiny_model, home, month_end):
+    schedule = load_schedule(user_schedule(home, tiny_model, max_tokens=TOKENS))
+    schedule.generation.narrative, schedule.generation.part_tokens, schedule.generation.batch_width = "split", TOKENS, 4
+    checked = month_end[1]
+    prompt = split_prompt(schedule, checked, width=4)
+    narrative = write_narrative(open_model(tiny_model), prompt, TOKENS, 0.0, 0)
+    batch = narrative.batch
+    for number, part in enumerate(batch.parts[1:], 1):  # each paragraph on its own finding's line
+        paragraph = " ".join(CONTROL.sub("", part.text).split())
+        assert narrative.comments.get(number, "") == paragraph
+        assert (f"F{number}: {paragraph}" in narrative.text.splitlines()) == bool(paragraph)
+    context = report_context(schedule, checked, narrative)
+    assert set(context["comments"]) == set(narrative.comments)
+    html = render_html(schedule.report_template, context)
+    assert "narrative split: 4 answers of up to 6 tokens each" in html
+    assert f"width 4, {batch.stats.steps} decode steps: summary {TOKENS} tokens (length)" in html
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [('narrative = "both"', "should be one of single, split"), ("batch_width = 1", "should be at least 2"),
+     ('narrative = "split"\ntemp = 0.7', "written greedily")],
+)  # fmt: skip
+def test_split_narrative_settings_are_checked(home, tiny_model, setting, message):
+    path = user_schedule(home, tiny_model)
+    path.write_text(path.read_text().replace("[model]\n", f"[model]\n{setting}\n"))
+    with pytest.raises(ScheduleError, match=message):
+        load_schedule(path)
+
+
+def test_a_template_without_the_split_blocks_is_refused(tmp_path: Path, month_end, monkeypatch):
+    from nightshift.app.review import narrative
+
+    (tmp_path / "plain.j2").write_text("{% block system %}s{% endblock %}{% block user %}u{% endblock %}")
+    monkeypatch.setattr(narrative, "PROMPTS_DIR", tmp_path)
+    checked = month_end[1]
+    with pytest.raises(ReviewError, match="no block summary, finding: a split narrative needs"):
+        build_prompt("plain.j2", "t", "w", checked.result, 10, "split", 3)
+    assert build_prompt("plain.j2", "t", "w", checked.result, 10).user == "u"
