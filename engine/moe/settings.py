@@ -141,7 +141,9 @@ class StreamSettings:
             show=describe_budget,
         ),
     )
-    # Frequency-aware won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, runs 21/22).
+    # `nightshift bench cache`'s pick: on the bench model's trace frequency had the best mean hit rate at 10/25/50 %
+    # of the expert bytes (28.5/56.1/80.0 %; LRU and S3-FIFO 0 % below the per-token active set, 12.5 %), and it
+    # won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, [13] and runs 21/22).
     cache_policy: str = field(
         default=FREQUENCY,
         metadata=option("what the RAM cache evicts and admits (frequency: measured best)", CACHE_POLICIES),
