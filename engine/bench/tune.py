@@ -3,13 +3,15 @@
 Each step measures the settings chosen so far (the incumbent) and a few candidates side by side: the same
 short greedy decode (a one-token prompt, one warm-up token, then `tokens` timed), cache off so the drives
 are what is measured; with `repeats` > 1, in alternating order, each rate the median. A candidate
-replaces the incumbent only when it is more than MARGIN faster and its counters prove it ran (joined_prefetch for prefetch, split_reads for split reads). Steps, in the order they
-matter on the rig (docs/results.md): prefetch on or off; with prefetch on, its low-recall layers off, a
-prefetch limit and one prefetch thread per drive; 1 or 2 demand threads per drive instead of 4; split reads
-where experts have replicas on two devices. Then the defaults and the choice run once more, side by side,
-for the gain recorded. The cache policy is chosen by replaying the chosen run's lookups against every
-policy at the auto budget this machine gives the store (engine/bench/cache_sim.py: the engine's own cache
-class, so its hit rates are the engine's); when that budget holds every expert the policy cannot matter.
+replaces the incumbent only when it is more than MARGIN faster and its counters prove it ran
+(joined_prefetch for prefetch, split_reads for split reads). Steps, in the order they matter on the rig
+(docs/results.md): prefetch on or off; with prefetch on, its low-recall layers off, a prefetch limit and
+one prefetch thread per drive; 1 or 2 demand threads per drive instead of 4; split reads where experts
+have replicas on two devices. Then the defaults and the choice run once more, side by side, for the gain
+recorded; a choice that does not beat the defaults there is dropped (kept as `rejected`). The cache
+policy is chosen by replaying the chosen run's lookups against every policy at the auto budget this
+machine gives the store (engine/bench/cache_sim.py: the engine's own cache class, so its hit rates are
+the engine's); when that budget holds every expert the policy cannot matter.
 
 A step that would not finish within the time budget is skipped and listed as such, never guessed.
 """
@@ -235,8 +237,13 @@ def tune(
         cal.step("split reads", [("split reads", {"split_reads": True})])
     undo = {k: getattr(cal.base, k) for k in cal.chosen}
     defaults, tuned = map(rate, cal.side_by_side("gain", [("defaults", undo), ("tuned", {})], routing="tuned"))
+    gain, rejected = tuned / defaults - 1, None
+    if cal.chosen and gain <= 0:  # the steps' choice lost in the side-by-side check: the defaults stay
+        base = tuned_values(cal.base)
+        rejected = {"settings": {k: v for k, v in tuned_values(cal.settings({})).items() if v != base[k]}, "gain": gain}
+        say(f"  the choice {rejected['settings']} measured {gain:+.1%} against the defaults: the defaults stay")
+        cal.chosen, gain = {}, 0.0
     cache = choose_cache_policy(cal, manifest, in_use)
-    gain = tuned / defaults - 1
     record = {
         "tuned_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "drives": {name: manifest.drives[name] for name in in_use},
@@ -244,6 +251,7 @@ def tune(
         "all_drives": set(in_use) == set(manifest.drives),
         "settings": tuned_values(cal.settings({})),
         "gain": gain,
+        "rejected": rejected,
         "defaults_tokens_per_s": defaults,
         "tuned_tokens_per_s": tuned,
         "tokens": tokens,
