@@ -1,7 +1,7 @@
 """How much RAM the expert cache may hold: `auto` from the memory the machine has free, or a given size.
 
 `auto` (the default) takes the RAM available now (psutil: what can be had without swapping, page cache
-included) and leaves room for what else the model and the machine need while it runs:
+included; bounded by the process's memory cgroup where it has a limit, as in a container) and leaves room for what else the model and the machine need while it runs:
 
     budget = min(every expert's bytes, available - trunk - KV cache - read buffers - working set - margin)
 
@@ -31,7 +31,7 @@ CONTEXT_TOKENS = 8192
 MARGIN_FRACTION = 0.10
 MARGIN_MIN = 1 << 30
 MARGIN_MAX = 8 << 30
-CHECK_EVERY_S = 0.5  # how often a running model looks at available memory (psutil reads /proc/meminfo: ~20 us)
+CHECK_EVERY_S = 0.5  # how often a running model looks at available memory (/proc and cgroup files: ~1-2 ms)
 
 
 @dataclass(frozen=True)
