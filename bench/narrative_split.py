@@ -24,7 +24,7 @@ from typing import Any
 from nightshift.app.models import open_for_generation, resolve_model
 from nightshift.app.paths import catalogue_file
 from nightshift.app.review.narrative import Narrative, build_prompt, write_narrative
-from nightshift.app.review.runner import Checked, _provenance, answer_tokens, build_report_context, run_checks_for
+from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import Schedule, find_schedule
 from nightshift.engine import Catalogue
 from nightshift.engine.instruments.catalogue import Run
@@ -40,7 +40,7 @@ def narrative_figures(schedule: Schedule, checked: Checked, model: Model, mode: 
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
                           settings.prompt_findings, mode, settings.batch_width)  # fmt: skip
     started = time.perf_counter()
-    narrative = write_narrative(model, prompt, answer_tokens(settings), settings.temp, settings.seed)
+    narrative = write_narrative(model, prompt, settings.answer_tokens, settings.temp, settings.seed)
     total = time.perf_counter() - started
     stats = narrative.stats
     reading = narrative.batch.stats.prefill_seconds if narrative.batch else stats.time_to_first_token

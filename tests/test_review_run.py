@@ -22,10 +22,10 @@ def user_schedule(
     home: Path, model: Path, name: str = "tiny", max_tokens: int = 8, bundled: Path = BUNDLED_DIR
 ) -> Path:
     """The bundled month-end review (from `bundled`, another install's schedules if given), as a user's
-    schedule that writes with the tiny model."""
+    schedule that writes with the tiny model, one answer of `max_tokens` (a run's length is set by it)."""
     text = (bundled / "month-end.toml").read_text()
     text = text.replace('name = "month-end"', f'name = "{name}"').replace('"sample-data/', f'"{bundled}/sample-data/')
-    text = text.replace("max_tokens = 160", f'name = "{model}"\nmax_tokens = {max_tokens}')
+    text = text.replace("max_tokens = 160", f'name = "{model}"\nnarrative = "single"\nmax_tokens = {max_tokens}')
     text = text.replace('output = "reports/month-end"', f'output = "reports/{name}"')
     path = home / "schedules" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)

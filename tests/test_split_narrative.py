@@ -96,11 +96,11 @@ def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_ba
 @pytest.mark.parametrize(
     ("setting", "message"),
     [('narrative = "both"', "should be one of single, split"), ("batch_width = 1", "should be at least 2"),
-     ('narrative = "split"\ntemp = 0.7', "written greedily")],
+     ('narrative = "split"\ntemp = 0.7', "written greedily"), ("temp = 0.7", r"split narrative \(the default\)")],
 )  # fmt: skip
 def test_split_narrative_settings_are_checked(home, tiny_model, setting, message):
     path = user_schedule(home, tiny_model)
-    path.write_text(path.read_text().replace("[model]\n", f"[model]\n{setting}\n"))
+    path.write_text(path.read_text().replace('narrative = "single"\n', f"{setting}\n"))
     with pytest.raises(ScheduleError, match=message):
         load_schedule(path)
 
@@ -114,3 +114,20 @@ def test_a_template_without_the_split_blocks_is_refused(tmp_path: Path, month_en
     with pytest.raises(ReviewError, match="no block summary, finding: a split narrative needs"):
         build_prompt("plain.j2", "t", "w", checked.result, 10, "split", 3)
     assert build_prompt("plain.j2", "t", "w", checked.result, 10).user == "u"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_on_the_default_model_streamed_each_part_equals_itself_alone(sparse_store, month_end):
+    from nightshift.app.models import open_for_generation
+
+    schedule, checked = month_end
+    model = open_for_generation(sparse_store[0])
+    try:
+        prompt = split_prompt(schedule, checked, width=3)
+        batch = generate_batch(model, prompt.conversations, 12)
+        alone = ["".join(c.text for c in model.generate(chat, max_tokens=12)) for chat in prompt.conversations]
+    finally:
+        model.close()
+    assert [part.text for part in batch.parts] == alone
+    assert batch.stats.experts_per_layer_call > 0  # the experts streamed, read once per step for the batch

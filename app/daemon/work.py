@@ -122,7 +122,7 @@ def execute(
         with engine_lock(waiting=lambda: say("waiting for another review to finish generating")):
             for leftover in remove_partial_reports(schedule.output):  # PDFs are written only under this lock
                 say(f"removed {leftover}, a report left half-written by a process that was killed")
-            record = _progress_writer(queue, run.id, schedule.generation.max_tokens)
+            record = _progress_writer(queue, run.id, schedule.generation.tokens_at_most)
 
             def progress(stats: GenerationStats, text: str) -> None:
                 record(stats, text)

@@ -22,7 +22,7 @@ from nightshift.app.review.errors import ReviewError, ReviewInterrupted
 from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
-from nightshift.app.review.schedule import Generation, Schedule
+from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Cancel, Table
 from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
@@ -173,14 +173,9 @@ def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrati
         TemplateFile(f"reports/{schedule.report_template}", _file_digest(REPORTS_DIR / schedule.report_template)),
         TemplateFile("reports/report.css", _file_digest(REPORTS_DIR / "report.css")),
     ]  # fmt: skip
-    return Provenance(str(model), answer_tokens(settings), settings.temp, settings.seed, narrative.stats, files,
+    return Provenance(str(model), settings.answer_tokens, settings.temp, settings.seed, narrative.stats, files,
                       templates, str(schedule.file), _file_digest(schedule.file), platform.node(),
                       narrative.batch)  # fmt: skip
-
-
-def answer_tokens(settings: Generation) -> int:
-    """The tokens the model may write per answer: the narrative's (single) or each part's (split)."""
-    return settings.part_tokens if settings.narrative == "split" else settings.max_tokens
 
 
 def _headline(checked: Checked) -> Headline:
@@ -233,7 +228,7 @@ def run_review(
     # A budget other than auto is the schedule's own; the loader then opens the model with it.
     budget = settings.memory_budget
     model = load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
-    narrative = write_narrative(model, prompt, answer_tokens(settings), settings.temp, settings.seed, progress,
+    narrative = write_narrative(model, prompt, settings.answer_tokens, settings.temp, settings.seed, progress,
                                 cancel)  # fmt: skip
     if cancel is not None and cancel.is_set():
         # The engine notices a cancel between tokens, so one asked for while the prompt was read ends at the first.

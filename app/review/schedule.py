@@ -63,10 +63,21 @@ class Generation:
     prompt_findings: int = 10  # findings given to the model (the most severe first)
     memory_budget: str = "auto"  # RAM for a streamed store's experts: auto, 0 or a size (12G)
     # single: one prompt, one answer of up to max_tokens; split: a summary and one paragraph per finding
-    # (up to batch_width answers in all, each up to part_tokens), decoded as one batch (docs/reviews.md).
-    narrative: str = "single"
+    # (up to batch_width answers in all, each up to part_tokens), decoded as one batch. Split by default:
+    # on the default model its text is far better, for 3-5x the time (docs/results.md, issue [15]).
+    narrative: str = "split"
     batch_width: int = 11  # the summary and prompt_findings' default of 10 findings
     part_tokens: int = 64
+
+    @property
+    def answer_tokens(self) -> int:
+        """The tokens the model may write per answer: the narrative's (single) or each part's (split)."""
+        return self.part_tokens if self.narrative == "split" else self.max_tokens
+
+    @property
+    def tokens_at_most(self) -> int:
+        """The most a narrative may write in all (a progress bar's end, an ETA's bound)."""
+        return self.batch_width * self.part_tokens if self.narrative == "split" else self.max_tokens
 
 
 @dataclass
@@ -333,5 +344,6 @@ def _generation(read: _Reader) -> Generation:
     if result.batch_width < 2:
         raise read.fail(("model", "batch_width"), "should be at least 2 (the summary and one finding)")
     if result.narrative == "split" and result.temp != 0:
-        raise read.fail(("model", "temp"), 'a split narrative is written greedily: set 0, or narrative = "single"')
+        raise read.fail(("model", "temp"), 'a split narrative (the default) is written greedily: set 0, or '
+                        'narrative = "single"')  # fmt: skip
     return result
