@@ -213,7 +213,8 @@ class ExpertCount:
     def __call__(self) -> tuple[int, int]:
         if self.stream is None:
             return 0, 0
-        return self.stream.calls.calls, self.stream.calls.unique
+        calls = self.stream.call_counts()
+        return calls.calls, calls.unique
 
 
 class BreakEven:

@@ -1,4 +1,7 @@
-"""Next-layer prefetch: demands join reads in flight, recall is measured, and it can be switched off per layer."""
+"""Next-layer prefetch: demands join reads in flight, recall is measured, and it can be switched off per layer.
+
+Every stream here has no RAM cache: a store this small would otherwise become resident and read nothing.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ def figures(store, settings):
 
 
 def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
-    tokens, on = figures(store, StreamSettings(prefetch=True))
-    same, off = figures(store, StreamSettings(prefetch=False, prefill_prefetch=False))
+    tokens, on = figures(store, StreamSettings(cache_bytes=0, prefetch=True))
+    same, off = figures(store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=False))
     assert tokens == same
     reads = on.reads
     assert reads.joined_prefetch > 0 and reads.prefetch_reads > 0
@@ -41,7 +44,7 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
 
 
 def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):
-    _, prefill_only = figures(store, StreamSettings(prefetch=False, prefill_prefetch=True))
+    _, prefill_only = figures(store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=True))
     reads = prefill_only.reads
     assert reads.prefetch_reads > 0 and reads.joined_prefetch > 0
     # the prompt's one pass per predicting layer (2 of 3 MoE layers) predicts at most all 8 experts each
@@ -49,13 +52,13 @@ def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):
 
 
 def test_prefetch_can_be_turned_off_for_one_layer(store):
-    _, some = figures(store, StreamSettings(prefetch=True, prefetch_off=frozenset({2})))
+    _, some = figures(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_off=frozenset({2})))
     assert set(some.recall_per_layer) == {1}
 
 
 def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(store):
-    _, all_k = figures(store, StreamSettings(prefetch=True))
-    _, one = figures(store, StreamSettings(prefetch=True, prefetch_limit=1))
+    _, all_k = figures(store, StreamSettings(cache_bytes=0, prefetch=True))
+    _, one = figures(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_limit=1))
     assert 0 < one.reads.prefetch_reads < all_k.reads.prefetch_reads
     predicting_calls = one.calls.calls * 2 // 3  # 3 MoE layers: the first two predict the next one
     assert one.reads.prefetch_reads <= predicting_calls  # at most one read ahead per predicting call
@@ -73,7 +76,7 @@ def test_predict_orders_the_union_of_rows_by_confidence():
 
 
 def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(store):
-    _, _, stream = load_streaming(store, StreamSettings(prefetch=True))
+    _, _, stream = load_streaming(store, StreamSettings(cache_bytes=0, prefetch=True))
     try:
         layer = stream.manifest.layers[1].layer
         file_bytes = stream.reader.layers[layer].file_bytes
@@ -110,7 +113,7 @@ class HeldBack:
 
         store = tiny_store(tmp_path_factory, "mixtral")
         replicate_everywhere(store)  # a guess may go to whichever drive is free
-        _, _, self.stream = load_streaming(store, StreamSettings(prefetch_tail=True))
+        _, _, self.stream = load_streaming(store, StreamSettings(cache_bytes=0, prefetch_tail=True))
         self.reader = self.stream.reader
         self.gate = threading.Event()
         delay_reads(self.reader, "d1", lambda: self.gate.wait(30))
@@ -183,7 +186,9 @@ def test_tail_read_ahead_keeps_greedy_tokens(store):
     tokens are those of the same stream without the tail (the default has it on, so both are named)."""
 
     def tokens(prefetch_tail: bool) -> tuple[list[int], int]:
-        model, _, stream = load_streaming(store, StreamSettings(prefetch=True, prefetch_tail=prefetch_tail))
+        model, _, stream = load_streaming(
+            store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=prefetch_tail)
+        )
         delay_reads(stream.reader, "d1", lambda: time.sleep(0.01))
         try:
             return greedy_tokens(model, 8), stream.figures().reads.tail_prefetch

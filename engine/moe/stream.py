@@ -282,6 +282,11 @@ class ExpertStream:
                 self._count_resident(keep=RESIDENT_KEEP)
         return stack
 
+    def call_counts(self) -> CallCounts:
+        """Streaming layer calls so far, resident ones included (they are counted when asked for)."""
+        self._count_resident()
+        return replace(self.calls)
+
     def figures(self) -> StreamFigures:
         """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall, calls (copies)."""
         self._count_resident()
