@@ -97,10 +97,13 @@ def test_model_tune_measures_side_by_side_and_writes_the_record(tmp_path, home, 
     assert labels == ["as chosen so far", "prefetch off", "prefetch off", "as chosen so far"]
     assert "split reads" not in steps  # both drives are on one device: split reads cannot fire, not tried
     measured = tuning["tuned_tokens_per_s"] / tuning["defaults_tokens_per_s"] - 1
+    assert tuning["measured"] == measured
+    if tuning["settings"] == {**CHOSEN, "prefetch": True, "demand_threads": 4, "prefetch_off": []}:
+        assert tuning["gain"] == 0 and "the defaults won" in describe_tuning(store)  # nothing to gain from
     if tuning["rejected"]:  # the steps' choice lost side by side: the defaults stay, its loss kept
         assert tuning["gain"] == 0 and tuning["rejected"]["gain"] == measured <= 0
         assert tuning["settings"] == {**CHOSEN, "prefetch": True, "demand_threads": 4, "prefetch_off": []}
-    else:
+    elif tuning["gain"]:
         assert tuning["gain"] == measured
     on = tuning["trials"][0]
     assert on["changes"] == {} and on["proven"] and on["counters"]["joined_prefetch"] > 0

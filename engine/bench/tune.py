@@ -237,7 +237,8 @@ def tune(
         cal.step("split reads", [("split reads", {"split_reads": True})])
     undo = {k: getattr(cal.base, k) for k in cal.chosen}
     defaults, tuned = map(rate, cal.side_by_side("gain", [("defaults", undo), ("tuned", {})], routing="tuned"))
-    gain, rejected = tuned / defaults - 1, None
+    measured = tuned / defaults - 1  # with nothing chosen, both runs were the defaults: the spread of one setting
+    gain, rejected = (measured if cal.chosen else 0.0), None
     if cal.chosen and gain <= 0:  # the steps' choice lost in the side-by-side check: the defaults stay
         base = tuned_values(cal.base)
         rejected = {"settings": {k: v for k, v in tuned_values(cal.settings({})).items() if v != base[k]}, "gain": gain}
@@ -251,6 +252,7 @@ def tune(
         "all_drives": set(in_use) == set(manifest.drives),
         "settings": tuned_values(cal.settings({})),
         "gain": gain,
+        "measured": measured,
         "rejected": rejected,
         "defaults_tokens_per_s": defaults,
         "tuned_tokens_per_s": tuned,

@@ -108,7 +108,9 @@ def describe_tuning(store: Path, use_drives: tuple[str, ...] = ()) -> str:
     default = tuned_values(StreamSettings())
     changed = [f"{k}={v}" for k, v in sorted(record["settings"].items()) if default.get(k) != v]
     drives = "all its drives" if record["all_drives"] else ",".join(record["drives_in_use"])
+    if not changed:
+        return f"tuned settings from {record['tuned_at']} on {drives}: the defaults won"
     return (
-        f"tuned settings from {record['tuned_at']} on {drives} ({', '.join(changed) or 'the defaults won'}; "
+        f"tuned settings from {record['tuned_at']} on {drives} ({', '.join(changed)}; "
         f"{record['gain']:+.1%} measured against the defaults)"
     )
