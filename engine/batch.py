@@ -218,4 +218,6 @@ def generate_batch(
                                max(lasts[i] - decode_start, 0.0)))  # fmt: skip
     generation.finish_reason = "cancelled" if tokens is None else "stop" if all(
         p.finish_reason == "stop" for p in parts) else "length"  # fmt: skip
+    if progress is not None:
+        progress(generation, [part.text for part in parts])  # the end, with its finish reason
     return ChatBatch(parts, stats, generation)

@@ -7,6 +7,7 @@ the report's provenance shows the batch.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,25 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
     model = open_model(tiny_model)
     prompt = split_prompt(schedule, checked, width=4)
     assert len(prompt.conversations) == 4  # the summary and F1-F3
-    batch = generate_batch(model, prompt.conversations, TOKENS)
+    seen = []
+    batch = generate_batch(
+        model, prompt.conversations, TOKENS, progress=lambda s, texts: seen.append((s.finish_reason, texts))
+    )
     alone = ["".join(chunk.text for chunk in model.generate(chat, max_tokens=TOKENS)) for chat in prompt.conversations]
     assert [part.text for part in batch.parts] == alone
     assert batch.stats.width == 4 and all(part.tokens == TOKENS for part in batch.parts)
     assert batch.generation.generated_tokens == 4 * TOKENS
+    assert len(seen) == 4 * TOKENS + 1 and seen[-1] == ("length", alone)  # every token, then the end
+
+
+def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):
+    schedule, checked = month_end
+    cancel = threading.Event()
+    batch = generate_batch(open_model(tiny_model), split_prompt(schedule, checked, width=3).conversations, 50,
+                           cancel=cancel, progress=lambda stats, texts: stats.generated_tokens == 5 and cancel.set())  # fmt: skip
+    assert batch.generation.finish_reason == "cancelled" and batch.generation.generated_tokens == 5
+    assert {part.finish_reason for part in batch.parts} == {"cancelled"}
+    assert sum(part.tokens for part in batch.parts) == 5
 
 
 def test_a_finding_s_paragraph_is_checked_against_that_finding_s_figures(month_end):
