@@ -159,7 +159,7 @@ class Service:
             try:
                 target()
             except BaseException as exc:  # the thread ends here: said, and the watchdog sees it
-                self.worker_error = clip(f"{name} thread died: {exc!r}", 1000)
+                self._trouble(f"{name} thread died: {exc!r}")
                 log.critical("the %s thread died", name, exc_info=True)
 
         thread = threading.Thread(target=body, name=name, daemon=True)
@@ -264,14 +264,18 @@ class Service:
                 continue
             except Unsettled as exc:
                 self.unsettled = exc.settle
-                self.worker_error = clip(str(exc), 1000)
+                self._trouble(str(exc))
             except Exception as exc:  # the queue unwritable, the disk full, no descriptors: said, tried again
                 self.unsettled = self.unsettled or partial(self._recover, os.getpid())
-                self.worker_error = clip(f"{exc!r}", 1000)
+                self._trouble(repr(exc))
             self.running = None
             log.error("the worker failed (trying again in %.0f s): %s", pause, self.worker_error)
             self.stopping.wait(pause)
             pause = min(pause * 2, BACKOFF_S[1])
+
+    def _trouble(self, what: str) -> None:
+        """Keep the worker's latest failure, with its time (`jobs` shows it after the cause has cleared too)."""
+        self.worker_error = f"{clock.now():%Y-%m-%d %H:%M:%S %Z}: {clip(what, 1000)}"
 
     def _work_one(self) -> bool:
         """Claim the next queued run and carry it out; False when none waits."""
