@@ -42,7 +42,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service.start()
     say(f"serving; log in {service_log()}; stop with Ctrl-C; SIGHUP reads the schedule files again")
     try:
-        stop.wait()
+        # With a timeout: a signal the kernel gives another thread (after a SIGCONT, say) is only handled when
+        # the main thread runs again, which a wait without one would never do.
+        while not stop.wait(1.0):
+            pass
     finally:
         say("stopping (a run in progress is interrupted and queued again)")
         service.stop()
