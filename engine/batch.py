@@ -170,7 +170,9 @@ def generate_batch(
 ) -> ChatBatch:
     """Greedy answers to several chats, decoded together (`batch_tokens`) and detokenized one by one.
 
-    `progress` sees the summed statistics and every text so far after each token; `cancel` is looked at
+    `progress` sees the summed statistics and every text so far before the first prompt is read, after
+    each token and at the end; its tokens count from when every prompt has been read (until then a progress
+    line says the prompt is being read), so their first tokens count then, together. `cancel` is looked at
     after each token, and a cancelled batch returns what was written with finish reason "cancelled".
     """
     prompts = [model.chat_tokens(messages) for messages in conversations]
@@ -183,18 +185,21 @@ def generate_batch(
     counts = [0] * len(prompts)
     before = model.stream.figures() if model.stream is not None else None
     start = time.perf_counter()
+    if progress is not None:
+        progress(generation, ["" for _ in prompts])  # the prompts are being read: minutes on a slow machine
 
     def on_token(sequence: int, token: int) -> None:
         now = time.perf_counter()
         if counts[sequence] == 0:
             firsts.append(now)
             generation.prompt_done += len(prompts[sequence])
-            generation.time_to_first_token = now - start  # the first token of the last prompt read
+            if len(firsts) == len(prompts):
+                generation.time_to_first_token = now - start  # every prompt read: the batch starts writing
         counts[sequence] += 1
         lasts[sequence] = now
         if token not in eos:
             detokenizers[sequence].add_token(token)
-        generation.generated_tokens += 1
+        generation.generated_tokens = sum(counts) if len(firsts) == len(prompts) else 0
         generation.elapsed = now - start
         generation.peak_memory_bytes = mx.get_peak_memory()
         model._stream_figures(generation, before)  # the stream's counters since this batch began (a shared model)

@@ -42,13 +42,18 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
     assert len(prompt.conversations) == 4  # the summary and F1-F3
     seen = []
     batch = generate_batch(
-        model, prompt.conversations, TOKENS, progress=lambda s, texts: seen.append((s.finish_reason, texts))
+        model,
+        prompt.conversations,
+        TOKENS,
+        progress=lambda s, texts: seen.append((s.generated_tokens, s.finish_reason, texts)),
     )
     alone = ["".join(chunk.text for chunk in model.generate(chat, max_tokens=TOKENS)) for chat in prompt.conversations]
     assert [part.text for part in batch.parts] == alone
     assert batch.stats.width == 4 and all(part.tokens == TOKENS for part in batch.parts)
     assert batch.generation.generated_tokens == 4 * TOKENS
-    assert len(seen) == 4 * TOKENS + 1 and seen[-1] == ("length", alone)  # every token, then the end
+    assert seen[0] == (0, None, [""] * 4) and seen[-1] == (4 * TOKENS, "length", alone)  # the start and the end
+    assert [n for n, _, _ in seen[1:5]] == [0, 0, 0, 4]  # tokens count once every prompt has been read
+    assert len(seen) == 4 * TOKENS + 2  # the start, every token, the end
 
 
 def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):

@@ -159,8 +159,6 @@ def _write_split(model: Model, prompt: Prompt, max_tokens: int, temp: float, pro
     if temp != 0:
         raise ReviewError(f"a split narrative is written greedily (temperature 0), not at {temp}: set `temp = 0` "
                           'or `narrative = "single"` in the schedule\'s [model]')  # fmt: skip
-    if progress is not None:
-        progress(GenerationStats(), "")
     shown = (lambda stats, texts: progress(stats, joined(texts))) if progress is not None else None
     batch = generate_batch(model, prompt.conversations, max_tokens, cancel=cancel, progress=shown)
     narrative = split_narrative(joined([part.text for part in batch.parts]), batch.generation)
