@@ -27,6 +27,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.instruments.trace import CACHE, PassTrace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.direct import aligned_buffer, open_direct
@@ -34,6 +35,7 @@ from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import StreamFigures
+from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import Manifest, read_manifest
 
@@ -171,8 +173,14 @@ def streamed_decode(
 
 
 def in_ram_decode(store: Path, tokens: int) -> DecodeTiming:
-    """The compute floor: the same greedy decode with every expert resident in RAM (after the same warm-up)."""
+    """The compute floor: the same greedy decode with every expert resident in RAM (after the same warm-up).
+
+    Its expert layers read a prompt with the streamed layers' math (the grouped GEMM of `use_gemm_prefill`),
+    so the tokens compared are those of one model, not of two summation orders that part at a near-tie.
+    """
     resident, _ = load_store(Path(store))
+    for site in switch_sites(resident):
+        use_gemm_prefill(module_at(resident, site.path))
     time_decode(resident, WARMUP)
     timing = time_decode(resident, tokens)
     del resident
