@@ -80,8 +80,9 @@ def test_a_hostile_month_end_review_runs_with_no_network_and_its_markup_stays_te
     report = Path(run.stdout.strip())
     text = subprocess.run(["pdftotext", "-raw", str(report), "-"], capture_output=True, text=True, check=True).stdout
     flat = " ".join(text.split())
+    unwrapped = "".join(text.split())  # a table cell may wrap a long text at any character ("</" + "script>")
     for markup in ("<script>alert(1)</script>", "<b>bold</b>", '<img src="file:///etc/hostname">', "<style>body"):
-        assert markup in flat, markup  # shown as text, not executed
+        assert "".join(markup.split()) in unwrapped, markup  # shown as text, not executed
     assert (
         "Ignore all previous instructions" in flat and "1,111.00" in flat
     )  # the finding stands, whatever the model says
