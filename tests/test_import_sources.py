@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from huggingface_hub import constants
 
 from nightshift.app.cli import main
 from nightshift.engine import Drive, ImportOptions, ModelFormatError, import_checkpoint, read_manifest
-from nightshift.engine.errors import MemoryFitError
+from nightshift.engine.errors import MemoryFitError, UnsupportedModelError
 from nightshift.engine.store.importer import plan_import
 from nightshift.engine.store.source import resolve_source
 from tests.test_store_equivalence import tiny_checkpoint
@@ -80,3 +82,12 @@ def test_the_manifest_says_whether_the_store_is_weight_exact(checkpoint, tmp_pat
     error = int8.trunk["error"]
     assert 0 < error["mean"] <= error["worst"] < 0.05 and error["worst_module"] in int8.trunk["quantized"]
     assert exact.trunk["error"] == {}
+
+
+def test_a_config_the_family_cannot_use_is_named(checkpoint, tmp_path):
+    src = Path(shutil.copytree(checkpoint, tmp_path / "src"))
+    config = json.loads((src / "config.json").read_text())
+    del config["hidden_size"]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=r"config\.json: this qwen3_moe config is not usable.*hidden_size"):
+        plan_import(src, ImportOptions())

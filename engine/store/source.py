@@ -95,8 +95,16 @@ def open_checkpoint(src: Path) -> tuple[LazyCheckpoint, nn.Module]:
         model, _ = load_model(src, lazy=True, strict=True, get_model_classes=_recording(seen))
     except NightshiftError:
         raise
+    except TypeError as exc:  # ModelArgs refusing the config (a required field missing, a wrong type)
+        raise UnsupportedModelError(
+            f"{src / 'config.json'}: this {config.get('model_type')} config is not usable: {exc}"
+        ) from exc
     except KeyError as exc:
         wanted = str(exc.args[0]) if exc.args else ""
+        if "." not in wanted:  # a config key, not a tensor name
+            raise UnsupportedModelError(
+                f"{src / 'config.json'}: the {config.get('model_type')} family needs the config key {wanted!r}"
+            ) from exc
         raise ModelFormatError(
             f"{_files_of_layer(checkpoint, layer_of(wanted))}: the {config.get('model_type')} family's sanitize() "
             f"looked for tensor {wanted} and the checkpoint does not have it; the checkpoint is incomplete or in a "
