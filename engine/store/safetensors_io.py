@@ -95,7 +95,7 @@ def read_header(path: Path) -> list[TensorEntry]:
 
 
 class Checkpoint:
-    """Every tensor of a directory of safetensors files, read lazily one at a time."""
+    """The tensors of a directory of safetensors files, from their headers (checked against the file sizes)."""
 
     def __init__(self, root: Path, pattern: str = "*.safetensors"):
         self.root = Path(root)
@@ -108,16 +108,6 @@ class Checkpoint:
                 if entry.name in self.entries:
                     raise ModelFormatError(f"tensor {entry.name} is in both {self.entries[entry.name].file} and {file}")
                 self.entries[entry.name] = entry
-
-    def placeholder(self, name: str) -> mx.array:
-        """A lazy array with the tensor's shape and dtype that is never read (for planning)."""
-        entry = self.entries[name]
-        return mx.zeros(entry.shape, DTYPES[entry.dtype][0])
-
-    def read(self, name: str) -> mx.array:
-        """The tensor `name`, read from disk now."""
-        entry = self.entries[name]
-        return read_tensor(entry)
 
 
 def read_tensor(entry: TensorEntry) -> mx.array:
