@@ -86,7 +86,7 @@ def batch_tokens(
     live = [i for i in range(len(prompts)) if not _done(out[i], max_tokens, eos)]
     batch = _merged(caches, live)
     del caches
-    before = stream.figures().calls if stream is not None else None
+    before = stream.call_counts() if stream is not None else None
     start = time.perf_counter()
     while live:
         rows = mx.array([[out[i][-1]] for i in live])
@@ -107,7 +107,7 @@ def batch_tokens(
                     layer_cache.filter(mx.array(keep))
     stats.decode_seconds = time.perf_counter() - start
     if stream is not None and before is not None:
-        after = stream.figures().calls
+        after = stream.call_counts()
         stats.layer_calls, stats.experts_read = after.calls - before.calls, after.unique - before.unique
     stats.tokens = [len(tokens) for tokens in out]
     return out

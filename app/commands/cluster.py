@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from nightshift.engine.distributed.hosts import load_hosts
     from nightshift.engine.distributed.launch import Timeouts, generate_over_hosts
     from nightshift.engine.moe.settings import parse_budget
-    from nightshift.engine.store.manifest import is_store, read_manifest
+    from nightshift.engine.store.manifest import is_store, read_manifest, write_json_atomic
 
     if not args.prompt.strip():
         raise NightshiftError('the prompt is empty; pass the text to answer, e.g. nightshift cluster generate "Hello"')
@@ -55,11 +54,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     )
     if args.out:
-        out = Path(args.out)
-        tmp = out.with_name(out.name + ".partial")
         record = {"prompt": prompt, "tokens": result.tokens, "elapsed": result.elapsed, "ranks": result.ranks}
-        tmp.write_text(json.dumps({**record, "finished_at": time.time()}, indent=1))
-        tmp.replace(out)  # only a finished run is written, whole
+        write_json_atomic(Path(args.out), {**record, "finished_at": time.time()})  # only a finished run, whole
     return 0
 
 

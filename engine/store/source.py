@@ -26,7 +26,13 @@ from mlx_lm.utils import load_config, load_model
 
 from nightshift.engine.errors import ModelFormatError, NightshiftError, UnsupportedModelError
 from nightshift.engine.models import get_classes
-from nightshift.engine.store.families import layer_of, normalized_config, quantize_as_stored, switch_sites
+from nightshift.engine.store.families import (
+    build_model,
+    layer_of,
+    normalized_config,
+    quantize_as_stored,
+    switch_sites,
+)
 from nightshift.engine.store.safetensors_io import Checkpoint
 
 WEIGHT_FILES = "model*.safetensors"  # what mlx-lm loads
@@ -153,8 +159,6 @@ def _explained(exc: ValueError, checkpoint: Checkpoint, config: dict, seen: dict
         )
     if not seen:
         return UnsupportedModelError(f"{checkpoint.root}: mlx-lm cannot build this {config.get('model_type')}: {exc}")
-    from nightshift.engine.store.families import build_model
-
     model = build_model(config)
     quantize_as_stored(model, {k: mx.zeros(v) for k, v in seen.items()})
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
@@ -218,8 +222,6 @@ def _refuse_what_the_store_cannot_rebuild(model: nn.Module, config: dict, weight
     Routed experts must sit in mlx-lm's SwitchGLU/SwitchMLP (what the streaming layer replaces); every
     other module must come back as the same kind of module with the same tensors.
     """
-    from nightshift.engine.store.families import build_model
-
     try:
         switch_sites(model)
     except UnsupportedModelError as exc:
