@@ -125,9 +125,7 @@ def quantize_as_stored(model: nn.Module, weights: dict[str, mx.array]) -> None:
 
 def expert_quantization(model: nn.Module, site: SwitchSite) -> dict[str, dict]:
     """How each projection of the experts at `site` is quantized ({} for unquantized)."""
-    module = model
-    for part in site.path.split("."):
-        module = module[int(part)] if isinstance(module, list) else getattr(module, part)
+    module = module_at(model, site.path)
     info = {}
     for name in site.projections:
         proj = getattr(module, name)
