@@ -175,6 +175,8 @@ def generate_batch(
     line says the prompt is being read), so their first tokens count then, together. `cancel` is looked at
     after each token, and a cancelled batch returns what was written with finish reason "cancelled".
     """
+    if not isinstance(model, Model):  # a store over several hosts (engine/distributed): the batch is decoded there
+        return model.generate_batch(conversations, max_tokens, prefill_chunk, cancel, progress)
     prompts = [model.chat_tokens(messages) for messages in conversations]
     eos = set(model.tokenizer.eos_token_ids)
     detokenizers = [model.tokenizer.detokenizer for _ in prompts]

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from nightshift.app.commands import say
 from nightshift.app.paths import private_file, service_log
@@ -33,8 +34,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     from nightshift.app.daemon.service import Service
 
+    cluster = None
+    if args.hosts:
+        from nightshift.engine.distributed.model import Cluster
+
+        cluster = Cluster.load(Path(args.hosts), args.port)  # a wrong hosts.json stops serve here, said
     _logging()
-    service = Service()
+    service = Service(cluster=cluster)
+    if cluster is not None:
+        say("generating over " + ", ".join(f"{h['host']} ({', '.join(h['drives'])})" for h in cluster.describe()))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -68,5 +76,17 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--install",
         action="store_true",
         help="write a systemd user unit (Linux) or launchd agent (macOS) and say how to enable it",
+    )
+    parser.add_argument(
+        "--hosts",
+        metavar="JSON",
+        help="generate every review's narrative over these hosts (hosts.json, docs/distributed.md): the service "
+        "runs here as rank 0 and starts the other ranks for each narrative",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="first ring port with --hosts; rank r listens on PORT+r (default: 32323, or free "
+        "local ports when every host is this machine)",
     )
     parser.set_defaults(run=cmd_serve)

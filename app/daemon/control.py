@@ -212,6 +212,7 @@ class Jobs:
     worker_restarts: int = 0  # times the watchdog found the worker thread dead and started a new one
     worker_error: str | None = None  # the last failure the worker met (it goes on once the cause clears)
     schedule_errors: list[str] = field(default_factory=list)  # schedule files that did not load
+    hosts: list[dict] = field(default_factory=list)  # serve --hosts: each host ("host") and its drive names
 
     @property
     def current(self) -> Run | None:
@@ -237,7 +238,8 @@ def jobs(limit: int = 30, timeout: float = 10.0) -> Jobs | None:
     if reply is None:
         return None
     return Jobs([Run.from_dict(run) for run in reply["runs"]], reply["next_runs"], reply.get("cancelling"),
-                reply.get("worker_restarts", 0), reply.get("worker_error"), reply.get("schedule_errors", []))  # fmt: skip
+                reply.get("worker_restarts", 0), reply.get("worker_error"), reply.get("schedule_errors", []),
+                reply.get("hosts", []))  # fmt: skip
 
 
 def run_status(run_id: int, timeout: float = 10.0) -> Run | None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.executors.base import BaseExecutor
@@ -36,6 +36,9 @@ from nightshift.app.paths import data_dir, private_file
 from nightshift.app.review.index import clip, read_index
 from nightshift.app.review.schedule import Schedule, load_schedules
 from nightshift.engine import Model, NightshiftError
+
+if TYPE_CHECKING:
+    from nightshift.engine.distributed.model import Cluster
 
 log = logging.getLogger("nightshift.serve")
 WATCHDOG_S = 20
@@ -110,8 +113,9 @@ class Service:
 
     watchdog_s: float = WATCHDOG_S
 
-    def __init__(self, schedules: dict[str, Schedule] | None = None, work: bool = True):
+    def __init__(self, schedules: dict[str, Schedule] | None = None, work: bool = True, cluster: Cluster | None = None):
         self.home = data_dir()
+        self.cluster = cluster  # serve --hosts: every model is opened over these hosts (engine/distributed)
         self.lock = InstanceLock()
         self.schedules = schedules
         self.from_files = schedules is None  # read from the schedule folders, and read again by `reload`
@@ -295,7 +299,8 @@ class Service:
     def health(self) -> dict[str, Any]:
         """What `ping` and `jobs` say of the worker, for `nightshift jobs` and the dashboard."""
         return {"worker_restarts": self.worker_restarts, "worker_error": self.worker_error,
-                "schedule_errors": self.schedule_errors}  # fmt: skip
+                "schedule_errors": self.schedule_errors,
+                "hosts": self.cluster.describe() if self.cluster is not None else []}  # fmt: skip
 
     def _model(self, path: Path, memory_budget: str = "auto") -> Model:
         """One engine: the model stays loaded between runs that use it (with the same memory budget)."""
@@ -303,7 +308,8 @@ class Service:
             for previous in self.models.values():
                 previous.close()  # a streamed store's reader threads
             self.models.clear()
-            self.models[(path, memory_budget)] = open_for_generation(path, memory_budget=memory_budget)
+            opener = self.cluster.open if self.cluster is not None else open_for_generation
+            self.models[(path, memory_budget)] = opener(path, memory_budget=memory_budget)
         return self.models[(path, memory_budget)]
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:

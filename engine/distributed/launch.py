@@ -38,6 +38,7 @@ class Rank:
     process: subprocess.Popen
     last_seen: float
     said_anything: bool = False
+    ready_s: float | None = None  # seconds from the launch to its `ready` (start, imports, loading, ring connect)
     done: dict | None = None
     error: str | None = None
     stderr: deque = field(default_factory=lambda: deque(maxlen=12))
@@ -45,12 +46,14 @@ class Rank:
 
 @dataclass
 class PipelineResult:
-    """A finished pipelined generation: rank 0's tokens, their times, and each rank's figures."""
+    """A pipelined generation: rank 0's tokens, their times, each rank's figures (its `done`, with `ready_s`:
+    how long it took to start) and the wall time; `cancelled`: stopped on request, the figures missing."""
 
     tokens: list[int]
     elapsed: list[float]
     ranks: list[dict]
     wall_s: float
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,11 @@ def run_pipeline(
     request: Request,
     port: int = 32323,
     timeouts: Timeouts = Timeouts(),
-    on_token: Callable[[int], None] | None = None,
+    on_event: Callable[[int, dict], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> PipelineResult:
-    """Run `request` on one rank per host; rank 0's tokens as they come (`on_token`) and in the result."""
+    """Run `request` on one rank per host; every rank's lines as they come (`on_event(rank, event)`), rank 0's
+    tokens in the result. `cancel` set: every rank is stopped and the result so far returned, `cancelled`."""
     hostfile = ring_hostfile(hosts, port)
     lines: queue.Queue = queue.Queue()
     now = time.monotonic()
@@ -141,16 +146,21 @@ def run_pipeline(
                         rank.stderr.append(line)
                         continue
                     rank.last_seen, rank.said_anything = time.monotonic(), True
+                    if event["event"] in ("token", "progress", "prefill"):
+                        last_token = time.monotonic()
                     if event["event"] == "token":
                         tokens.append(event["token"])
                         elapsed.append(event["elapsed"])
-                        last_token = time.monotonic()
-                        if on_token is not None:
-                            on_token(event["token"])
+                    elif event["event"] == "ready":
+                        rank.ready_s = rank.last_seen - began
                     elif event["event"] == "done":
-                        rank.done = event
+                        rank.done = {**event, "ready_s": rank.ready_s}
                     elif event["event"] == "error":
                         rank.error = event["message"]
+                    if on_event is not None:
+                        on_event(rank_no, event)
+            if cancel is not None and cancel.is_set():
+                return PipelineResult(tokens, elapsed, [], time.monotonic() - began, cancelled=True)
             faults = find_faults(ranks, time.monotonic(), last_token, timeouts)
             if all(r.done is not None and r.process.poll() == 0 for r in ranks):
                 return PipelineResult(tokens, elapsed, [r.done for r in ranks], time.monotonic() - began)
@@ -228,6 +238,26 @@ def _free(port: int) -> bool:
     return True
 
 
+def pipeline_request(store: Path, hosts: list[Host], max_tokens: int, memory_budget: int = 0, **more) -> Request:
+    """The request for `store` (the same path on every host) over `hosts`, its layers split as
+    `model place --hosts` kept it for these hosts, else as placement would split them now; `more`: the
+    Request's other fields (the prompt, or the chats of a batch)."""
+    from nightshift.engine.distributed.placement import plan_hosts, stored_split
+    from nightshift.engine.store.manifest import read_manifest
+
+    store = Path(store).absolute()
+    return Request(
+        store=str(store),
+        split=stored_split(store, hosts) or plan_hosts(read_manifest(store), hosts).split,
+        drives=[{d.name: str(d.root) for d in h.drives} for h in hosts],
+        prompt=more.pop("prompt", []),
+        max_tokens=max_tokens,
+        memory_budget=memory_budget,
+        ceilings=[h.ceilings for h in hosts],
+        **more,
+    )
+
+
 def generate_over_hosts(
     store: Path,
     hosts: list[Host],
@@ -238,20 +268,11 @@ def generate_over_hosts(
     timeouts: Timeouts = Timeouts(),
     on_token: Callable[[int], None] | None = None,
 ) -> PipelineResult:
-    """Greedy tokens for `prompt` from the store at `store` (the same path on every host), its layers split
-    as `model place --hosts` kept it for these hosts, else as placement would split them now."""
-    from nightshift.engine.distributed.placement import plan_hosts, stored_split
-    from nightshift.engine.store.manifest import read_manifest
+    """Greedy tokens for `prompt` from the store at `store` over `hosts` (see `pipeline_request`)."""
+    request = pipeline_request(store, hosts, max_tokens, memory_budget, prompt=prompt)
 
-    store = Path(store).absolute()
-    split = stored_split(store, hosts) or plan_hosts(read_manifest(store), hosts).split
-    request = Request(
-        store=str(store),
-        split=split,
-        drives=[{d.name: str(d.root) for d in h.drives} for h in hosts],
-        prompt=prompt,
-        max_tokens=max_tokens,
-        memory_budget=memory_budget,
-        ceilings=[h.ceilings for h in hosts],
-    )
-    return run_pipeline(hosts, request, port, timeouts, on_token)
+    def tokens_only(rank: int, event: dict) -> None:
+        if event["event"] == "token" and on_token is not None:
+            on_token(event["token"])
+
+    return run_pipeline(hosts, request, port, timeouts, tokens_only)

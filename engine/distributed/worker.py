@@ -6,7 +6,9 @@ environment (MLX_RANK, MLX_HOSTFILE). Each rank opens the store streamed with on
 transport is mlx-lm's pipeline (send/recv between neighbours, an all_gather at the end of each pass).
 
 It speaks JSON lines on stdout: `ready`, `beat` (every `beat_s`, from a thread: a rank that stops
-beating has stopped), `token` (rank 0 only), `done` with its figures, or `error` with the message.
+beating has stopped; with the bytes read per drive so far once the model is open), `prefill` (rank 0: prompt
+rows read), `token` (rank 0, one prompt) or `progress` (rank 0, a batch of chats: every text so far, at most
+every `beat_s`), `done` with its figures (a batch's whole result on rank 0), or `error` with the message.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nightshift.engine.errors import NightshiftError
@@ -35,6 +37,9 @@ class Request:
     prefill_chunk: int = 512
     beat_s: float = 0.5
     ceilings: list[str | None] = field(default_factory=list)  # per rank: drive_ceilings.json on that host, or None
+    temp: float = 0.0  # every rank samples with the same seed from the same (all-gathered) logits
+    seed: int = 0
+    conversations: list[list[dict[str, str]]] | None = None  # set: answer these chats as one batch, not `prompt`
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
@@ -53,14 +58,28 @@ class Lines:
             sys.stdout.flush()
 
 
-def beat(lines: Lines, every: float, stop: threading.Event) -> None:
-    """Say `beat` every `every` seconds until `stop`: proof of life while a pass computes or waits."""
+class Reads:
+    """The bytes this rank's stream has read per drive, for the beats (none until the model is open)."""
+
+    def __init__(self) -> None:
+        self.counters = None
+
+    def now(self) -> dict[str, int]:
+        counters = self.counters
+        if counters is None:
+            return {}
+        return {name: s.bytes for name, s in zip(counters.names, counters.snapshot(), strict=True)}
+
+
+def beat(lines: Lines, every: float, stop: threading.Event, reads: Reads) -> None:
+    """Say `beat` every `every` seconds until `stop`: proof of life while a pass computes or waits, with the
+    drives' bytes so far (the dashboard's per-host read rates come from their differences)."""
     while not stop.wait(every):
-        lines.say("beat")
+        lines.say("beat", drive_bytes=reads.now())
 
 
-def run(request: Request, lines: Lines) -> None:
-    """Open this rank's stage of the store and generate; rank 0 reports each token."""
+def run(request: Request, lines: Lines, reads: Reads) -> None:
+    """Open this rank's stage of the store and generate; rank 0 reports the tokens (or the batch's texts)."""
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
 
@@ -81,17 +100,15 @@ def run(request: Request, lines: Lines) -> None:
     ceilings = Ceilings.load(Path(ceilings_file)) if ceilings_file and Path(ceilings_file).is_file() else None
     settings = StreamSettings(cache_bytes=request.memory_budget)
     model = open_model(Path(request.store), stream=settings, drives=drives, ceilings=ceilings, stage=stage)
+    reads.counters = model.stream.counters
     try:
         # Every rank loaded before the first pass (mlx-lm's sharded_load does the same): a slow load is not a stall.
         mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
         lines.say("ready", layers=list(stage.layers), drives=sorted(model.stream.manifest.drives))
-        stats = None
-        for chunk in model.generate_tokens(
-            request.prompt, max_tokens=request.max_tokens, prefill_chunk=request.prefill_chunk
-        ):
-            stats = chunk.stats
-            if rank == 0:
-                lines.say("token", token=chunk.token, elapsed=stats.elapsed)
+        if request.conversations is not None:
+            batch, stats = answer_batch(model, request, lines, rank)
+        else:
+            batch, stats = None, answer_prompt(model, request, lines, rank)
         # mlx-lm's decode loop builds (and starts) the step after the last token before yielding it; in a
         # pipeline that step's send and all_gather are still in flight. Finish them on every rank, then leave
         # together: a rank that exits first cuts a neighbour off mid-transfer ("connection to a peer was lost").
@@ -111,9 +128,54 @@ def run(request: Request, lines: Lines) -> None:
             one_row_wait_s=figures.get("one_row_wait_s", 0.0),
             one_row_readback_s=figures.get("one_row_readback_s", 0.0),
             one_row_expert_s=figures.get("one_row_expert_s", 0.0),
+            **({"batch": asdict(batch)} if batch is not None and rank == 0 else {}),
         )
     finally:
         model.close()
+
+
+def answer_prompt(model, request: Request, lines: Lines, rank: int):
+    """Generate for the request's prompt; rank 0 says how much of the prompt is read, then each token."""
+
+    def prefilled(stats) -> None:
+        lines.say("prefill", done=stats.prompt_done, total=stats.prompt_tokens)
+
+    stats = None
+    for chunk in model.generate_tokens(
+        request.prompt,
+        max_tokens=request.max_tokens,
+        temp=request.temp,
+        seed=request.seed,
+        prefill_chunk=request.prefill_chunk,
+        on_prefill=prefilled if rank == 0 else None,
+    ):
+        stats = chunk.stats
+        if rank == 0:
+            lines.say("token", token=chunk.token, elapsed=stats.elapsed)
+    return stats
+
+
+def answer_batch(model, request: Request, lines: Lines, rank: int):
+    """Answer the request's chats as one batch (engine/batch.py, as one process does); rank 0 says every text
+    so far at most every `beat_s`, and the batch's result with `done`."""
+    from nightshift.engine.batch import generate_batch
+
+    said = [0.0]
+
+    def progress(stats, texts: list[str]) -> None:
+        now = time.monotonic()
+        if now - said[0] >= request.beat_s or stats.finish_reason is not None:
+            said[0] = now
+            lines.say("progress", stats=asdict(stats), texts=texts)
+
+    batch = generate_batch(
+        model,
+        request.conversations,
+        request.max_tokens,
+        prefill_chunk=request.prefill_chunk,
+        progress=progress if rank == 0 else None,
+    )
+    return batch, batch.generation
 
 
 def own_time(passes: list) -> tuple[float, float, int]:
@@ -148,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = Lines(int(os.environ.get("MLX_RANK", "0")))
     stop = threading.Event()
-    threading.Thread(target=beat, args=(lines, request.beat_s, stop), daemon=True).start()
+    reads = Reads()
+    threading.Thread(target=beat, args=(lines, request.beat_s, stop, reads), daemon=True).start()
     started = time.perf_counter()
     try:
-        run(request, lines)
+        run(request, lines, reads)
     except Exception as exc:  # every failure is reported as a line the launcher reads, then the rank exits
         lines.say("error", message=f"{type(exc).__name__}: {exc}", after_s=time.perf_counter() - started)
         return 1
