@@ -8,6 +8,7 @@ next run. Quick: the hosts file as serve reads it, and what the service says of 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -167,3 +168,69 @@ def test_the_cluster_says_its_hosts_and_refuses_a_model_that_is_not_a_store(tmp_
     (tmp_path / "model").mkdir()
     with pytest.raises(PipelineError, match="not a store"):
         cluster.open(tmp_path / "model")
+
+
+HOSTS = [
+    {"host": "host 127.0.0.1 (rank 0)", "drives": ["h0d0", "h0d1"]},
+    {"host": "host mac-b.local (rank 1)", "drives": ["h1d0"]},
+]
+
+
+def test_the_hosts_panel_shows_every_hosts_drives_and_hides_without_hosts():
+    from textual.app import App
+
+    from nightshift.app.tui.widgets.hosts import HostsPanel
+
+    class One(App):
+        def compose(self):
+            yield HostsPanel(id="hosts")
+
+    async def drive() -> None:
+        app = One()
+        async with app.run_test(size=(120, 20)) as pilot:
+            panel = app.query_one(HostsPanel)
+            panel.show(HOSTS, {"h0d0": 5_000_000, "h0d1": 3_000_000, "h1d0": 9_000_000}, {"h0d0": 2.5, "h1d0": 4.0})
+            await pilot.pause()
+            assert panel.display and [line.text for line in panel.lines] == [
+                "host 127.0.0.1 (rank 0): 2.5 MB/s · h0d0 2.5 MB/s, 5 MB read · h0d1 — MB/s, 3 MB read",
+                "host mac-b.local (rank 1): 4.0 MB/s · h1d0 4.0 MB/s, 9 MB read",
+            ]
+            panel.show(HOSTS[:1], {}, {})  # a host fewer (hosts.json changed), no run reading
+            await pilot.pause()
+            assert len(panel.lines) == 1 and panel.note.display
+            panel.show([], {}, {})  # the service runs on this machine alone
+            await pilot.pause()
+            assert not panel.display
+
+    asyncio.run(drive())
+
+
+@pytest.mark.slow
+def test_the_dashboard_shows_every_hosts_drives_while_a_run_reads_them(home, store):
+    from nightshift.app.tui.app import Dashboard
+    from nightshift.app.tui.widgets.hosts import HostsPanel
+    from tests.test_tui import until
+
+    user_schedule(home, store, "long", max_tokens=4000)
+    service = serve(home, store.parent / "hosts.json")
+
+    def reading(app: Dashboard, rank: int) -> bool:
+        """Rank `rank`'s line shows a rate for one of its drives (a figure, not the dash of no record)."""
+        lines = app.screen.query_one(HostsPanel).lines
+        return len(lines) == 2 and f"h{rank}d" in lines[rank].text and " — MB/s" not in lines[rank].text.split("·")[1]
+
+    async def drive() -> None:
+        app = Dashboard()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.service is not None and app.service.running, 60, "the service")
+            assert main(["review", "run", "long", "--no-wait"]) == 0
+            await until(pilot, lambda: reading(app, 0) and reading(app, 1), 120, "both hosts' drive rates")
+            assert app.screen.query_one(HostsPanel).display
+
+    try:
+        asyncio.run(drive())
+    finally:
+        stop(service)
+    # The service stopped mid-run: the run is interrupted (queued again) and no rank is left anywhere.
+    assert states(home)[0][2] == "interrupted"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(store) in " ".join(p.info["cmdline"] or [])]

@@ -21,6 +21,7 @@ from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.feed import ServiceState, Snapshot
 from nightshift.app.tui.format import duration, gib, seconds, stamp, zone
 from nightshift.app.tui.widgets.drives import DrivePanel
+from nightshift.app.tui.widgets.hosts import HostsPanel
 from nightshift.app.tui.widgets.job import JobPanel
 from nightshift.app.tui.widgets.keys import KeyBar
 from nightshift.app.tui.widgets.text import Fit, Line, Table
@@ -107,6 +108,7 @@ class LiveScreen(DashboardScreen):
         yield from self.compose_frame()
         yield Fit(id="memory")
         yield DrivePanel(self.app.drive_histories, id="drives")
+        yield HostsPanel(id="hosts")
         yield JobPanel(self.app.tokens_history, id="job")
         yield Fit(id="strip")
         yield from self.compose_keys()
@@ -114,6 +116,7 @@ class LiveScreen(DashboardScreen):
     def on_mount(self) -> None:
         self.query_one("#drives").border_title = "drives MB/s: device (anyone's) · nightshift's"
         self.query_one("#job").border_title = "run"
+        self.query_one("#hosts").border_title = "hosts (serve --hosts): nightshift's MB/s per drive"
 
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         memory = snapshot.memory
@@ -134,6 +137,9 @@ class LiveScreen(DashboardScreen):
                                         self.app.fresh_engine_rates(snapshot.taken_at))  # fmt: skip
         if service is not None:
             self.query_one(JobPanel).show(service.jobs.runs, service.jobs.cancelling, snapshot.taken_at)
+            running = service.jobs.current
+            self.query_one(HostsPanel).show(service.jobs.hosts, running.progress.drive_bytes if running and running.progress
+                                            else {}, self.app.fresh_engine_rates(snapshot.taken_at))  # fmt: skip
             self.query_one("#strip", Fit).set(*queue_strip(service, snapshot.taken_at))
 
     def action_open(self) -> None:
