@@ -111,6 +111,11 @@ def catalogue_file() -> Path:
     return data_dir() / "bench_runs.sqlite"
 
 
+def service_settings() -> Path:
+    """The service's own settings (`[service]`: how runs due together are batched); optional."""
+    return data_dir() / "service.toml"
+
+
 def control_socket() -> Path:
     return data_dir() / "nightshift.sock"
 

@@ -33,6 +33,8 @@ def format_runs(runs: list[Run]) -> list[str]:
     for run in runs:
         state, live = run.state, progress_line(run.progress) if run.state == "running" and run.progress else ""
         detail = run.report or run.error or live
+        if run.progress and (batch := run.progress.batch_line()) and run.state in ("running", "done"):
+            detail = f"{detail} · {batch}"  # which runs generated together, and the rates
         if run.orphaned:
             state, detail = "interrupted", f"{gone_reason(run.pid)}; `nightshift serve` queues it again"
         when = run.due.isoformat() if run.due else run.created

@@ -99,6 +99,22 @@ class RunProgress:
     read_amplification: float | None = None  # bytes read while prefilling / unique expert bytes the prompt needed
     last_landed: str | None = None  # the drive whose read landed last (the barrier) most often in recent passes
     finish_reason: str | None = None  # stop (an end token), length (max_tokens) or cancelled, once it ended
+    # Runs whose narratives generate together (the service's batching): their ids, this one's included; empty
+    # when it generates alone. While the batch runs, the figures above are the batch's (every run's tokens and
+    # prompts summed, `max_tokens` their bound); once it has ended, the run's own, beside the batch's rate.
+    batch: list[int] = field(default_factory=list)
+    batch_sequences: int = 0  # sequences decoded together: every run's answers (a split narrative has several)
+    batch_tokens_per_s: float = 0.0  # the whole batch's decode rate, all runs together (once it has ended)
+
+    def batch_line(self) -> str:
+        """Which runs share this run's batch and its rates, on one line; "" when it generated alone."""
+        if len(self.batch) < 2:
+            return ""
+        runs = ", ".join(str(run_id) for run_id in self.batch)
+        shared = f"batch of runs {runs} ({self.batch_sequences} sequences)"
+        if not self.batch_tokens_per_s:
+            return f"{shared}; figures for the whole batch"
+        return f"{shared}: {self.batch_tokens_per_s:.1f} tok/s together, this run {self.decode_tokens_per_s:.1f}"
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunProgress:
@@ -229,6 +245,12 @@ class RunQueue:
         if row is None:
             return None
         return self.claim(row["id"], pid) or self.claim_next(pid)
+
+    def queued(self) -> list[Run]:
+        """The runs waiting, oldest first (the service looks among them for runs to batch with the one it took)."""
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM runs WHERE state = 'queued' ORDER BY id").fetchall()
+        return [Run.from_row(row) for row in rows]
 
     def claim(self, run_id: int, pid: int) -> Run | None:
         """Mark a queued run as running by process `pid`; None if it is not queued (someone else took it)."""

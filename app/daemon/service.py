@@ -29,12 +29,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
-from nightshift.app.daemon.runs import RunQueue
-from nightshift.app.daemon.work import Cancel, Unsettled, execute
+from nightshift.app.daemon.runs import Run, RunQueue
+from nightshift.app.daemon.settings import load_settings
+from nightshift.app.daemon.work import Cancel, Unsettled, batch_key, execute_batch
 from nightshift.app.models import open_for_generation
 from nightshift.app.paths import data_dir, private_file
 from nightshift.app.review.index import clip, read_index
-from nightshift.app.review.schedule import Schedule, load_schedules
+from nightshift.app.review.schedule import Schedule, find_schedule, load_schedules
 from nightshift.engine import Model, NightshiftError
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ JUMP_S = 30  # wall time running ahead of monotonic time by more than this: a su
 IDLE_S = 2.0  # the worker looks at the queue at least this often
 BACKOFF_S = (1.0, 60.0)  # the worker's wait after a failure of its own, doubling up to the second figure
 STOP_WAIT_S = 30  # how long `stop` waits for the worker to end a run it was asked to stop
+BATCH_POLL_S = 0.5  # while runs due within the batch window are awaited, the queue is looked at this often
 
 
 def record_due_run(review: str, due: datetime) -> None:
@@ -124,7 +126,8 @@ class Service:
         self.queue_held: sqlite3.Connection | None = None
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
-        self.running: tuple[int, Cancel] | None = None  # the run being worked on and its cancel event
+        self.running: dict[int, Cancel] = {}  # the runs being worked on (one batch) and their cancel events
+        self.settings = load_settings()  # [service] batch_window and batch_width
         self.unsettled: Callable[[], object] | None = None  # what the worker still has to record in the queue
         self.threads: list[threading.Thread] = []
         self.worker: threading.Thread | None = None
@@ -246,7 +249,7 @@ class Service:
         if self.worker is None or self.worker.is_alive() or self.stopping.is_set():
             return False
         self.worker_restarts += 1
-        self.running = None
+        self.running = {}
         self.unsettled = partial(self._recover, os.getpid())  # the run the dead worker held, if any
         log.error("the worker thread had died (%s); started a new one (restart %d)", self.worker_error,
                   self.worker_restarts)  # fmt: skip
@@ -272,7 +275,7 @@ class Service:
             except Exception as exc:  # the queue unwritable, the disk full, no descriptors: said, tried again
                 self.unsettled = self.unsettled or partial(self._recover, os.getpid())
                 self._trouble(repr(exc))
-            self.running = None
+            self.running = {}
             log.error("the worker failed (trying again in %.0f s): %s", pause, self.worker_error)
             self.stopping.wait(pause)
             pause = min(pause * 2, BACKOFF_S[1])
@@ -282,19 +285,68 @@ class Service:
         self.worker_error = f"{clock.now():%Y-%m-%d %H:%M:%S %Z}: {clip(what, 1000)}"
 
     def _work_one(self) -> bool:
-        """Claim the next queued run and carry it out; False when none waits."""
+        """Claim the next queued run and those to batch with it, and carry them out; False when none waits."""
         run = self.queue.claim_next(os.getpid())
         if run is None:
             return False
-        log.info("run %s: %s started", run.id, run.review)
-        self.running = (run.id, Cancel())
+        runs = [run, *self._batch_with(run)]
+        self.running = {run.id: Cancel() for run in runs}
         if self.stopping.is_set():
-            self.running[1].stop(again=True)
-        finished = execute(self.queue, run, self.running[1], log.info, self._model)
-        self.running = None
-        log.info("run %s: %s %s %s", run.id, run.review, finished.state,
-                 clip(finished.report or finished.error or "", 500))  # fmt: skip
+            for cancel in self.running.values():
+                cancel.stop(again=True)
+        together = f" in a batch of {len(runs)} runs" if len(runs) > 1 else ""
+        for run in runs:
+            log.info("run %s: %s started%s", run.id, run.review, together)
+        finished = execute_batch(self.queue, runs, list(self.running.values()), log.info, self._model)
+        self.running = {}
+        for run in finished:
+            log.info("run %s: %s %s %s", run.id, run.review, run.state,
+                     clip(run.report or run.error or "", 500))  # fmt: skip
         return True
+
+    def _batch_with(self, first: Run) -> list[Run]:
+        """Runs to generate with `first`: queued ones that can share its batch, and those falling due within the
+        batch window, up to the batch width (in runs). A run that cannot share it stays queued for the next.
+
+        The worker waits only while a schedule that could join is due within the window, so a run alone starts
+        at once. Later runs that can join are taken before earlier ones that cannot.
+        """
+        key = self._key(first.review)
+        width, window = self.settings.batch_width, self.settings.batch_window
+        taken: list[Run] = []
+        if key is None or width < 2:
+            return taken
+        deadline = time.monotonic() + window
+        while not self.stopping.is_set():
+            for run in self.queue.queued():
+                if len(taken) + 1 >= width:
+                    return taken
+                if self._key(run.review) == key and (claimed := self.queue.claim(run.id, os.getpid())):
+                    taken.append(claimed)
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._due_within(key, left):
+                return taken
+            self.stopping.wait(min(left, BATCH_POLL_S))
+        return taken
+
+    @staticmethod
+    def _key(review: str, schedule: Schedule | None = None) -> tuple | None:
+        """`batch_key` of a review's schedule (read from its file unless given); None when it cannot be read or
+        its model found (its run fails on its own turn, alone)."""
+        try:
+            return batch_key(schedule or find_schedule(review))
+        except NightshiftError:
+            return None
+
+    def _due_within(self, key: tuple, seconds: float) -> bool:
+        """Whether a schedule whose runs could join a batch of `key` falls due within `seconds` from now."""
+        until = clock.now() + timedelta(seconds=seconds)
+        return any(
+            job.next_run_time is not None
+            and job.next_run_time <= until
+            and self._key(job.id, self.schedules.get(job.id)) == key
+            for job in self.scheduler.get_jobs()
+        )
 
     def health(self) -> dict[str, Any]:
         """What `ping` and `jobs` say of the worker, for `nightshift jobs` and the dashboard."""
@@ -319,10 +371,9 @@ class Service:
             return {"ok": True, "pid": os.getpid(), **self.health()}
         if command == "jobs":
             self._look_for_orphans()  # what the reply says of running runs is true: their processes are alive
-            running = self.running
+            cancelling = next((run_id for run_id, cancel in self.running.copy().items() if cancel.is_set()), None)
             return {"ok": True, "runs": [run.to_dict() for run in self.queue.recent(int(request.get("limit", 30)))],
-                    "next_runs": self.next_runs(),
-                    "cancelling": running[0] if running is not None and running[1].is_set() else None,
+                    "next_runs": self.next_runs(), "cancelling": cancelling,
                     **self.health()}  # fmt: skip
         if command == "run":
             review = str(request.get("review"))
@@ -340,10 +391,10 @@ class Service:
         if command == "reports":
             return {"ok": True, "reports": [entry.to_dict() for entry in read_index()]}
         if command == "cancel":
-            running = self.running
-            if running is None or running[0] != int(request.get("id", 0)):
+            cancel = self.running.get(int(request.get("id", 0)))
+            if cancel is None:
                 return {"ok": False, "error": f"run {request.get('id')} is not running"}
-            running[1].set()
+            cancel.set()
             return {"ok": True}
         if command in ("pause", "resume"):
             review = str(request.get("review"))
@@ -355,8 +406,8 @@ class Service:
 
     def stop(self) -> None:
         self.stopping.set()
-        if (running := self.running) is not None:
-            running[1].stop(again=True)  # interrupted and queued again (one still reading its prompt when the
+        for cancel in self.running.copy().values():
+            cancel.stop(again=True)  # interrupted and queued again (one still reading its prompt when the
             # wait below ends is left `running`; its process gone, the next start queues it again)
         self.wake_worker.set()
         if self.control is not None:

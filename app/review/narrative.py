@@ -10,7 +10,7 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound
@@ -73,6 +73,63 @@ class Narrative:
     comments: dict[int, str] = field(default_factory=dict)  # finding number (1-based) -> comment
     stats: GenerationStats = field(default_factory=GenerationStats)
     batch: ChatBatch | None = None  # split: the batch that wrote it (width, per-part figures)
+    shared: SharedBatch | None = None  # the service's batching: the other reviews it was generated with
+
+
+@dataclass(frozen=True)
+class SharedBatch:
+    """Several reviews' narratives decoded as one batch (runs due together): who shared it and the rates.
+
+    A review's answers are its own rows in the batch, so its text is what it would be alone (greedy);
+    only the time is shared.
+    """
+
+    members: tuple[tuple[int | None, str], ...]  # (run id, review) in the batch's order
+    sequences: int  # rows decoded together: every review's answers
+    steps: int
+    decode_tokens_per_s: float  # every review's tokens together
+    member_tokens_per_s: tuple[float, ...]  # each review's own tokens over its time in the batch, as `members`
+    member_prefill_tokens_per_s: tuple[float, ...]  # each review's prompts over the time reading them
+    own: int = 0  # which of the members this review is
+
+    @property
+    def own_tokens_per_s(self) -> float:
+        return self.member_tokens_per_s[self.own]
+
+    @property
+    def own_prefill_tokens_per_s(self) -> float:
+        return self.member_prefill_tokens_per_s[self.own]
+
+    @property
+    def others(self) -> list[tuple[tuple[int | None, str], float]]:
+        """The other reviews in the batch with their own rates."""
+        return [(m, r) for i, (m, r) in enumerate(zip(self.members, self.member_tokens_per_s, strict=True))
+                if i != self.own]  # fmt: skip
+
+
+@dataclass
+class NarrativeJob:
+    """One review's part of a shared batch: its prompt and settings, and its own progress and cancel.
+
+    `on_cancel` is called once, at the first token after `cancel` is set: the review leaves the batch
+    there (its answers are decoded to their end with the others, unread: the engine cannot drop a row
+    mid-batch) and the others go on.
+    """
+
+    prompt: Prompt
+    max_tokens: int
+    member: tuple[int | None, str]  # (run id, review)
+    progress: Progress | None = None
+    cancel: threading.Event | None = None
+    on_cancel: Callable[[], None] | None = None
+
+    @property
+    def conversations(self) -> list[list[dict[str, str]]]:
+        return self.prompt.conversations if self.prompt.narrative == "split" else [self.prompt.messages]
+
+    def text(self, texts: list[str]) -> str:
+        """Its narrative from its answers' texts."""
+        return joined(texts) if self.prompt.narrative == "split" else texts[0]
 
 
 def build_prompt(template: str, title: str, window_label: str, result: CheckResult, limit: int,
@@ -118,14 +175,8 @@ def context_length(model: Model) -> int | None:
     return config.get("max_position_embeddings")
 
 
-def write_narrative(
-    model: Model, prompt: Prompt, max_tokens: int, temp: float, seed: int,
-    progress: Progress | None = None, cancel: threading.Event | None = None,
-) -> Narrative:  # fmt: skip
-    """Generate the narrative; `progress` sees the live statistics and the text so far after every token.
-
-    A split prompt's chats are answered together as one batch, greedily, each with up to `max_tokens`.
-    """
+def check_fits(model: Model, prompt: Prompt, max_tokens: int) -> list[list[int]]:
+    """The prompt's chats as tokens, refused when the longest and `max_tokens` exceed the model's context."""
     conversations = prompt.conversations if prompt.narrative == "split" else [prompt.messages]
     prompts = [model.chat_tokens(messages) for messages in conversations]
     limit = context_length(model)
@@ -135,6 +186,18 @@ def write_narrative(
             f"the prompt is {longest} tokens and {max_tokens} more are asked for, over the model's "
             f"context of {limit}; lower `prompt_findings` or `max_tokens` in the schedule's [model]"
         )
+    return prompts
+
+
+def write_narrative(
+    model: Model, prompt: Prompt, max_tokens: int, temp: float, seed: int,
+    progress: Progress | None = None, cancel: threading.Event | None = None,
+) -> Narrative:  # fmt: skip
+    """Generate the narrative; `progress` sees the live statistics and the text so far after every token.
+
+    A split prompt's chats are answered together as one batch, greedily, each with up to `max_tokens`.
+    """
+    prompts = check_fits(model, prompt, max_tokens)
     if prompt.narrative == "split":
         return _write_split(model, prompt, max_tokens, temp, progress, cancel)
     text, stats = [], GenerationStats(prompt_tokens=len(prompts[0]))
@@ -164,6 +227,74 @@ def _write_split(model: Model, prompt: Prompt, max_tokens: int, temp: float, pro
     narrative = split_narrative(joined([part.text for part in batch.parts]), batch.generation)
     narrative.batch = batch
     return narrative
+
+
+def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative | None]:
+    """Several reviews' narratives decoded as one batch, greedily: the union of their answers, each review's
+    answers up to its `max_tokens` (one for all: reviews are batched only when it is the same).
+
+    Returns each review's narrative, with its own text, figures and answers and the batch it shared; None
+    for a review that left the batch (its `cancel`). Every review leaving ends the batch at that token.
+    """
+    from nightshift.engine.batch import ChatBatch, generate_batch  # MLX: only when a narrative is written
+
+    if len({job.max_tokens for job in jobs}) > 1:
+        raise ReviewError("reviews are batched only with the same tokens per answer; this is a bug in the batching")
+    spans, start = [], 0
+    for job in jobs:
+        spans.append(slice(start, start + len(job.conversations)))
+        start += len(job.conversations)
+    left = [False] * len(jobs)
+    everyone_left = threading.Event()
+
+    def shown(stats: GenerationStats, texts: list[str]) -> None:
+        for i, (job, span) in enumerate(zip(jobs, spans, strict=True)):
+            if not left[i] and job.cancel is not None and job.cancel.is_set():
+                left[i] = True
+                if job.on_cancel is not None:
+                    job.on_cancel()
+            if not left[i] and job.progress is not None:
+                job.progress(stats, job.text(texts[span]))
+        if all(left):
+            everyone_left.set()
+
+    conversations = [chat for job in jobs for chat in job.conversations]
+    batch = generate_batch(model, conversations, jobs[0].max_tokens, cancel=everyone_left, progress=shown)
+    rates = [_rate(batch.parts[span]) for span in spans]
+    shared = SharedBatch(tuple(job.member for job in jobs), len(conversations), batch.stats.steps,
+                         batch.stats.decode_tokens_per_s, tuple(rates),
+                         tuple(_prefill_rate(batch.parts[span]) for span in spans))  # fmt: skip
+    narratives: list[Narrative | None] = []
+    for own, (job, span, gone) in enumerate(zip(jobs, spans, left, strict=True)):
+        if gone:
+            narratives.append(None)
+            continue
+        parts = batch.parts[span]
+        stats = replace(batch.generation, prompt_tokens=sum(p.prompt_tokens for p in parts),
+                        prompt_done=sum(p.prompt_tokens for p in parts), generated_tokens=sum(p.tokens for p in parts),
+                        finish_reason=_finish_reason(parts))  # fmt: skip
+        narrative = split_narrative(job.text([part.text for part in parts]).strip(), stats)
+        narrative.batch = ChatBatch(parts, batch.stats, stats) if job.prompt.narrative == "split" else None
+        narrative.shared = replace(shared, own=own)
+        narratives.append(narrative)
+    return narratives
+
+
+def _rate(parts: list) -> float:
+    """A review's decode rate in a shared batch: its tokens after each answer's first, over its time there."""
+    seconds = max((part.decode_seconds for part in parts), default=0.0)
+    return sum(max(part.tokens - 1, 0) for part in parts) / seconds if seconds > 0 else 0.0
+
+
+def _prefill_rate(parts: list) -> float:
+    """A review's prompt reading rate in a shared batch: its prompts (each read alone) over their time."""
+    seconds = sum(part.prefill_seconds for part in parts)
+    return sum(part.prompt_tokens for part in parts) / seconds if seconds > 0 else 0.0
+
+
+def _finish_reason(parts: list) -> str:
+    """Stop when every answer ended at an end token, else what the first that did not ended with."""
+    return next((part.finish_reason for part in parts if part.finish_reason != "stop"), "stop")
 
 
 def joined(texts: list[str]) -> str:

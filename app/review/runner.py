@@ -20,7 +20,15 @@ from nightshift.app.review.charts import bar_chart
 from nightshift.app.review.checks import REQUIRED, SEVERITIES, CheckContext, CheckResult, Step, run_checks
 from nightshift.app.review.errors import ReviewError, ReviewInterrupted
 from nightshift.app.review.index import IndexEntry, add_to_index
-from nightshift.app.review.narrative import PROMPTS_DIR, Narrative, Progress, build_prompt, write_narrative
+from nightshift.app.review.narrative import (
+    PROMPTS_DIR,
+    Narrative,
+    Progress,
+    Prompt,
+    SharedBatch,
+    build_prompt,
+    write_narrative,
+)
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
 from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Cancel, Table
@@ -139,6 +147,7 @@ class Provenance:
     schedule_sha256: str
     host: str
     batch: ChatBatch | None = None  # split: the batch (its width, each part's tokens and tok/s)
+    shared: SharedBatch | None = None  # generated with other runs' reviews: which, and the rates
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrati
     ]  # fmt: skip
     return Provenance(str(model), settings.answer_tokens, settings.temp, settings.seed, narrative.stats, files,
                       templates, str(schedule.file), _file_digest(schedule.file), platform.node(),
-                      narrative.batch)  # fmt: skip
+                      narrative.batch, narrative.shared)  # fmt: skip
 
 
 def _headline(checked: Checked) -> Headline:
@@ -213,29 +222,60 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
     }  # fmt: skip
 
 
-def run_review(
-    schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
-    cancel: threading.Event | None = None, say: Say = lambda message: None,
-    load_model: Callable[..., Model] = open_for_generation, run_id: int | None = None,
-) -> IndexEntry:  # fmt: skip
-    """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
+@dataclass
+class Prepared:
+    """A review up to its prompt: what the model is asked, and what its report needs besides the text."""
+
+    schedule: Schedule
+    as_of: date
+    checked: Checked
+    prompt: Prompt
+    started: float  # time.monotonic() when the review began (its report says how long it took)
+
+
+def prepare_review(schedule: Schedule, as_of: date, cancel: threading.Event | None = None,
+                   say: Say = lambda message: None) -> Prepared:  # fmt: skip
+    """The checks and the prompt of `schedule` for the period containing `as_of`."""
     started = time.monotonic()
     checked = run_checks_for(schedule, as_of, cancel=None if cancel is None else cancel.is_set)
     say(f"{schedule.name}: {checked.window.label}: {len(checked.result.findings)} finding(s); writing the narrative")
     settings = schedule.generation
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
                           settings.prompt_findings, settings.narrative, settings.batch_width)  # fmt: skip
-    # A budget other than auto is the schedule's own; the loader then opens the model with it.
-    budget = settings.memory_budget
-    model = load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
-    narrative = write_narrative(model, prompt, settings.answer_tokens, settings.temp, settings.seed, progress,
-                                cancel)  # fmt: skip
+    return Prepared(schedule, as_of, checked, prompt, started)
+
+
+def open_model(schedule: Schedule, model_dir: Path, load_model: Callable[..., Model] = open_for_generation) -> Model:
+    """The review's model; a budget other than auto is the schedule's own, and the loader opens it with it."""
+    budget = schedule.generation.memory_budget
+    return load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
+
+
+def report_review(prepared: Prepared, narrative: Narrative, model: Path, cancel: threading.Event | None = None,
+                  say: Say = lambda message: None, run_id: int | None = None) -> IndexEntry:  # fmt: skip
+    """The PDF and its index entry once the narrative is written; a run cancelled meanwhile ends here, unwritten."""
+    schedule = prepared.schedule
     if cancel is not None and cancel.is_set():
         # The engine notices a cancel between tokens, so one asked for while the prompt was read ends at the first.
         when = "reading the prompt" if narrative.stats.generated_tokens <= 1 else "writing"
         raise ReviewInterrupted(f"{schedule.name}: stopped while the model was {when}; no report was written")
     say(f"{schedule.name}: {narrative.stats.generated_tokens} tokens written; laying out the report")
-    return write_report(schedule, as_of, checked, prompt.user, narrative, model.path, started, run_id)
+    return write_report(schedule, prepared.as_of, prepared.checked, prepared.prompt.user, narrative, model,
+                        prepared.started, run_id)  # fmt: skip
+
+
+def run_review(
+    schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
+    cancel: threading.Event | None = None, say: Say = lambda message: None,
+    load_model: Callable[..., Model] = open_for_generation, run_id: int | None = None,
+) -> IndexEntry:  # fmt: skip
+    """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
+    prepared = prepare_review(schedule, as_of, cancel, say)
+    model = open_model(schedule, model_dir, load_model)
+    settings = schedule.generation
+    narrative = write_narrative(model, prepared.prompt, settings.answer_tokens, settings.temp, settings.seed,
+                                progress, cancel)  # fmt: skip
+    return report_review(prepared, narrative, model.path, cancel, say, run_id)
 
 
 def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt_text: str, narrative: Narrative,

@@ -196,6 +196,8 @@ class QueueScreen(DashboardScreen):
     def _detail(run: QueueRun, reports: dict[int, int]) -> str:
         if run.error:
             return run.error
+        if run.state == "running" and run.progress and run.progress.batch_line():
+            return run.progress.batch_line()
         name = (run.report or "").rsplit("/", 1)[-1]
         return f"report {reports[run.id]}: {name}" if run.id in reports else name
 

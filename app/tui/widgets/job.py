@@ -21,9 +21,11 @@ ENDED = {"stop": "ended at an end token", "length": "reached max_tokens", "cance
 
 
 def earlier(run: Run, runs: list[Run]) -> Run | None:
-    """The latest finished run of the same review that wrote something: what estimates go by."""
+    """The latest finished run of the same review that wrote something alone: what estimates go by (a run
+    that shared a batch read every run's prompts before its first token, and wrote at the batch's pace)."""
     return next((r for r in runs if r.review == run.review and r.id != run.id and r.state == "done"
-                 and r.progress and r.progress.generated_tokens and r.progress.time_to_first_token), None)  # fmt: skip
+                 and r.progress and r.progress.generated_tokens and r.progress.time_to_first_token
+                 and len(r.progress.batch) < 2), None)  # fmt: skip
 
 
 def eta(progress: RunProgress, before: Run | None) -> tuple[float | None, str]:
@@ -117,6 +119,8 @@ class JobPanel(Vertical):
         self.figures = Fit()
         self.bar = ProgressBar(show_eta=False, show_percentage=True)
         self.engine = Line(classes="note")
+        self.batch = Line(classes="note")  # which runs share this run's batch, when it shares one
+        self.batch.display = False
         self.plot = RatePlot(tokens_history, "tok/s", TOKENS_STEP_S, floor=1.0)
         self.text = Line(classes="generated")
         self.scroll = VerticalScroll(self.text)
@@ -125,6 +129,7 @@ class JobPanel(Vertical):
         yield self.title
         yield self.figures
         yield self.bar
+        yield self.batch
         yield self.engine
         yield self.plot
         yield self.scroll
@@ -152,11 +157,14 @@ class JobPanel(Vertical):
                 self.title.set(
                     f"run {current.id}: {current.review} ({current.origin}) · started {stamp(current.started)}"
                 )
-            self.figures.set(*live_figures(current, earlier(current, runs), now))
+            alone = len(progress.batch) < 2  # in a batch the figures are the batch's: no run alone compares
+            self.figures.set(*live_figures(current, earlier(current, runs) if alone else None, now))
             reading = not progress.generated_tokens
             self.bar.update(total=(progress.prompt_tokens if reading else progress.max_tokens) or None,
                             progress=progress.prompt_done if reading else progress.generated_tokens)  # fmt: skip
         self.engine.set(engine_figures(progress))
+        self.batch.set(progress.batch_line())
+        self.batch.display = bool(progress.batch_line())
         text = progress.text or ("(the text appears as it is written)" if current is not None else "(no text)")
         if text != self.text.text:
             self.text.set(text)

@@ -1,0 +1,167 @@
+"""The service batches runs due together: their narratives generate as one batch, each run still its own.
+
+Each run keeps its own state, report, failure and retry; its text is what it writes alone (greedy); a run
+cancelled mid-batch leaves it and the others go on; a kill loses and doubles nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from nightshift.app.cli import main
+from nightshift.app.daemon.runs import RunProgress, RunQueue
+from nightshift.app.daemon.service import Service
+from nightshift.app.daemon.settings import SettingsError, load_settings
+from nightshift.app.daemon.work import execute
+from nightshift.app.review.narrative import CONTROL
+from tests.test_review_run import serve, states, user_schedule, wait_for
+
+TOKENS = 6
+
+
+def review(home: Path, model: Path, name: str, tokens: int = TOKENS, narrative: str = "split", width: int = 3,
+           findings: int = 10) -> Path:  # fmt: skip
+    """The bundled month-end review as `name` on the tiny model: split into `width` answers of `tokens` each, or
+    one answer (single); `findings` given to the model (so that reviews' prompts differ)."""
+    path = user_schedule(home, model, name, max_tokens=tokens)
+    settings = f'narrative = "{narrative}"\nprompt_findings = {findings}'
+    if narrative == "split":
+        settings += f"\npart_tokens = {tokens}\nbatch_width = {width}"
+    path.write_text(path.read_text().replace('narrative = "single"', settings))
+    return path
+
+
+def settings(home: Path, text: str) -> None:
+    (home / "service.toml").write_text(text)
+
+
+def alone(home: Path, names: list[str]) -> dict[str, str]:
+    """Each review run alone in the foreground (`execute`, as `review run` does): its narrative's text."""
+    queue = RunQueue()
+    texts = {}
+    for name in names:
+        run = queue.claim(queue.enqueue(name), 1)
+        finished = execute(queue, run)
+        assert finished.state == "done", finished.error
+        assert finished.progress.batch == []
+        texts[name] = finished.progress.text.strip()
+    return texts
+
+
+@pytest.mark.slow
+def test_runs_queued_together_generate_as_one_batch_and_each_writes_what_it_writes_alone(home, tiny_model, capsys):
+    review(home, tiny_model, "a", width=3, findings=10)
+    review(home, tiny_model, "b", width=2, findings=4)
+    review(home, tiny_model, "c", narrative="single", findings=2)
+    expected = alone(home, ["a", "b", "c"])
+    settings(home, "[service]\nbatch_window = 0\nbatch_width = 3\n")
+    queue = RunQueue()
+    ids = [queue.enqueue(name) for name in ("a", "b", "c")]
+    service = Service({}, work=True)
+    service.start()
+    try:
+        wait_for(lambda: all(queue.get(i).state == "done" for i in ids), 120)
+    finally:
+        service.stop()
+    runs = [queue.get(i) for i in ids]
+    for run, name in zip(runs, ("a", "b", "c"), strict=True):
+        assert CONTROL.sub("", run.progress.text) == CONTROL.sub("", expected[name]), name  # greedy: the batch changes the time, not the text
+        assert run.progress.batch == ids and run.progress.batch_sequences == 3 + 2 + 1
+        assert run.progress.batch_tokens_per_s > 0 and run.progress.decode_tokens_per_s > 0
+        assert Path(run.report).is_file()
+    assert runs[2].progress.generated_tokens <= TOKENS  # its own tokens, not the batch's
+    assert main(["jobs"]) == 0
+    shown = capsys.readouterr().out
+    line = f"batch of runs {', '.join(map(str, ids))} (6 sequences): "
+    assert sum(line in row and "tok/s together, this run" in row for row in shown.splitlines()) == 3
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_share_the_batch_stays_queued_for_the_next(home, tiny_model):
+    review(home, tiny_model, "a")
+    review(home, tiny_model, "longer", tokens=TOKENS + 1)  # another length per answer: its own batch
+    review(home, tiny_model, "b", findings=3)
+    settings(home, "[service]\nbatch_window = 0\nbatch_width = 4\n")
+    queue = RunQueue()
+    ids = [queue.enqueue(name) for name in ("a", "longer", "b")]
+    service = Service({}, work=True)
+    service.start()
+    try:
+        wait_for(lambda: all(queue.get(i).state == "done" for i in ids), 120)
+    finally:
+        service.stop()
+    a, longer, b = (queue.get(i) for i in ids)
+    assert a.progress.batch == b.progress.batch == [ids[0], ids[2]]
+    assert longer.progress.batch == [] and longer.started >= b.started
+
+
+@pytest.mark.slow
+def test_a_run_cancelled_mid_batch_leaves_it_and_the_others_finish(home, tiny_model):
+    for name, findings in (("a", 10), ("b", 5), ("c", 3)):
+        review(home, tiny_model, name, tokens=400, narrative="single", findings=findings)
+    settings(home, "[service]\nbatch_window = 0\nbatch_width = 3\n")
+    queue = RunQueue()
+    ids = [queue.enqueue(name) for name in ("a", "b", "c")]
+    service = Service({}, work=True)
+    service.start()
+    try:
+        wait_for(lambda: (queue.get(ids[1]).progress or RunProgress()).generated_tokens > 6, 120)
+        assert service.handle({"command": "cancel", "id": ids[1]}) == {"ok": True}
+        wait_for(lambda: queue.get(ids[1]).state == "interrupted", 30)
+        assert queue.get(ids[0]).state == queue.get(ids[2]).state == "running"  # they go on
+        wait_for(lambda: all(queue.get(i).state != "running" for i in ids), 300)
+    finally:
+        service.stop()
+    assert [queue.get(i).state for i in ids] == ["done", "interrupted", "done"]
+    assert [run.id for run in queue.recent()][:3] == sorted(ids, reverse=True)  # nothing queued again
+
+
+@pytest.mark.slow
+def test_a_kill_mid_batch_queues_each_run_again_once(home, tiny_model):
+    for name, findings in (("a", 10), ("b", 5), ("c", 3)):
+        review(home, tiny_model, name, tokens=4000, narrative="single", findings=findings)
+    settings(home, "[service]\nbatch_window = 0\nbatch_width = 3\n")
+    queue = RunQueue()
+    ids = [queue.enqueue(name) for name in ("a", "b", "c")]
+    service = serve(home)
+    try:
+        wait_for(lambda: all(len((queue.get(i).progress or RunProgress()).batch) == 3 for i in ids))
+    finally:
+        service.send_signal(signal.SIGKILL)
+        service.wait()
+    assert [state for _, _, state in states(home)] == ["running"] * 3
+    for name, findings in (("a", 10), ("b", 5), ("c", 3)):
+        review(home, tiny_model, name, narrative="single", findings=findings)  # the retries finish quickly
+    service = serve(home)
+    try:
+        wait_for(lambda: len(states(home)) == 6 and all(s != "running" and s != "queued" for _, _, s in states(home)))
+        time.sleep(1)  # nothing more is queued
+        assert [(review, state) for _, review, state in states(home)] == [
+            ("a", "interrupted"), ("b", "interrupted"), ("c", "interrupted"), ("a", "done"), ("b", "done"), ("c", "done")
+        ]  # fmt: skip
+        assert queue.get(4).progress.batch == [4, 5, 6]  # the retries share a batch again
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[service]\nbatch_width = 0\n", "from 1 to 64"), ("[service]\nbatch_width = 2.5\n", "whole number"),
+    ("[service]\nbatch_window = -1\n", "from 0 to 3600"), ("[service]\nbatch_window = true\n", "seconds"),
+    ("[service]\nbatch_size = 4\n", "unknown key"), ("[serve]\n", "unknown key"), ("[service\n", "not readable"),
+])  # fmt: skip
+def test_service_settings_are_checked(home, text, message):
+    home.mkdir(parents=True)
+    settings(home, text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings()
+
+
+def test_service_settings_default_without_a_file(home):
+    assert (load_settings().batch_window, load_settings().batch_width) == (60.0, 4)
