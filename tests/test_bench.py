@@ -154,7 +154,7 @@ def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hi
     args = ["bench", "cache", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.1"]
     assert main([*args, "--shares", "0.25,1", "--measure", "0.25"]) == 0
     err = capsys.readouterr().err
-    assert "| budget | lru | lru-admit | frequency | frequency-open | s3fifo | belady |" in err
+    assert "| budget | lru | lru-admit | frequency | frequency-open | s3fifo | static oracle | belady |" in err
     assert "simulator's pick" in err and "recorded as run 2" in err
     assert main(["runs", "show", "2"]) == 0
     measured = json.loads(capsys.readouterr().out)

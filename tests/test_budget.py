@@ -3,15 +3,18 @@ pressure, and the simulator's replay of a recorded trace equal to what the engin
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import psutil
 import pytest
 
-from nightshift.engine.bench.cache_sim import Call, belady, replay
+from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracle
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.budget import Budget, Pressure, size_budget
 from nightshift.engine.moe.load import load_streaming
-from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, StreamSettings, parse_budget
+from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
+from nightshift.engine.moe.warm import PROFILE_FILE, load_profile
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
 from tests.test_prefill import PROMPT, in_ram, tokens_and_stats  # noqa: F401  (module fixture)
@@ -89,7 +92,8 @@ def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):  # noqa:
     sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
     budget = manifest.expert_bytes // 3
     for policy in CACHE_POLICIES:
-        model = open_model(store, stream=StreamSettings(cache_bytes=budget, cache_policy=policy))
+        settings = StreamSettings(cache_bytes=budget, cache_policy=policy, warm_start=False)  # a cold cache
+        model = open_model(store, stream=settings)
         model.stream.record_routing()
         try:
             list(model.generate_tokens(PROMPT[:20], max_tokens=10))
@@ -114,26 +118,113 @@ def test_belady_bounds_every_policy_on_random_traces():
     assert belady(calls, sizes, 16000).hits == bound.lookups - len({(c.layer, e) for c in calls for e in c.experts})
 
 
+def test_the_static_oracle_and_a_warm_belady_bound_what_they_should():
+    """The most frequent fixed set never beats Belady from the same start; a free warm start never hurts."""
+    rng = np.random.default_rng(5)
+    calls = [
+        Call(int(i % 3), tuple(sorted({int(e) % 30, int(e * 7) % 30})), 1) for i, e in enumerate(rng.zipf(1.4, 3000))
+    ]
+    sizes = dict.fromkeys(range(3), 10)
+    for budget in (50, 200, 600):
+        for warm in (False, True):
+            assert static_oracle(calls, sizes, budget, warm).hits <= belady(calls, sizes, budget, warm).hits
+        assert belady(calls, sizes, budget, warm=True).hits >= belady(calls, sizes, budget).hits
+        assert static_oracle(calls, sizes, budget, warm=True).hits >= static_oracle(calls, sizes, budget).hits
+
+
+def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predicts_it(tmp_path_factory):
+    """Past runs' counts saved at close; the next open fills the cache from them in the background, the same
+    tokens, and the simulator's warm replay equal to the engine's hits."""
+    from tests.test_stream import tiny_store
+
+    store = tiny_store(tmp_path_factory, "kimi_k3")
+    manifest = read_manifest(store)
+    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    budget = manifest.expert_bytes // 3
+    settings = StreamSettings(cache_bytes=budget, cache_policy=FREQUENCY, warm_start=True)
+    assert load_profile(store) is None
+    cold = open_model(store, stream=settings)  # no profile yet: nothing to warm
+    try:
+        cold_tokens = [c.token for c in cold.generate_tokens(PROMPT[:20], max_tokens=10)]
+        assert cold.stream.warm is None
+    finally:
+        cold.close()
+    profile = load_profile(store)
+    assert profile is not None and profile.runs == 1 and profile.counts
+    rows = json.loads((store / PROFILE_FILE).read_text())["layers"]
+    assert {int(k): len(v) for k, v in rows.items()} == {layer.layer: layer.num_experts for layer in manifest.layers}
+
+    model = open_model(store, stream=settings)
+    try:
+        model.stream.warm.wait()  # as if the warm start finished before the first token (it runs meanwhile)
+        model.stream.record_routing()
+        tokens = [c.token for c in model.generate_tokens(PROMPT[:20], max_tokens=10)]
+        figures = model.stream.figures()
+        calls = [Call(*entry) for entry in model.stream.routing]
+    finally:
+        model.close()
+    assert tokens == cold_tokens
+    assert figures.warm.kept == len(profile.hottest(sizes, budget)) > 0 and figures.warm_hits > 0
+    predicted = replay(calls, sizes, budget, FREQUENCY, profile, warm=True)
+    assert (predicted.hits, predicted.lookups) == (figures.cache_hits, figures.cache_hits + figures.cache_misses)
+    assert load_profile(store).runs == 2
+
+
+def test_a_warm_start_of_a_model_that_fits_makes_it_resident_without_demand_reads(tmp_path_factory, in_ram):  # noqa: F811
+    from tests.test_stream import tiny_store
+
+    store = tiny_store(tmp_path_factory, "qwen3_moe")
+    first = open_model(store, stream=StreamSettings())
+    list(first.generate_tokens(PROMPT, max_tokens=12))  # the profile: every expert the next run uses
+    first.close()
+    model = open_model(store, stream=StreamSettings(warm_start=True))
+    try:
+        model.stream.warm.wait()
+        tokens = [c.token for c in model.generate_tokens(PROMPT, max_tokens=12)]
+        figures = model.stream.figures()
+    finally:
+        model.close()
+    assert tokens == in_ram["qwen3_moe"]
+    assert figures.resident_layers == len(read_manifest(store).layers)
+    assert figures.reads.demand_reads == 0 and figures.warm.kept == figures.distinct_experts_read
+    assert sum(d.reads for d in figures.drives.values()) == figures.distinct_experts_read  # none read twice
+
+
+def test_an_unreadable_profile_is_ignored_and_rewritten(tmp_path_factory, caplog):
+    from tests.test_stream import tiny_store
+
+    store = tiny_store(tmp_path_factory, "qwen3_moe")
+    (store / PROFILE_FILE).write_text("{not json")
+    model = open_model(store, stream=StreamSettings(warm_start=True))
+    try:
+        assert model.stream.warm is None and "routing profile" in caplog.text
+        list(model.generate_tokens(PROMPT[:8], max_tokens=2))
+    finally:
+        model.close()
+    assert load_profile(store).runs == 1
+
+
 def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):
     """In a container or under `bench peer`'s limit, /proc/meminfo shows the host's RAM; the cgroup's counts."""
     import os
     import subprocess
     import sys
 
-    from nightshift.engine.bench.pressure import V1, V2
+    from nightshift.engine.bench.cgroups import CgroupError, MemoryGroup, command_in
 
-    root = V1 if V1.is_dir() else V2
-    if os.geteuid() != 0 or not (root / "cgroup.procs").exists():
-        pytest.skip("needs root and a memory cgroup hierarchy")
-    group = root / f"nightshift-test-{os.getpid()}"
-    group.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root (memory cgroups)")
     try:
-        (group / ("memory.limit_in_bytes" if root == V1 else "memory.max")).write_text(str(1 << 30))
+        group = MemoryGroup.create(f"nightshift-test-{os.getpid()}", 1 << 30)
+    except CgroupError as exc:
+        pytest.skip(f"no memory cgroup: {exc}")
+    try:
         code = "from nightshift.engine.moe.budget import memory_now; m = memory_now(); print(m.total, m.available)"
-        shell = f'echo $$ > {group}/cgroup.procs && exec {sys.executable} -c "{code}"'
-        total, available = map(int, subprocess.run(["sh", "-c", shell], capture_output=True, text=True).stdout.split())
+        argv = command_in(group.procs_file, [sys.executable, "-c", code])
+        total, available = map(int, subprocess.run(argv, capture_output=True, text=True).stdout.split())
+        assert group.figure("limit") == 1 << 30 and group.figure("peak") > 0
     finally:
-        group.rmdir()
+        group.remove()
     assert total == 1 << 30 and 0 < available < 1 << 30
 
 

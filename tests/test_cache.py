@@ -72,3 +72,28 @@ def test_resize_evicts_down_to_the_new_budget_in_policy_order():
     assert cache.resize(200) == [(0, 1), (0, 2)]
     assert cache.used == 200 and cache.budget == 200 and cache.evictions == 2
     assert cache.resize(400) == [] and cache.put((0, 5), 5, 100)
+
+
+def test_a_profile_prior_keeps_what_past_runs_used_over_a_newcomer():
+    cache = ExpertCache(100, FREQUENCY)
+    cache.prior({(0, 0): 3.0})
+    cache.get((0, 0))
+    assert cache.put((0, 0), "profiled", 100)
+    cache.get((0, 1))
+    cache.get((0, 1))  # looked up twice now: more than a cold cache's resident, less than the profiled one's 4
+    assert not cache.put((0, 1), "newcomer", 100)
+    assert cache.get((0, 0)) == "profiled"
+
+
+def test_hits_on_warm_started_experts_are_counted_until_they_are_evicted():
+    cache = ExpertCache(200, "lru")
+    cache.put((0, 0), "warm", 100, warm=True)
+    cache.put((0, 1), "read", 100)
+    cache.get((0, 0))
+    cache.get((0, 1))
+    assert (cache.hits, cache.warm_hits) == (2, 1)
+    cache.get((0, 1))
+    cache.put((0, 2), "new", 100)  # evicts the warm one (least recent)
+    cache.put((0, 0), "again", 100)  # read again by demand: no longer a warm start's
+    cache.get((0, 0))
+    assert cache.warm_hits == 1

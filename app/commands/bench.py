@@ -410,21 +410,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     """Record a routing trace (or take one), replay it against every policy and Belady, then measure the pick."""
     from nightshift.app.paths import ensure_data_dir
     from nightshift.engine import Proof, decode_bench, read_manifest, with_drives
-    from nightshift.engine.bench.cache_sim import (
-        BELADY,
-        Call,
-        belady,
-        best_policy,
-        load_trace,
-        replay,
-        save_trace,
-        sweep,
-    )
+    from nightshift.engine.bench.cache_sim import Call, belady, best_policy, load_trace, replay, save_trace, sweep
+    from nightshift.engine.moe.warm import load_profile, save_profile
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
     manifest = with_drives(read_manifest(store), drives)
     sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    profile = load_profile(store)  # past runs' (each run below adds itself: measured runs start from this one)
     if args.routing:
         calls, where = load_trace(Path(args.routing)), Path(args.routing)
     else:  # a real run with no cache: the lookups the engine makes, prompt and decode passes
@@ -435,28 +428,32 @@ def cmd_cache(args: argparse.Namespace) -> int:
         where.parent.mkdir(exist_ok=True)
         save_trace(calls, where)
     say(f"trace: {len(calls)} layer calls ({sum(c.rows > 1 for c in calls)} of many rows) in {where}")
-    table = sweep(calls, sizes, manifest.expert_bytes, args.shares)
-    policies = [p for p in next(iter(table.values())) if p != BELADY]
-    say("| budget | " + " | ".join([*policies, BELADY]) + " |")
+    table = sweep(calls, sizes, manifest.expert_bytes, args.shares, profile=profile)
+    names = list(next(iter(table.values())))
+    say("| budget | " + " | ".join(names) + " |")
     for share, row in table.items():
-        say(f"| {share:.0%} | " + " | ".join(f"{row[p].hit_rate:.1%}" for p in [*policies, BELADY]) + " |")
+        say(f"| {share:.0%} | " + " | ".join(f"{row[p].hit_rate:.1%}" for p in names) + " |")
     pick = best_policy(table)
     sim = {f"{p} {share:g}": round(r.hit_rate, 4) for share, row in table.items() for p, r in row.items()}
     run = _record(args, "cache-sim", store, settings, {"figures": {**sim, "pick": pick, "calls": len(calls)},
                   "drives": {}, "counters": {"calls": len(calls)}}, f"pick {pick}", note=f"trace {where}")  # fmt: skip
     say(f"simulator's pick: {pick} (highest mean hit rate at 10/25/50 %); recorded as run {run}")
     compute_floor_ms = None
+    warm = settings.warm_start and profile is not None
     for share in args.measure:
         budget = int(share * manifest.expert_bytes)
         measured = replace(settings, cache_bytes=budget, cache_policy=pick)
+        if warm:
+            experts = {layer.layer: layer.num_experts for layer in manifest.layers}
+            save_profile(store, profile, experts)  # back to the profile the prediction replays from
         result = decode_bench(store, measured, args.tokens, drives, ceilings, compute_floor_ms is None,
                               args.bandwidth_seconds)  # fmt: skip
         f, c = result["figures"], result["counters"]
         compute_floor_ms = f.get("compute_floor_ms", compute_floor_ms)
         f["roofline_fraction"] = max(f["disk_floor_ms"], compute_floor_ms) / f["ms_per_token"]
         f["hit_rate"] = c["cache_hits"] / max(1, c["cache_hits"] + c["cache_misses"])
-        f["predicted_hit_rate"] = replay(calls, sizes, budget, pick).hit_rate
-        f["belady_hit_rate"] = belady(calls, sizes, budget).hit_rate
+        f["predicted_hit_rate"] = replay(calls, sizes, budget, pick, profile if warm else None, warm).hit_rate
+        f["belady_hit_rate"] = belady(calls, sizes, budget, warm).hit_rate  # from the same start
         f["of_belady"] = f["hit_rate"] / f["belady_hit_rate"] if f["belady_hit_rate"] else 1.0
         f["budget_share"] = share
         close = abs(f["hit_rate"] - f["predicted_hit_rate"]) <= 0.02

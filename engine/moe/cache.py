@@ -13,6 +13,10 @@ Policies (what is evicted to make room, and whether a newcomer is let in at all)
   list, from which a returning expert goes straight to the main FIFO; the main FIFO gives each expert
   looked up since its last turn another round.
 
+A routing profile of past runs (engine/moe/warm.py) may seed the lookup counts (`prior`), so the frequency
+policies protect the experts past runs used most from the first token on, and the cache may be filled with
+them at open (`put(..., warm=True)`; hits on those are counted apart, `warm_hits`).
+
 The engine and `nightshift bench cache` run this same class (the simulator with sizes and no values), so
 a replayed trace predicts the engine's hits exactly, and the simulator's pick is the engine's default.
 """
@@ -42,6 +46,8 @@ class ExpertCache(Generic[V]):
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.warm_hits = 0  # hits on experts put by the warm start, while they stay resident
+        self._warm: set[Key] = set()
         self._items: OrderedDict[Key, tuple[V, int]] = OrderedDict()  # LRU order, least recent first
         self._counts: dict[Key, float] = {}
         self._lookups = 0
@@ -74,13 +80,15 @@ class ExpertCache(Generic[V]):
             self.misses += 1
             return None
         self._items.move_to_end(key)
+        self.warm_hits += key in self._warm
         if key in self._turns:
             self._turns[key] = min(self._turns[key] + 1, MAX_TURNS)
         self.hits += 1
         return item[0]
 
-    def put(self, key: Key, value: V, nbytes: int) -> bool:
-        """Keep `value` if the policy admits it within the budget; True if kept."""
+    def put(self, key: Key, value: V, nbytes: int, warm: bool = False) -> bool:
+        """Keep `value` if the policy admits it within the budget; True if kept. `warm`: put by the warm
+        start, not after a lookup (its hits are counted in `warm_hits`)."""
         with self._lock:
             if key in self._items or nbytes > self.budget:
                 return key in self._items
@@ -91,9 +99,18 @@ class ExpertCache(Generic[V]):
                 self._evict(victim)
             self._items[key] = (value, nbytes)
             self.used += nbytes
+            if warm:
+                self._warm.add(key)
             if self.policy == S3FIFO:
                 self._enter_s3fifo(key, nbytes)
             return True
+
+    def prior(self, counts: dict[Key, float]) -> None:
+        """Start the lookup counts from `counts` (a routing profile's): frequency admission and eviction then
+        favour what past runs used most until this run's own lookups outweigh it (counts decay as they go)."""
+        with self._lock:
+            for key, count in counts.items():
+                self._counts[key] = self._counts.get(key, 0) + count
 
     def resize(self, budget_bytes: int) -> list[Key]:
         """Set a new budget; evicts in the policy's order down to it. Returns the evicted keys."""
@@ -142,6 +159,7 @@ class ExpertCache(Generic[V]):
             self._small_bytes -= nbytes
         self._main.pop(key, None)
         self._turns.pop(key, None)
+        self._warm.discard(key)
 
     def _victim(self) -> Key:
         if self.policy in (LRU, LRU_ADMIT):

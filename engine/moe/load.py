@@ -63,6 +63,7 @@ def load_streaming(
     if stage is not None:
         stage.apply(model)
     stream = ExpertStream(manifest, settings, budget, ceilings)
+    stream.open_profile(store)  # the warm start reads while the trunk loads
     try:
         install(model, manifest, stream)
         quantize_as_stored(model, weights)

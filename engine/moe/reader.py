@@ -159,6 +159,7 @@ class ExpertReader:
         self._tail_ends = 0.0  # clock time the held read-aheads must end by (about when the layer's last read lands)
         self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
         self._lock = threading.Lock()
+        self._warming: set[Key] = set()  # warm-start reads in flight: kept even when a pass does not use them
 
     def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
         """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
@@ -215,6 +216,25 @@ class ExpertReader:
             self.counts.prefetch_reads += started
         return started
 
+    def warm(self, key: Key, skip: Callable[[Key], bool]) -> Future[LoadedExpert] | None:
+        """Start a warm-start read (engine/moe/warm.py) on the prefetch queue, unless the expert is in flight
+        already or `skip(key)` (both asked under the lock: None). A demand for it joins this read, and a pass
+        that does not use it leaves it alone; it stays in flight until `settle_warm`, even once landed."""
+        with self._lock:
+            if key in self._inflight or skip(key):
+                return None
+            self._warming.add(key)
+            self._inflight[key] = placed = self._submit(*key, PREFETCH)
+            return placed.future
+
+    def settle_warm(self, key: Key, future: Future[LoadedExpert]) -> None:
+        """The warm read `future` of `key` is kept or given up: no longer in flight."""
+        with self._lock:
+            self._warming.discard(key)
+            placed = self._inflight.get(key)
+            if placed is not None and placed.future is future:
+                del self._inflight[key]
+
     def hold_tail(self, layer: int, experts: list[int]) -> None:
         """Hold read-aheads of `experts` of `layer` (most confident first) for drives that finish early.
 
@@ -261,7 +281,7 @@ class ExpertReader:
 
         One still running lands unclaimed and is freed; should the expert be needed later, it is read anew.
         """
-        for key in [k for k in self._inflight if k[0] == layer and k[1] not in used]:
+        for key in [k for k in self._inflight if k[0] == layer and k[1] not in used and k not in self._warming]:
             self._cancel(self._inflight.pop(key))
             self.counts.wasted_prefetch += 1
 

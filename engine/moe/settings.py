@@ -148,6 +148,13 @@ class StreamSettings:
         default=FREQUENCY,
         metadata=option("what the RAM cache evicts and admits (frequency: measured best)", CACHE_POLICIES),
     )
+    warm_start: bool = field(
+        default=False,
+        metadata=option(
+            "fill the expert cache at open, in the background, with the experts the store's past runs used most "
+            "(its routing profile), and start the cache's counts from them"
+        ),
+    )
     # "first" catches a corrupt copy for the cost of one hash per file.
     verify_checksums: str = field(
         default="off",

@@ -14,6 +14,9 @@ When the cache's budget holds every expert of the model, a layer whose experts h
 resident: its experts are stacked once (as the model held in RAM has them) and its calls skip all of the
 above, running the family's switch on the stack with the router's own indices, as in RAM; their lookups are
 counted as cache hits afterwards (`figures()`), from the indices once evaluated, so nothing waits on them.
+A store's routing profile of past runs (engine/moe/warm.py) is counted from every call and saved at close;
+with `warm_start`, the cache is filled from it at open in the background, each expert kept at the next layer
+call (`_take_warm`), and its counts start from it.
 An auto budget is checked against the RAM available now and then (`budget.Pressure`); when another process
 takes RAM, resident layers are unstacked and the cache evicts down to what is left.
 """
@@ -24,6 +27,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -38,6 +42,7 @@ from nightshift.engine.moe.dispatch import Dispatcher, estimates_from
 from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
 from nightshift.engine.moe.reader import ExpertReader, LoadedExpert, ReadCounts, Tensors, as_stored
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.warm import RoutingProfile, WarmCounts, WarmFill, load_profile, save_profile
 from nightshift.engine.store.manifest import Manifest, MoeLayer
 
 WINDOW_SMOOTHING = 0.2
@@ -105,6 +110,7 @@ class StreamFigures:
     reads: what the reader did (demand, prefetch, joined, split, fallbacks, ...): config assertions check these.
     replica_choices: reads that had more than one replica to choose from (where the dispatch policy mattered).
     cache_hits, cache_misses: lookups in the RAM expert cache (0 without one).
+    warm: what the warm start read and kept (engine/moe/warm.py); warm_hits: lookups it served.
     cache_budget, cache_used: the cache's budget now (auto: lowered while another process needs the RAM)
     and the bytes it holds; resident_layers: layers held stacked, as in RAM; cache_evictions.
     distinct_experts_read: (layer, expert) pairs read and used; with the drives' reads summed, the proof that
@@ -130,6 +136,8 @@ class StreamFigures:
     calls: CallCounts
     recall_needed: int = 0
     recall_hits: int = 0
+    warm: WarmCounts = field(default_factory=WarmCounts)
+    warm_hits: int = 0
 
     @property
     def bytes_read(self) -> int:
@@ -207,6 +215,10 @@ class ExpertStream:
         self._resident_calls: list[tuple[int, mx.array]] = []  # (layer, indices) not yet counted as hits
         self._read: set[tuple[int, int]] = set()  # experts read and used: drive reads beyond these are re-reads
         self.routing: list[tuple[int, tuple[int, ...], int]] | None = None  # see record_routing
+        self.lookups: dict[tuple[int, int], int] = {}  # lookups per (layer, expert): the profile's, at close
+        self.warm: WarmFill | None = None
+        self._warm_taken = False  # every warm read kept: nothing left to look for
+        self._profile_store: Path | None = None
         self.recall: dict[int, Recall] = {}
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
@@ -233,11 +245,11 @@ class ExpertStream:
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
         unique = np.unique(host).tolist()
-        if self.routing is not None:
-            self.routing.append((layer, tuple(unique), record.rows))
+        self._note(layer, unique, record.rows)
         self._count_needed(layer, unique)
         landing = Landing(record, unique, self._look_up(layer, unique), self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
+        self._read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
         guess = self._guess_next(layer, x, host.shape[-1], record)
         tail = self._hold_tail(guess, record)
         read_in_tail = self._land(layer, landing, pending, tail)
@@ -262,6 +274,18 @@ class ExpertStream:
     def _bytes_read(self) -> int:
         return sum(s.bytes for s in self.counters.snapshot())
 
+    def open_profile(self, store: Path) -> None:
+        """Count this run into `store`'s routing profile at close; with `warm_start` and a cache, start the
+        cache's counts from the profile and fill it with its hottest experts in the background."""
+        self._profile_store = store
+        profile = load_profile(store)
+        if profile is None or self.cache is None or not self.settings.warm_start:
+            return
+        self.cache.prior(profile.prior())
+        sizes = {layer: spec.file_bytes for layer, spec in self.reader.layers.items()}
+        window = self.settings.prefetch_threads * len(self.settings.use_drives or self.manifest.drives)
+        self.warm = WarmFill(self.reader, profile.hottest(sizes, self.cache.budget), window, self._read.__contains__)
+
     def record_routing(self) -> None:
         """From now on, log every call's (layer, sorted unique experts, rows) in `self.routing`, in the order
         the cache is asked (`nightshift bench cache` replays it). Resident calls are logged when counted."""
@@ -274,6 +298,7 @@ class ExpertStream:
         resident. Also where memory pressure is looked at: a resident model calls nothing else of the stream.
         """
         self._give_back()
+        self._take_warm()
         stack = self.stacks.get(layer)
         if stack is not None:
             self._holders[layer] = release
@@ -311,10 +336,21 @@ class ExpertStream:
             calls=replace(self.calls),
             recall_needed=needed,
             recall_hits=hits,
+            warm=replace(self.warm.counts) if self.warm else WarmCounts(),
+            warm_hits=self.cache.warm_hits if self.cache else 0,
         )
 
     def close(self) -> None:
+        """Stop the warm start and the reader; add this run's lookups to the store's routing profile."""
+        if self.warm is not None:
+            self.warm.close()
         self.reader.close()
+        self._count_resident()
+        if self._profile_store is not None and self.lookups:
+            profile = load_profile(self._profile_store) or RoutingProfile()
+            experts = {layer: spec.num_experts for layer, spec in self.reader.layers.items()}
+            save_profile(self._profile_store, profile.merged(self.lookups), experts)
+            self.lookups = {}
 
     def _read_back(self, indices: mx.array, record: PassTrace) -> np.ndarray:
         """The router's choice on the host, timed: evaluating it is where MLX computes up to this router.
@@ -419,7 +455,6 @@ class ExpertStream:
     def _keep(self, layer: int, landing: Landing) -> None:
         """Every read expert in its stored dtypes (those not already run as they landed), and in the cache;
         the layer made resident once all its experts are, when the budget holds every expert."""
-        self._read.update((layer, e) for e in landing.missing)
         for expert, loaded in zip(landing.missing, landing.loaded):
             if expert not in landing.found:
                 landing.found[expert] = as_stored(loaded.tensors, landing.spec)
@@ -452,6 +487,34 @@ class ExpertStream:
             del self.stacks[layer], stack
             mx.clear_cache()
 
+    def _take_warm(self) -> None:
+        """Keep what the warm start read since the last call (here, on the thread that runs the layers, before
+        a call looks at the cache: a layer never sees it change under it); stack layers it completed."""
+        if self.warm is None or self._warm_taken:
+            return
+        done = self.warm.counts.done  # before taking: what lands after this is taken at a later call
+        layers = set()
+        landed = self.warm.take()
+        self._warm_taken = done and not landed
+        for key, future, loaded in landed:
+            self.reader.settle_warm(key, future)
+            self._read.add(key)
+            spec = self.reader.layers[key[0]]
+            if self.cache.put(key, as_stored(loaded.tensors, spec), loaded.nbytes, warm=True):
+                self.warm.counts.kept += 1
+                self.warm.counts.kept_bytes += loaded.nbytes
+                layers.add(key[0])
+        if self.cache.budget >= self.budget.expert_bytes:  # as `_keep` does
+            for layer in layers - set(self.stacks):
+                self._stack(layer)
+
+    def _note(self, layer: int, unique: list[int], rows: int) -> None:
+        """One call's experts into the routing profile's count (and the routing log, when recording)."""
+        for expert in unique:
+            self.lookups[(layer, expert)] = self.lookups.get((layer, expert), 0) + 1
+        if self.routing is not None:
+            self.routing.append((layer, tuple(unique), rows))
+
     def _give_back(self) -> None:
         """Follow an auto budget to the RAM available now: evict down when another process took RAM."""
         if self.pressure is None:
@@ -473,8 +536,7 @@ class ExpertStream:
         for layer, indices in counted:
             host = np.array(indices)
             unique = np.unique(host).tolist()
-            if self.routing is not None:
-                self.routing.append((layer, tuple(unique), host.size // host.shape[-1]))
+            self._note(layer, unique, host.size // host.shape[-1])
             self.cache.get_many([(layer, expert) for expert in unique])
             self.calls.calls += 1
             self.calls.rows += host.size // host.shape[-1]
