@@ -7,9 +7,13 @@ cancelled mid-batch leaves it and the others go on; a kill loses and doubles not
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import signal
+import threading
 import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,8 +23,14 @@ from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.daemon.settings import SettingsError, load_settings
 from nightshift.app.daemon.work import execute
-from nightshift.app.review.narrative import CONTROL
+from nightshift.app.review.narrative import CONTROL, SharedBatch, split_narrative
+from nightshift.app.review.report import render_html
+from nightshift.app.review.schedule import load_schedules
+from nightshift.engine import GenerationStats
 from tests.test_review_run import serve, states, user_schedule, wait_for
+from tests.test_sched_service import wall  # noqa: F401 (a fixture)
+from tests.test_split_narrative import month_end, report_context  # noqa: F401 (month_end: a fixture)
+from tests.test_tui_snapshots import EARLIER, RUNNING, STATES, frozen_app, service, settled, user_zone  # noqa: F401
 
 TOKENS = 6
 
@@ -71,7 +81,9 @@ def test_runs_queued_together_generate_as_one_batch_and_each_writes_what_it_writ
         service.stop()
     runs = [queue.get(i) for i in ids]
     for run, name in zip(runs, ("a", "b", "c"), strict=True):
-        assert CONTROL.sub("", run.progress.text) == CONTROL.sub("", expected[name]), name  # greedy: the batch changes the time, not the text
+        assert CONTROL.sub("", run.progress.text) == CONTROL.sub("", expected[name]), (
+            name
+        )  # greedy: the batch changes the time, not the text
         assert run.progress.batch == ids and run.progress.batch_sequences == 3 + 2 + 1
         assert run.progress.batch_tokens_per_s > 0 and run.progress.decode_tokens_per_s > 0
         assert Path(run.report).is_file()
@@ -165,3 +177,64 @@ def test_service_settings_are_checked(home, text, message):
 
 def test_service_settings_default_without_a_file(home):
     assert (load_settings().batch_window, load_settings().batch_width) == (60.0, 4)
+
+
+def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end):  # noqa: F811
+    schedule, checked = month_end
+    stats = GenerationStats(prompt_tokens=40, generated_tokens=12, time_to_first_token=30.0, elapsed=40.0)
+    narrative = split_narrative("The month closed.\nF1: one payment is missing.", stats)
+    narrative.shared = SharedBatch(((3, "month-end"), (4, "daily"), (5, "weekly")), 9, 23, 2.7, (0.9, 1.0, 0.8),
+                                   (11.0, 12.0, 10.0), own=0)  # fmt: skip
+    html = render_html(schedule.report_template, report_context(schedule, checked, narrative))
+    assert "generated with run 4 (daily, 1.0 tok/s), run 5 (weekly, 0.8 tok/s): 3 reviews, 9 answers" in html
+    assert "decoded together in 23 steps, 2.7 tok/s together" in html
+    assert "prefill 11.0 tok/s, decode 0.9 tok/s (this review's answers, in a batch with other reviews)" in html
+
+
+def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):  # noqa: F811
+    batched = replace(RUNNING.progress, batch=[7, 8, 9], batch_sequences=9)
+    runs = [replace(RUNNING, id=run_id, review=name, progress=batched)
+            for run_id, name in ((7, "month-end"), (8, "daily"), (9, "weekly"))]  # fmt: skip
+    monkeypatch.setitem(STATES, "batch", (service([*runs, EARLIER]), 7))
+
+    async def drive() -> tuple[str, str]:
+        app = frozen_app("batch")
+        async with app.run_test(size=(160, 50)) as pilot:
+            await pilot.press("1")
+            live = await settled(pilot)
+            await pilot.press("2")
+            return live, await settled(pilot)
+
+    live, queue = asyncio.run(drive())
+    assert "batch of runs 7, 8, 9 (9 sequences); figures for the whole batch" in live
+    assert "run 7: month-end" in live and "96/160 tokens" in live  # the batch's figures, said so above
+    assert queue.count("batch of runs 7, 8, 9 (9 sequences)") == 3
+
+
+def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, tiny_model, wall):  # noqa: F811
+    """A run taken up at 18:29:40 waits for one due at 18:30 (inside the 60 s window), then starts at once."""
+    for name in ("a", "b"):
+        path = review(home, tiny_model, name)
+        text = re.sub(r"(?m)^when = .*$", 'when = "every day at 18:30"', path.read_text())
+        path.write_text(re.sub(r"(?m)^timezone = .*$", 'timezone = "UTC"', text))
+    schedules, errors = load_schedules()
+    assert not errors
+    wall.set(datetime(2026, 10, 28, 18, 29, 40, tzinfo=UTC))
+    service = Service({"b": schedules["b"]}, work=False)
+    service.start()
+    try:
+        queue = RunQueue()
+        first = queue.claim(queue.enqueue("a"), os.getpid())
+        taken: list = []
+        worker = threading.Thread(target=lambda: taken.extend(service._batch_with(first)))
+        worker.start()
+        time.sleep(1.0)
+        assert worker.is_alive() and not taken  # b is due within the window: waited for
+        wall.set(datetime(2026, 10, 28, 18, 30, tzinfo=UTC))
+        service.scheduler.check_now()
+        worker.join(10)
+        assert not worker.is_alive()  # b is taken; nothing else is due within the window
+        assert [(run.review, run.state) for run in taken] == [("b", "running")]
+        assert service._batch_with(first) == []  # nothing queued or due: no wait
+    finally:
+        service.stop()
