@@ -95,10 +95,10 @@ def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) ->
     """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
     read_part = reader._read_part
 
-    def delayed(buffer, ticket, offset, problems):
+    def delayed(buffer, ticket, problems):
         if ticket.drive == drive:
             wait()
-        return read_part(buffer, ticket, offset, problems)
+        return read_part(buffer, ticket, problems)
 
     reader._read_part = delayed
 

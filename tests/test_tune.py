@@ -95,7 +95,7 @@ def test_model_tune_measures_side_by_side_and_writes_the_record(tmp_path, home, 
     assert steps[:4] == ["prefetch"] * 4 and steps[-4:] == ["gain"] * 4  # two rounds, alternating
     labels = [t["label"] for t in tuning["trials"][:4]]
     assert labels == ["as chosen so far", "prefetch off", "prefetch off", "as chosen so far"]
-    assert "split reads" not in steps  # both drives are on one device: split reads cannot fire, not tried
+    assert "reads in parts" not in steps  # both drives are on one device: parts cannot read in parallel, not tried
     measured = tuning["tuned_tokens_per_s"] / tuning["defaults_tokens_per_s"] - 1
     assert tuning["measured"] == measured
     if tuning["settings"] == {**CHOSEN, "prefetch": True, "demand_threads": 4, "prefetch_off": []}:

@@ -23,6 +23,7 @@ SHARES = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)  # budgets `bench cache` simulates, o
 # mechanism -> (baseline settings, variant settings, counter that proves the variant fired)
 MECHANISMS = {
     "split": ({"split_reads": False}, {"split_reads": True}, "split_reads"),
+    "balance": ({"balance_reads": False}, {"balance_reads": True}, "balanced_reads"),
     "pools": ({"shared_pool": True}, {"shared_pool": False}, "prefetch_reads"),
     "dispatch": ({"dispatch": FIRST_REPLICA}, {"dispatch": LEAST_COMPLETION}, "replica_choices"),
     "prefetch": ({"prefetch": False}, {"prefetch": True}, "joined_prefetch"),

@@ -4,10 +4,10 @@ Each step measures the settings chosen so far (the incumbent) and a few candidat
 short greedy decode (a one-token prompt, one warm-up token, then `tokens` timed), cache off so the drives
 are what is measured; with `repeats` > 1, in alternating order, each rate the median. A candidate
 replaces the incumbent only when it is more than MARGIN faster and its counters prove it ran
-(joined_prefetch for prefetch, split_reads for split reads). Steps, in the order they matter on the rig
-(docs/results.md): prefetch on or off; with prefetch on, its low-recall layers off, a prefetch limit and
-one prefetch thread per drive; 1 or 2 demand threads per drive instead of 4; split reads where experts
-have replicas on two devices. Then the defaults and the choice run once more, side by side, for the gain
+(joined_prefetch for prefetch, split_reads for split reads, balanced_reads for balanced reads). Steps, in
+the order they matter on the rig (docs/results.md): prefetch on or off; with prefetch on, its low-recall
+layers off, a prefetch limit and one prefetch thread per drive; 1 or 2 demand threads per drive instead of
+4; where experts have replicas on two devices, balanced reads toggled and split reads. Then the defaults and the choice run once more, side by side, for the gain
 recorded; a choice that does not beat the defaults there is dropped (kept as `rejected`). The cache
 policy is chosen by replaying the chosen run's lookups against every policy at the auto budget this
 machine gives the store (engine/bench/cache_sim.py: the engine's own cache class, so its hit rates are
@@ -40,7 +40,6 @@ from nightshift.engine.store.manifest import Manifest, read_manifest
 MARGIN = 0.03  # a candidate must beat the incumbent by more than this: the rig's run-to-run spread is 1-3 %
 RECALL_FLOOR = 0.3  # a layer whose prediction names under this share of its experts reads mostly waste
 TUNE_PROMPT = PROMPT[:1]  # decode is what is tuned: a one-token prompt keeps the prefill's reads short
-TUNE_WARMUP = 1
 
 
 @dataclass
@@ -82,6 +81,8 @@ def proofs_for(settings: StreamSettings) -> list[Proof]:
         proofs.append(Proof("prefetch", "joined_prefetch"))
     if settings.split_reads:
         proofs.append(Proof("split reads", "split_reads"))
+    elif settings.balance_reads:
+        proofs.append(Proof("balanced reads", "balanced_reads"))
     return proofs
 
 
@@ -125,8 +126,7 @@ class Calibration:
     def measure(self, step: str, label: str, changes: dict, routing: bool = False) -> Trial:
         settings = self.settings(changes)
         began = time.monotonic()
-        run = streamed_decode(self.store, settings, self.tokens, self.drives, self.ceilings, routing,
-                              TUNE_PROMPT, TUNE_WARMUP)  # fmt: skip
+        run = streamed_decode(self.store, settings, self.tokens, self.drives, self.ceilings, routing, TUNE_PROMPT)
         seconds = time.monotonic() - began
         trial = Trial(step, label, {**self.chosen, **changes}, 1 / run.timing.seconds_per_token,
                       run.read_bytes / self.tokens, counters_of(run.figures), drives_of(run.figures),
@@ -234,7 +234,9 @@ def tune(
     threads = [(f"{n} demand thread(s) per drive", {"demand_threads": n}) for n in (1, 2)]
     cal.step("demand threads", [c for c in threads if c[1]["demand_threads"] != cal.settings({}).demand_threads])
     if split_possible(manifest, in_use):
-        cal.step("split reads", [("split reads", {"split_reads": True})])
+        balance = not cal.settings({}).balance_reads
+        cal.step("reads in parts", [(f"balanced reads {'on' if balance else 'off'}", {"balance_reads": balance}),
+                                    ("split reads", {"split_reads": True})])  # fmt: skip
     undo = {k: getattr(cal.base, k) for k in cal.chosen}
     defaults, tuned = map(rate, cal.side_by_side("gain", [("defaults", undo), ("tuned", {})], routing="tuned"))
     measured = tuned / defaults - 1  # with nothing chosen, both runs were the defaults: the spread of one setting

@@ -9,6 +9,14 @@ in-flight bytes per drive count every queued and running read. An expert already
 flight is never read twice: a demand joins the prefetch read under way. A failed read (I/O error, short file, bad checksum) falls
 back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
+
+Balanced reads (`balance_reads`, water-filling): a layer's demand reads are placed whole, one by one on the
+drive expected to finish first; where that leaves some drives ending later than the level every drive
+would reach if the bytes could be shared out exactly (8 reads over 3 drives: 3/3/2), the last read placed
+on each such drive is cut in page-aligned parts and only its excess goes to the drives that would end
+early (there: two reads split 2/3 + 1/3, the thirds to the drive with 2). So a layer has at most one split
+read per late drive, never a part under a sixth of a read. (Splitting every leftover read into one part
+per device, round 3's "split remainder", put many small reads last behind blk-throttle and lost 10 %.)
 A demand for an expert whose prefetch is still queued (not started) cancels it and reads it
 in the demand pool, so a layer never waits behind the prefetch queue.
 
@@ -35,6 +43,7 @@ import numpy as np
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.trace import DEMAND, PREFETCH, ExpertRead
 from nightshift.engine.io.counters import DriveReadCounters
+from nightshift.engine.io.direct import ALIGNMENT as ALIGN
 from nightshift.engine.io.direct import DirectReadError, open_direct
 from nightshift.engine.moe.buffers import BufferPool
 from nightshift.engine.moe.dispatch import Dispatcher
@@ -44,6 +53,7 @@ from nightshift.engine.store.placement import existing_parent
 from nightshift.engine.store.safetensors_io import DTYPES
 
 Key = tuple[int, int]  # (layer, expert)
+MIN_PART_SHARE = 6  # a balanced read's parts are at least 1/6 of the file: smaller ones gain less than they cost
 Tensors = dict[str, mx.array]
 
 
@@ -53,11 +63,12 @@ class ExpertReadError(NightshiftError):
 
 @dataclass(frozen=True)
 class Ticket:
-    """One read placed by the dispatcher: drive, file and bytes."""
+    """One read placed by the dispatcher: drive, file, bytes, and where in the file they start (a part's)."""
 
     drive: str
     path: Path
     nbytes: int
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,7 @@ class ReadCounts:
     prefetch_reads: int = 0
     joined_prefetch: int = 0  # demands served by a prefetch read (landed or still in flight)
     split_reads: int = 0
+    balanced_reads: int = 0  # demand reads cut in parts so that every drive ends the layer together
     fallbacks: int = 0  # replicas that failed and were passed over
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
@@ -148,7 +160,8 @@ class ExpertReader:
         )
         per_drive = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
         threads = per_drive * len(drives)
-        self._halves = ThreadPoolExecutor(threads, thread_name_prefix="ns-half") if settings.split_reads else None
+        parts = settings.split_reads or settings.balance_reads
+        self._halves = ThreadPoolExecutor(threads, thread_name_prefix="ns-half") if parts else None
         self.buffers = BufferPool(threads, max(layer.file_bytes for layer in manifest.layers))
         self.layers = {layer.layer: layer for layer in manifest.layers}
         self.devices = {name: _device(root) for name, root in manifest.drives.items()}
@@ -163,22 +176,24 @@ class ExpertReader:
 
     def demand(self, layer: int, experts: list[int]) -> list[tuple[Future[LoadedExpert], str]]:
         """Start (or join) the reads of `experts`; each comes with DEMAND or PREFETCH: who reads it."""
-        pending = []
         with self._lock:
+            joined: dict[int, Placed] = {}
             for expert in experts:
                 placed = self._inflight.get((layer, expert))
                 if placed is not None and self._cancel(placed):  # a prefetch still queued: read it now
                     self.counts.promoted_prefetch += 1
                     placed = None
-                if placed is None:
-                    placed = self._inflight[(layer, expert)] = self._submit(layer, expert, DEMAND)
-                    self.counts.demand_reads += 1
-                    pending.append((placed.future, DEMAND))
-                else:
-                    self.counts.joined_prefetch += 1
-                    pending.append((placed.future, PREFETCH))
+                if placed is not None:
+                    joined[expert] = placed
+            self.counts.joined_prefetch += len(joined)
+            new = [e for e in experts if e not in joined]
+            self.counts.demand_reads += len(new)
+            if self.settings.balance_reads and not self.settings.split_reads:
+                self._inflight.update(((layer, e), placed) for e, placed in self._place_balanced(layer, new).items())
+            else:
+                self._inflight.update(((layer, e), self._submit(layer, e, DEMAND)) for e in new)
             self._drop_unused(layer, set(experts))
-        return pending
+            return [(self._inflight[(layer, e)].future, PREFETCH if e in joined else DEMAND) for e in experts]
 
     def wait(
         self,
@@ -289,15 +304,75 @@ class ExpertReader:
         """Place the read now (drive, or two drives for a split read) and queue it on its drive (caller holds the lock)."""
         spec = self.layers[layer]
         replicas = self.replicas(layer, expert)
-        tickets = self._split_pair(replicas, spec.file_bytes // 2) if self._halves is not None else None
-        if tickets is None:
-            drive = self.dispatcher.choose([d for d, _ in replicas], spec.file_bytes)
-            tickets = [Ticket(drive, dict(replicas)[drive], spec.file_bytes)]
+        tickets = self._split_pair(replicas, spec.file_bytes // 2) if self.settings.split_reads else None
+        return self._queue(spec, expert, source, tickets or [self._whole(replicas, spec.file_bytes)])
+
+    def _whole(self, replicas: list[tuple[str, Path]], nbytes: int) -> Ticket:
+        """A whole-file read on the replica the dispatcher expects to finish first (caller holds the lock)."""
+        drive = self.dispatcher.choose([d for d, _ in replicas], nbytes)
+        return Ticket(drive, dict(replicas)[drive], nbytes)
+
+    def _queue(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> Placed:
+        """Queue a placed read on its first ticket's drive (later tickets: parts read beside it)."""
         pools = self._demand if source == DEMAND else self._prefetch
         if source == DEMAND:
             for ticket in tickets:
                 self._demand_work[ticket.drive] += 1
         return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets), tickets)
+
+    def _place_balanced(self, layer: int, experts: list[int]) -> dict[int, Placed]:
+        """Place a layer's demand reads whole, then cut the last read of each drive that would end late so its
+        excess goes to drives that would end early (water-filling; module docstring). Caller holds the lock."""
+        spec = self.layers[layer]
+        placed = {e: [self._whole(self.replicas(layer, e), spec.file_bytes)] for e in experts}
+        estimates = self.dispatcher.snapshot()
+        in_use = [d for d in self.settings.use_drives or self.manifest.drives if d in estimates]
+        level = sum(estimates[d].in_flight for d in in_use) / sum(estimates[d].bandwidth for d in in_use)
+        # bytes each drive holds beyond (+) or short of (-) the level, in pages
+        surplus = {d: int((estimates[d].in_flight - level * estimates[d].bandwidth) // ALIGN) for d in in_use}
+        smallest = max(1, spec.file_bytes // ALIGN // MIN_PART_SHARE)
+        for donor in sorted(in_use, key=lambda d: -surplus[d]):
+            ours = [e for e, tickets in placed.items() if len(tickets) == 1 and tickets[0].drive == donor]
+            if surplus[donor] < smallest or not ours:
+                continue
+            expert = ours[-1]
+            parts = self._water_fill(layer, expert, placed[expert][0], surplus, smallest)
+            if len(parts) > 1:
+                placed[expert] = parts
+                self.counts.balanced_reads += 1
+        return {e: self._queue(spec, e, DEMAND, tickets) for e, tickets in placed.items()}
+
+    def _water_fill(
+        self, layer: int, expert: int, whole: Ticket, surplus: dict[str, int], smallest: int
+    ) -> list[Ticket]:
+        """`whole` cut so the donor keeps its first pages and drives short of the level (holding a replica, on
+        another device) read the rest, each at least `smallest` pages; `surplus` and the dispatcher follow."""
+        replicas = dict(self.replicas(layer, expert))
+        pages = whole.nbytes // ALIGN
+        give = min(surplus[whole.drive], pages - smallest)
+        takers = sorted(
+            (d for d in replicas if surplus.get(d, 0) <= -smallest and self.devices[d] != self.devices[whole.drive]),
+            key=lambda d: surplus[d],
+        )
+        cuts = []
+        for taker in takers:
+            share = min(give, -surplus[taker])
+            if share < smallest:
+                break
+            cuts.append((taker, share))
+            give -= share
+        keep = pages - sum(share for _, share in cuts)
+        if not cuts:
+            return [whole]
+        self.dispatcher.finished(whole.drive, (pages - keep) * ALIGN, ok=False)  # those bytes move to the takers
+        surplus[whole.drive] -= pages - keep
+        parts, at = [Ticket(whole.drive, whole.path, keep * ALIGN)], keep
+        for taker, share in cuts:
+            self.dispatcher.choose([taker], share * ALIGN)
+            surplus[taker] += share
+            parts.append(Ticket(taker, replicas[taker], share * ALIGN, at * ALIGN))
+            at += share
+        return parts
 
     def _pump(self) -> None:
         """Start held read-aheads, most confident first, on drives with no demand work while another has some.
@@ -371,7 +446,7 @@ class ExpertReader:
     def _read(self, buffer, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> ExpertRead:
         """Fill `buffer` with the expert's file as placed (whole, or halves), then from other replicas on failure."""
         problems: list[str] = []
-        if len(tickets) == 2:
+        if len(tickets) > 1:
             read = self._read_split(buffer, spec, expert, source, tickets, problems)
             if read is not None:
                 return read
@@ -383,7 +458,7 @@ class ExpertReader:
                 ticket = Ticket(drive, remaining[drive], spec.file_bytes)
             remaining.pop(ticket.drive, None)
             start = self.clock()
-            ok = self._read_part(buffer, ticket, 0, problems)
+            ok = self._read_part(buffer, ticket, problems)
             if ok and self._intact(buffer, spec, expert, (ticket.path,), ticket.drive, problems):
                 return ExpertRead(expert, source, ticket.drive, start, self.clock(), spec.file_bytes)
             ticket = None
@@ -402,26 +477,28 @@ class ExpertReader:
             return None
         second = self.dispatcher.choose(others, half)
         paths = dict(replicas)
-        return [Ticket(first, paths[first], half), Ticket(second, paths[second], half)]
+        return [Ticket(first, paths[first], half), Ticket(second, paths[second], half, half)]
 
     def _read_split(
-        self, buffer, spec: MoeLayer, expert: int, source: str, halves: list[Ticket], problems: list[str]
+        self, buffer, spec: MoeLayer, expert: int, source: str, parts: list[Ticket], problems: list[str]
     ) -> ExpertRead | None:
+        """Read the parts at once (the first on this thread); None when one failed or the whole is not intact."""
         start = self.clock()
-        first, second = halves
-        other = self._halves.submit(self._read_part, buffer, second, first.nbytes, problems)
-        ok = self._read_part(buffer, first, 0, problems)
-        ok = other.result() and ok
-        d0, d1 = first.drive, second.drive
-        if not ok or not self._intact(buffer, spec, expert, (first.path, second.path), f"{d0}+{d1}", problems):
+        first, *rest = parts
+        others = [self._halves.submit(self._read_part, buffer, part, problems) for part in rest]
+        ok = self._read_part(buffer, first, problems)
+        ok = all([other.result() for other in others]) and ok
+        drives = "+".join(part.drive for part in parts)
+        if not ok or not self._intact(buffer, spec, expert, tuple(part.path for part in parts), drives, problems):
             return None
-        with self._lock:
-            self.counts.split_reads += 1
-        return ExpertRead(expert, source, f"{d0}+{d1}", start, self.clock(), spec.file_bytes, split=True)
+        if self.settings.split_reads:  # balanced reads are counted where they are cut
+            with self._lock:
+                self.counts.split_reads += 1
+        return ExpertRead(expert, source, drives, start, self.clock(), spec.file_bytes, split=True)
 
-    def _read_part(self, buffer, ticket: Ticket, offset: int, problems: list[str]) -> bool:
-        """Read the ticket's bytes at `offset` of its file into the same place of `buffer`; False (noted) on failure."""
-        path, drive, length = ticket.path, ticket.drive, ticket.nbytes
+    def _read_part(self, buffer, ticket: Ticket, problems: list[str]) -> bool:
+        """Read the ticket's bytes at its offset of its file into the same place of `buffer`; False (noted) on failure."""
+        path, drive, length, offset = ticket.path, ticket.drive, ticket.nbytes, ticket.offset
         done = 0
         self.counters.started(drive)
         try:

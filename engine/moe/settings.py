@@ -97,6 +97,13 @@ class StreamSettings:
     split_reads: bool = field(
         default=False, metadata=option("read every expert as two halves from replicas on two devices")
     )
+    balance_reads: bool = field(
+        default=False,
+        metadata=option(
+            "cut the last read of a drive that would end a layer late into page-aligned parts read by the drives "
+            "that would end early, so all end together (water-filling: 8 reads over 3 drives read as 2 2/3 each)"
+        ),
+    )
     # On by default since prefetch fill: on the bench model (disk floor 3.6x compute), before overlap, decode
     # went from 0.75 of the disk floor without it to 0.87-0.91 with it; on small2, whose compute window is
     # short, it measured -2.5 % to +3.5 %, within the noise (docs/results.md, third round).

@@ -27,7 +27,7 @@ FORMAT = 1
 # The settings a calibration may choose; never what the user chooses for other reasons (cache size, checksums,
 # drives in use, tracing).
 TUNED = ("prefetch", "prefetch_off", "prefetch_limit", "demand_threads", "prefetch_threads", "split_reads",
-         "cache_policy")  # fmt: skip
+         "balance_reads", "cache_policy")  # fmt: skip
 
 
 class TuningError(NightshiftError):
