@@ -153,6 +153,12 @@ def main() -> int:
     parser.add_argument("--four", type=Path, help="the store placed over 4 drives (expert parallelism's reads)")
     parser.add_argument("--four-drives", help="its drives, e.g. rig0,rig1,rig2,rig3")
     parser.add_argument(
+        "--experts",
+        type=Path,
+        help="the store placed for expert parallelism over the same hosts (each host every layer, a share of "
+        "its experts: placement.planner_by_expert): its per-token time in the same run",
+    )
+    parser.add_argument(
         "--in-flight", action="store_true", help="also 2 sequences at once: 2 pipelines, and 2 processes on one host"
     )
     parser.add_argument("--tokens", type=int, default=24, help="tokens per run (24)")
@@ -196,6 +202,34 @@ def main() -> int:
             f"(all_sum of a hidden state, 2 ranks here) {latency * 1e3:.2f} ms x {moe_layers} MoE layers; "
             f"at best {ep:.3f} s/token ({ep / t_one:.2f}x one process on 2 drives, {ep / t_two:.2f}x the pipeline)"
         )
+    if args.experts:
+        shared = generate_over_hosts(
+            args.experts, hosts, PROMPT, args.tokens, memory_budget=0, port=free_port(len(hosts)), shape="experts"
+        )
+        t_ep = per_token(shared.elapsed)
+        print(
+            f"expert parallelism over {len(hosts)} ranks (every layer, half the experts each, no reads ahead): "
+            f"{t_ep:.3f} s/token = {t_ep / t_one:.2f}x one process, {t_ep / t_two:.2f}x the pipeline; "
+            f"tokens identical to one process: {shared.tokens == one['tokens']}; "
+            + "; ".join(
+                f"rank {i} read " + ", ".join(f"{d} {b / 1e6:.1f} MB" for d, b in r["drive_bytes"].items() if b)
+                for i, r in enumerate(shared.ranks)
+            )
+        )
+        Catalogue(catalogue_file()).record(
+            Run(
+                "pipeline",
+                args.experts.name,
+                {"tokens": args.tokens, "memory_budget": 0, "prompt_tokens": len(PROMPT), "ranks": len(hosts),
+                 "shape": "expert parallel (all_sum per MoE layer)"},
+                {"s_per_token": t_ep, "pipeline_s_per_token": t_two, "one_process_s_per_token": t_one,
+                 "tokens_identical": int(shared.tokens == one["tokens"])},
+                "measured",
+                drives={d: b for r in shared.ranks for d, b in r["drive_bytes"].items()},
+                command=" ".join(sys.argv),
+                note=args.note,
+            )
+        )  # fmt: skip
     if args.in_flight:
         host_rate = sum(1 / per_token(r["elapsed"]) for r in two_processes(args.one, args.single_drives, args.tokens))
         pipes = two_pipelines(args.two, hosts, args.tokens)

@@ -19,12 +19,14 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.engine import Drive, ImportOptions, StreamSettings, import_checkpoint, open_model, synthesize
+from nightshift.engine.distributed.experts import ExpertShare, owner
 from nightshift.engine.distributed.hosts import PipelineError, load_hosts
 from nightshift.engine.distributed.launch import Timeouts, free_port, generate_over_hosts
 from nightshift.engine.distributed.placement import (
     PIPELINE_FILE,
     balanced_split,
     plan_hosts,
+    planner_by_expert,
     planner_by_host,
     write_plan,
 )
@@ -123,6 +125,32 @@ def test_a_stage_keeps_its_layers_trunk_and_experts_only(stores):
     assert mine.expert_bytes < manifest.expert_bytes
 
 
+def test_an_expert_share_keeps_every_layer_and_its_own_experts_replicas_only(stores):
+    manifest = read_manifest(stores["qwen3_moe"])
+    share = ExpertShare(RankOf(1, 3))
+    assert share.keeps("model.layers.2.self_attn.q_proj.weight") and share.keeps("lm_head.weight")
+    mine = share.manifest(manifest)
+    assert [layer.layer for layer in mine.layers] == [layer.layer for layer in manifest.layers]
+    for layer, experts in mine.experts.items():
+        assert len(experts) == len(manifest.experts[layer])  # expert numbers stay the manifest's
+        assert all(bool(e["replicas"]) == (owner(i, 3) == 1) for i, e in enumerate(experts))
+    assert set(mine.drives) == {r for per in mine.experts.values() for e in per for r in e["replicas"]}
+
+
+def place_by_expert(store: Path, hosts_json: Path) -> None:
+    hosts = load_hosts(hosts_json)
+    place_store(store, [d for h in hosts for d in h.drives], planner=planner_by_expert(hosts))
+
+
+def test_placement_by_expert_puts_each_expert_on_its_owners_drives(stores, tmp_path):
+    store = copy_store(stores["kimi_k3"], tmp_path / "k")
+    place_by_expert(store, hosts_file(tmp_path, store, 2))
+    placed = read_manifest(store)
+    for layer, experts in placed.experts.items():
+        for i, e in enumerate(experts):
+            assert e["replicas"] and all(r.startswith(f"h{owner(i, 2)}") for r in e["replicas"]), (layer, i)
+
+
 def test_placement_by_host_puts_each_layer_on_its_hosts_drives(stores, tmp_path):
     store = copy_store(stores["qwen3_moe"], tmp_path / "q")  # its own drives: placing moves none of the module's
     manifest = read_manifest(store)
@@ -166,6 +194,20 @@ def test_pipelined_greedy_tokens_equal_one_process(stores, tmp_path, arch, ranks
     result = generate_over_hosts(store, load_hosts(tmp_path / "hosts.json"), PROMPT, TOKENS, port=free_port(ranks))
     assert result.tokens == expected
     for rank, figures in enumerate(result.ranks):  # each rank read its own drives, and only those
+        read = {d for d, b in figures["drive_bytes"].items() if b}
+        assert read and all(d.startswith(f"h{rank}") for d in read)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "ranks"), [("qwen3_moe", 2), ("qwen3_moe", 3), ("kimi_k3", 2)])
+def test_expert_parallel_greedy_tokens_equal_one_process(stores, tmp_path, arch, ranks):
+    store = copy_store(stores[arch], tmp_path / arch)
+    expected = single_process(store)
+    place_by_expert(store, hosts_file(tmp_path, store, ranks))
+    hosts = load_hosts(tmp_path / "hosts.json")
+    result = generate_over_hosts(store, hosts, PROMPT, TOKENS, port=free_port(ranks), shape="experts")
+    assert result.tokens == expected
+    for rank, figures in enumerate(result.ranks):  # each rank read its own drives (its share of every layer)
         read = {d for d, b in figures["drive_bytes"].items() if b}
         assert read and all(d.startswith(f"h{rank}") for d in read)
 

@@ -246,9 +246,10 @@ def pipeline_request(store: Path, hosts: list[Host], max_tokens: int, memory_bud
     from nightshift.engine.store.manifest import read_manifest
 
     store = Path(store).absolute()
+    experts = more.get("shape") == "experts"  # no split: every rank runs every layer
     return Request(
         store=str(store),
-        split=stored_split(store, hosts) or plan_hosts(read_manifest(store), hosts).split,
+        split=[] if experts else stored_split(store, hosts) or plan_hosts(read_manifest(store), hosts).split,
         drives=[{d.name: str(d.root) for d in h.drives} for h in hosts],
         prompt=more.pop("prompt", []),
         max_tokens=max_tokens,
@@ -267,9 +268,11 @@ def generate_over_hosts(
     port: int = 32323,
     timeouts: Timeouts = Timeouts(),
     on_token: Callable[[int], None] | None = None,
+    shape: str = "pipeline",
 ) -> PipelineResult:
-    """Greedy tokens for `prompt` from the store at `store` over `hosts` (see `pipeline_request`)."""
-    request = pipeline_request(store, hosts, max_tokens, memory_budget, prompt=prompt)
+    """Greedy tokens for `prompt` from the store at `store` over `hosts` (see `pipeline_request`); `shape`
+    "experts": expert parallelism (engine/distributed/experts.py) instead of the pipeline."""
+    request = pipeline_request(store, hosts, max_tokens, memory_budget, prompt=prompt, shape=shape)
 
     def tokens_only(rank: int, event: dict) -> None:
         if event["event"] == "token" and on_token is not None:

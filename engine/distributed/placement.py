@@ -10,6 +10,7 @@ The split is kept in the store's `pipeline.json`; launching reads it from there.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,14 +105,28 @@ def plan_hosts(manifest: Manifest, hosts: list[Host]) -> HostPlan:
 
 def planner_by_host(plan: HostPlan, hosts: list[Host]):
     """A planner for `place_store`: each layer's experts planned over the drives of the host that runs it only."""
+    ranges = plan.ranges()
+    return planner_over(hosts, lambda key: next(r for r, (start, end) in enumerate(ranges) if start <= key[0] < end))
+
+
+def planner_by_expert(hosts: list[Host]):
+    """A planner for `place_store` for expert parallelism: each expert planned over the drives of the host that
+    owns it (`experts.owner`), every layer on every host."""
+    from nightshift.engine.distributed.experts import owner
+
+    return planner_over(hosts, lambda key: owner(key[1], len(hosts)))
+
+
+def planner_over(hosts: list[Host], rank_of: Callable[[Key], int]):
+    """A planner for `place_store` that plans each host's experts (`rank_of` a (layer, expert)) over its drives."""
 
     def planner(
         sizes: dict[Key, int], drives: list[DriveRoom], frequency: dict[Key, float], replicate: bool
     ) -> dict[Key, list[str]]:
         placed: dict[Key, list[str]] = {}
-        for host, (start, end) in zip(hosts, plan.ranges(), strict=True):
+        for host in hosts:
             names = {d.name for d in host.drives}
-            own = {k: v for k, v in sizes.items() if start <= k[0] < end}
+            own = {k: v for k, v in sizes.items() if rank_of(k) == host.rank}
             placed.update(plan_placement(own, [d for d in drives if d.name in names], frequency, replicate))
         return placed
 

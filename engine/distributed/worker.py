@@ -40,6 +40,7 @@ class Request:
     temp: float = 0.0  # every rank samples with the same seed from the same (all-gathered) logits
     seed: int = 0
     conversations: list[list[dict[str, str]]] | None = None  # set: answer these chats as one batch, not `prompt`
+    shape: str = "pipeline"  # or "experts": every rank every layer, a share of each layer's experts (experts.py)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
@@ -88,23 +89,29 @@ def run(request: Request, lines: Lines, reads: Reads) -> None:
     from nightshift.engine.moe.settings import StreamSettings
     from nightshift.engine.runtime import open_model
 
+    from .experts import ExpertShare, share_settings
     from .stage import PipelineStage
 
     group = mx.distributed.init(backend="ring", strict=True)
-    if group.size() != len(request.split):
-        raise NightshiftError(f"{group.size()} ranks started for a split over {len(request.split)} hosts")
+    if group.size() != len(request.drives):
+        raise NightshiftError(f"{group.size()} ranks started for a request over {len(request.drives)} hosts")
     rank = group.rank()
-    stage = PipelineStage(group, tuple(request.split))
+    experts = request.shape == "experts"
+    stage = ExpertShare(group) if experts else PipelineStage(group, tuple(request.split))
     drives = [Drive(name, Path(root)) for name, root in request.drives[rank].items()]
     ceilings_file = request.ceilings[rank] if request.ceilings else None
     ceilings = Ceilings.load(Path(ceilings_file)) if ceilings_file and Path(ceilings_file).is_file() else None
     settings = StreamSettings(cache_bytes=request.memory_budget)
+    if experts:
+        settings = share_settings(settings)
     model = open_model(Path(request.store), stream=settings, drives=drives, ceilings=ceilings, stage=stage)
+    if experts:
+        stage.share(model.model)
     reads.counters = model.stream.counters
     try:
         # Every rank loaded before the first pass (mlx-lm's sharded_load does the same): a slow load is not a stall.
         mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
-        lines.say("ready", layers=list(stage.layers), drives=sorted(model.stream.manifest.drives))
+        lines.say("ready", shape=request.shape, drives=sorted(model.stream.manifest.drives))
         if request.conversations is not None:
             batch, stats = answer_batch(model, request, lines, rank)
         else:
