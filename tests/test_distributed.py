@@ -26,7 +26,6 @@ from nightshift.engine.distributed.placement import (
     PIPELINE_FILE,
     balanced_split,
     plan_hosts,
-    planner_by_expert,
     planner_by_host,
     write_plan,
 )
@@ -138,8 +137,9 @@ def test_an_expert_share_keeps_every_layer_and_its_own_experts_replicas_only(sto
 
 
 def place_by_expert(store: Path, hosts_json: Path) -> None:
-    hosts = load_hosts(hosts_json)
-    place_store(store, [d for h in hosts for d in h.drives], planner=planner_by_expert(hosts))
+    """`model place --hosts --experts`: the launch then runs expert parallelism (kept in pipeline.json)."""
+    assert main(["model", "place", str(store), "--hosts", str(hosts_json), "--experts", "--no-measure"]) == 0
+    assert json.loads((store / PIPELINE_FILE).read_text())["shape"] == "experts"
 
 
 def test_placement_by_expert_puts_each_expert_on_its_owners_drives(stores, tmp_path):
@@ -205,7 +205,7 @@ def test_expert_parallel_greedy_tokens_equal_one_process(stores, tmp_path, arch,
     expected = single_process(store)
     place_by_expert(store, hosts_file(tmp_path, store, ranks))
     hosts = load_hosts(tmp_path / "hosts.json")
-    result = generate_over_hosts(store, hosts, PROMPT, TOKENS, port=free_port(ranks), shape="experts")
+    result = generate_over_hosts(store, hosts, PROMPT, TOKENS, port=free_port(ranks))  # the shape placed
     assert result.tokens == expected
     for rank, figures in enumerate(result.ranks):  # each rank read its own drives (its share of every layer)
         read = {d for d, b in figures["drive_bytes"].items() if b}

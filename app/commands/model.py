@@ -156,12 +156,14 @@ def cmd_place(args: argparse.Namespace) -> int:
     store = resolve_model(args.model)
     if args.hosts and args.drives:
         raise NightshiftError("--hosts names each host's drives; leave out --drives")
+    if args.experts and not args.hosts:
+        raise NightshiftError("--experts shares each layer's experts over hosts; give them with --hosts")
     if args.hosts:
         from nightshift.engine.distributed.hosts import load_hosts
-        from nightshift.engine.distributed.placement import plan_hosts, planner_by_host
+        from nightshift.engine.distributed.placement import plan_hosts, planner_by_expert, planner_by_host
 
         hosts = load_hosts(Path(args.hosts))
-        plan = plan_hosts(read_manifest(store), hosts)
+        plan = None if args.experts else plan_hosts(read_manifest(store), hosts)
         drives = [d for h in hosts for d in h.drives]
     elif args.drives:
         drives = load_drives(Path(args.drives))
@@ -176,9 +178,16 @@ def cmd_place(args: argparse.Namespace) -> int:
         manifest = read_manifest(store)
         by_module = {layer.module: layer.layer for layer in manifest.layers}
         routing = {by_module[path]: list(c) for path, c in counts.items()}
-    planner = {"planner": planner_by_host(plan, hosts)} if args.hosts else {}
+    planner = (
+        {"planner": planner_by_expert(hosts) if args.experts else planner_by_host(plan, hosts)} if args.hosts else {}
+    )
     manifest, copied = place_store(store, drives, routing, replicate=not args.no_replicas, **planner)
-    if args.hosts:
+    if args.experts:
+        from nightshift.engine.distributed.placement import write_expert_plan
+
+        write_expert_plan(store, hosts)
+        say(f"every layer on every host; expert e on host e % {len(hosts)} (expert parallelism)")
+    elif args.hosts:
         from nightshift.engine.distributed.placement import write_plan
 
         write_plan(store, plan, hosts)
@@ -314,6 +323,12 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help="hosts.json (docs/distributed.md): split the layers over the hosts by their drives' read rates, "
         "each layer's experts on its own host's drives",
+    )
+    place.add_argument(
+        "--experts",
+        action="store_true",
+        help="with --hosts: expert parallelism instead: every host runs every layer and holds a share of each "
+        "layer's experts (one token's reads on all hosts at once, one exchange per layer; docs/distributed.md)",
     )
     place.add_argument(
         "--no-measure",

@@ -239,14 +239,16 @@ def _free(port: int) -> bool:
 
 
 def pipeline_request(store: Path, hosts: list[Host], max_tokens: int, memory_budget: int = 0, **more) -> Request:
-    """The request for `store` (the same path on every host) over `hosts`, its layers split as
-    `model place --hosts` kept it for these hosts, else as placement would split them now; `more`: the
-    Request's other fields (the prompt, or the chats of a batch)."""
-    from nightshift.engine.distributed.placement import plan_hosts, stored_split
+    """The request for `store` (the same path on every host) over `hosts`: in the shape `model place --hosts`
+    placed it for these hosts (the pipeline, or expert parallelism with `--experts`), its layers split as
+    kept, else as placement would split them now; `more`: the Request's other fields (the prompt, or the
+    chats of a batch; `shape` to choose one)."""
+    from nightshift.engine.distributed.placement import plan_hosts, stored_shape, stored_split
     from nightshift.engine.store.manifest import read_manifest
 
     store = Path(store).absolute()
-    experts = more.get("shape") == "experts"  # no split: every rank runs every layer
+    more["shape"] = more.get("shape") or stored_shape(store, hosts)
+    experts = more["shape"] == "experts"  # no split: every rank runs every layer
     return Request(
         store=str(store),
         split=[] if experts else stored_split(store, hosts) or plan_hosts(read_manifest(store), hosts).split,
@@ -268,10 +270,10 @@ def generate_over_hosts(
     port: int = 32323,
     timeouts: Timeouts = Timeouts(),
     on_token: Callable[[int], None] | None = None,
-    shape: str = "pipeline",
+    shape: str | None = None,
 ) -> PipelineResult:
     """Greedy tokens for `prompt` from the store at `store` over `hosts` (see `pipeline_request`); `shape`
-    "experts": expert parallelism (engine/distributed/experts.py) instead of the pipeline."""
+    "experts" or "pipeline" (default: as the store was placed over these hosts)."""
     request = pipeline_request(store, hosts, max_tokens, memory_budget, prompt=prompt, shape=shape)
 
     def tokens_only(rank: int, event: dict) -> None:

@@ -148,13 +148,36 @@ def write_plan(store: Path, plan: HostPlan, hosts: list[Host]) -> None:
     )
 
 
-def stored_split(store: Path, hosts: list[Host]) -> list[int] | None:
-    """The split `model place --hosts` kept for these hosts (same count and drives), or None."""
+def write_expert_plan(store: Path, hosts: list[Host]) -> None:
+    """Keep with the store that its experts were placed for expert parallelism over these hosts: launching over
+    them then runs that shape (every host every layer, its share of the experts)."""
+    write_json_atomic(
+        Path(store) / PIPELINE_FILE,
+        {
+            "shape": "experts",
+            "how": f"expert e on host e % {len(hosts)} in every layer",
+            "hosts": [{"ssh": h.ssh, "drives": [d.name for d in h.drives]} for h in hosts],
+        },
+    )
+
+
+def stored_plan(store: Path, hosts: list[Host]) -> dict | None:
+    """What `model place --hosts` kept for these hosts (same count and drives), or None."""
     path = Path(store) / PIPELINE_FILE
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
     kept = [sorted(h["drives"]) for h in data["hosts"]]
-    if kept != [sorted(d.name for d in h.drives) for h in hosts]:
-        return None
-    return list(data["split"])
+    return data if kept == [sorted(d.name for d in h.drives) for h in hosts] else None
+
+
+def stored_split(store: Path, hosts: list[Host]) -> list[int] | None:
+    """The split `model place --hosts` kept for these hosts, or None (none kept, or placed by expert)."""
+    plan = stored_plan(store, hosts)
+    return list(plan["split"]) if plan is not None and "split" in plan else None
+
+
+def stored_shape(store: Path, hosts: list[Host]) -> str:
+    """How the store was placed over these hosts: "experts" (expert parallelism) or "pipeline" (the default)."""
+    plan = stored_plan(store, hosts)
+    return plan.get("shape", "pipeline") if plan is not None else "pipeline"
