@@ -371,9 +371,13 @@ class Service:
             return {"ok": True, "pid": os.getpid(), **self.health()}
         if command == "jobs":
             self._look_for_orphans()  # what the reply says of running runs is true: their processes are alive
-            cancelling = next((run_id for run_id, cancel in self.running.copy().items() if cancel.is_set()), None)
-            return {"ok": True, "runs": [run.to_dict() for run in self.queue.recent(int(request.get("limit", 30)))],
-                    "next_runs": self.next_runs(), "cancelling": cancelling,
+            runs = self.queue.recent(int(request.get("limit", 30)))
+            running = {run.id for run in runs if run.state == "running"}  # a batch's cancelled run leaves it at once
+            cancelling = next(
+                (i for i, cancel in self.running.copy().items() if cancel.is_set() and i in running), None
+            )
+            return {"ok": True, "runs": [run.to_dict() for run in runs], "next_runs": self.next_runs(),
+                    "cancelling": cancelling,
                     **self.health()}  # fmt: skip
         if command == "run":
             review = str(request.get("review"))
