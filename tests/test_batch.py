@@ -9,6 +9,7 @@ shows the tie (the alone run's logits at that step) instead of failing, and says
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,6 +21,7 @@ from nightshift.engine.batch import BatchStats, batch_tokens
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.prefill import prefill
 from nightshift.engine.store.loader import load_store
+from tests.test_prefetch import delay_reads
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 STEPS = 16
@@ -101,3 +103,23 @@ def test_a_batch_reads_the_union_of_its_rows_experts_once_per_layer(store):
     # Four rows select at most 4k experts per layer; they share some, and never fewer than one row's k.
     assert k < four.experts_per_layer_call <= 4 * k
     assert four.rows == sum(t - 1 for t in four.tokens) and four.steps == 7
+
+
+def test_a_batched_decode_step_overlaps_and_caps_its_read_ahead_like_a_one_row_step(store):
+    """Rows of several sequences are a decode step too: each expert runs on its rows as it lands (overlapped,
+    d1 reads slowly), the step's compute window is measured for its width, and its read-ahead is capped by it
+    (drives that deliver nothing in the window: one guess per pass, not the union of the rows' guesses)."""
+    model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=False))
+    delay_reads(stream.reader, "d1", lambda: time.sleep(0.005))
+    stream.dispatcher.bandwidth = lambda drives: 0.0
+    try:
+        prompts = [[p[0]] for p in PROMPTS[:4]]  # one token each: every pass is a decode step
+        batched = batch_tokens(model, prompts, 6, stream)
+        passes, read_ahead = stream.trace.passes(), stream.figures().reads.prefetch_reads
+        assert batched == [alone(model, p, 6)[0] for p in prompts]
+    finally:
+        stream.close()
+    four = [p for p in passes if p.rows == 4]
+    assert four and sum(p.overlapped for p in four) > 0 and all(p.expert_s > 0 for p in four)
+    assert 4 in stream._windows
+    assert read_ahead <= sum(p.predict_s > 0 for p in passes)  # at most one guess read per pass that guessed

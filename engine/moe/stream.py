@@ -49,6 +49,12 @@ WINDOW_SMOOTHING = 0.2
 RESIDENT_BACKLOG, RESIDENT_KEEP = 1024, 64  # resident calls held before counting; the newest left to evaluate
 
 
+def decode_step(shape: tuple[int, ...]) -> bool:
+    """Whether router indices of `shape` (..., positions, k) are a decode step: one new position per sequence,
+    for one sequence or a batch of them; not a prompt chunk or a speculative verify of several positions."""
+    return len(shape) < 2 or shape[-2] == 1
+
+
 @dataclass(frozen=True)
 class PrefillReads:
     """One prefill's reads: bytes read from the drives, and the bytes of the distinct experts it needed."""
@@ -223,7 +229,7 @@ class ExpertStream:
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
         self._prefill_needed: set[tuple[int, int]] | None = None
-        self._window: float | None = None  # seconds, smoothed readback of one-row passes
+        self._windows: dict[int, float] = {}  # rows -> seconds, smoothed readback of decode steps that wide
         self._prefill_bytes_at = 0
         self.calls = CallCounts()
 
@@ -244,19 +250,20 @@ class ExpertStream:
         self._give_back()
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
+        step = decode_step(host.shape)
         unique = np.unique(host).tolist()
         self._note(layer, unique, record.rows)
         self._count_needed(layer, unique)
         landing = Landing(record, unique, self._look_up(layer, unique), self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
         self._read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
-        guess = self._guess_next(layer, x, host.shape[-1], record)
-        tail = self._hold_tail(guess, record)
+        guess = self._guess_next(layer, x, host.shape[-1], record, step)
+        tail = self._hold_tail(guess, step)
         read_in_tail = self._land(layer, landing, pending, tail)
         # Only now: the drives are idle until the next layer asks, so its predicted reads take no
         # bandwidth from this layer's own (before the wait or here measured the same on small2).
         if guess is not None:
-            self._prefetch_next(guess, read_in_tail, record)
+            self._prefetch_next(guess, read_in_tail, record, step)
         self._keep(layer, landing)
         self._record(landing)
         return unique, host, [landing.found[e] for e in unique]
@@ -355,16 +362,16 @@ class ExpertStream:
     def _read_back(self, indices: mx.array, record: PassTrace) -> np.ndarray:
         """The router's choice on the host, timed: evaluating it is where MLX computes up to this router.
 
-        In a one-row (decode) pass that stall is the compute between one layer's reads landing and this
-        router: the window a read-ahead can fill, smoothed over recent passes (see `_window_fill`).
+        In a decode step that stall is the compute between one layer's reads landing and this router: the
+        window a read-ahead can fill, smoothed over recent steps of as many rows (see `_window_fill`).
         """
         start = time.perf_counter()
         host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
         record.readback_s = time.perf_counter() - start
         record.rows = host.size // host.shape[-1]
-        if record.rows == 1:
-            w = record.readback_s
-            self._window = w if self._window is None else self._window + WINDOW_SMOOTHING * (w - self._window)
+        if decode_step(host.shape):
+            w, old = record.readback_s, self._windows.get(record.rows)
+            self._windows[record.rows] = w if old is None else old + WINDOW_SMOOTHING * (w - old)
         return host
 
     def _count_needed(self, layer: int, unique: list[int]) -> None:
@@ -385,10 +392,10 @@ class ExpertStream:
             return {}
         return {e: t for e in unique if (t := self.cache.get((layer, e))) is not None}
 
-    def _guess_next(self, layer: int, x: mx.array, k: int, record: PassTrace) -> Guess | None:
+    def _guess_next(self, layer: int, x: mx.array, k: int, record: PassTrace, step: bool) -> Guess | None:
         """The next MoE layer's experts as predicted from `x`, or None where this pass does not read ahead."""
         nxt = self._next.get(layer)
-        wanted_here = self.settings.prefetch or (record.rows > 1 and self.settings.prefill_prefetch)
+        wanted_here = self.settings.prefetch or (not step and self.settings.prefill_prefetch)
         if nxt is None or not wanted_here or nxt.layer in self.settings.prefetch_off:
             return None
         if not nxt.resolved:
@@ -400,10 +407,10 @@ class ExpertStream:
         record.predict_s = time.perf_counter() - start
         return Guess(nxt.layer, experts)
 
-    def _hold_tail(self, guess: Guess | None, record: PassTrace) -> bool:
-        """In a one-row pass, hold the guessed experts not cached (within the prefetch limit) for drives done
+    def _hold_tail(self, guess: Guess | None, step: bool) -> bool:
+        """In a decode step, hold the guessed experts not cached (within the prefetch limit) for drives done
         with their share of this layer while another still reads; True when held (`_land` ends the tail)."""
-        if guess is None or record.rows != 1 or not self.settings.prefetch_tail:
+        if guess is None or not step or not self.settings.prefetch_tail:
             return False
         held = self._uncached(guess.layer, guess.experts)[: self.settings.prefetch_limit or None]
         self.reader.hold_tail(guess.layer, held)
@@ -430,27 +437,28 @@ class ExpertStream:
     def _uncached(self, layer: int, experts: list[int]) -> list[int]:
         return [e for e in experts if self.cache is None or (layer, e) not in self.cache]
 
-    def _prefetch_next(self, guess: Guess, read_in_tail: set[int], record: PassTrace) -> None:
+    def _prefetch_next(self, guess: Guess, read_in_tail: set[int], record: PassTrace, step: bool) -> None:
         """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps."""
         limit = max(0, self.settings.prefetch_limit - len(read_in_tail)) if self.settings.prefetch_limit else None
-        fill = self._window_fill(guess.layer) if record.rows == 1 and self.settings.prefetch_fill else None
+        fill = self._window_fill(guess.layer, record.rows) if step and self.settings.prefetch_fill else None
         caps = [c for c in (limit, fill) if c is not None]
         rest = [e for e in guess.experts if e not in read_in_tail]
         ahead = rest[: min(caps)] if caps else rest
         self._predicted[guess.layer] = set(ahead) | read_in_tail
         self.reader.prefetch(guess.layer, self._uncached(guess.layer, ahead))
 
-    def _window_fill(self, layer: int) -> int | None:
+    def _window_fill(self, layer: int, rows: int) -> int | None:
         """How many of `layer`'s experts the drives can read while the model computes up to its router.
 
-        The window is the readback time of recent one-row passes (the compute between one layer's reads
-        landing and the next layer's router); beyond what fits in it, a wrong guess only takes bandwidth
-        from the demands that follow. None until a window has been measured.
+        The window is the readback time of recent decode steps of `rows` rows (the compute between one layer's
+        reads landing and the next layer's router, longer with more rows); beyond what fits in it, a wrong guess
+        only takes bandwidth from the demands that follow. None until a window has been measured.
         """
-        if self._window is None:
+        window = self._windows.get(rows)
+        if window is None:
             return None
         in_use = set(self.settings.use_drives or self.manifest.drives)
-        return max(1, int(self._window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
+        return max(1, int(window * self.dispatcher.bandwidth(in_use) / self.reader.layers[layer].file_bytes))
 
     def _keep(self, layer: int, landing: Landing) -> None:
         """Every read expert in its stored dtypes (those not already run as they landed), and in the cache;

@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.errors import ModelFormatError
-from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
 from nightshift.engine.store.manifest import Manifest, MoeLayer
 
@@ -50,8 +50,7 @@ class StreamingSwitch(nn.Module):
                 self._switch.update(tree_unflatten(list(resident.items())))
                 object.__setattr__(self, "_holding", resident)
             return self._switch(x, indices)
-        one_row = indices.size == indices.shape[-1]
-        if one_row and self._stream.settings.overlap:
+        if self._stream.settings.overlap and decode_step(indices.shape):
             return self._overlapped(x, indices)
         unique, host, experts = self._stream.experts(self.layer_index, x, indices)
         stacked = [(name, mx.stack([e[name] for e in experts])) for name in self.tensor_names]
@@ -73,25 +72,38 @@ class StreamingSwitch(nn.Module):
             self._switch.update(self._empty)
 
     def _overlapped(self, x: mx.array, indices: mx.array) -> mx.array:
-        """One row: run each expert alone as it lands, then put the outputs back in the row's slot order.
+        """A decode step (one row per sequence): run each expert as it lands on the rows that selected it, then
+        put the outputs back in each row's slot order.
 
-        The experts' compute hides behind the reads still landing instead of following the last one; the
-        model's block then sums the slots in their order, as it would the stacked call's output.
+        The experts' compute hides behind the reads still landing instead of following the last one. An expert
+        runs on its rows through the family's switch with a stack of one, so each row takes the quantized
+        kernel row by row as in a one-row call (the same bits as the sequence decoded alone), and the model's
+        block sums the slots in their order, as it would the stacked call's output.
         """
-        alone = mx.zeros((*indices.shape[:-1], 1), dtype=indices.dtype)
+        rows = x.reshape(-1, 1, x.shape[-1])
+        picked: list[np.ndarray] = []  # per expert (sorted ids), the rows that selected it
         outputs: dict[int, mx.array] = {}
 
         def run(i: int, tensors: dict[str, mx.array]) -> None:
+            if not picked:  # the stream has read the router's choice back before anything lands
+                host = np.array(indices).reshape(-1, indices.shape[-1])
+                picked.extend(np.flatnonzero((host == e).any(axis=-1)) for e in np.unique(host))
+            mine = rows if len(picked[i]) == rows.shape[0] else rows[mx.array(picked[i].astype(np.uint32))]
             self._switch.update(tree_unflatten([(name, tensors[name][None]) for name in self.tensor_names]))
-            outputs[i] = self._switch(x, alone)
+            outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
             mx.eval(outputs[i])
 
         try:
             unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
         finally:
             self._switch.update(self._empty)
-        slots = np.searchsorted(unique, host.reshape(-1)).tolist()
-        return mx.concatenate([outputs[i] for i in slots], axis=-2)
+        # Outputs in sorted-id order, each expert's rows ascending: a stable sort of the slots by expert gives
+        # every slot its place there.
+        order = np.argsort(np.searchsorted(unique, host.reshape(-1)), kind="stable")
+        place = np.empty_like(order)
+        place[order] = np.arange(order.size)
+        done = mx.concatenate([outputs[i] for i in range(len(unique))]).reshape(order.size, -1)
+        return done[mx.array(place.astype(np.uint32))].reshape(*indices.shape, -1)
 
 
 def expert_projections(switch: nn.Module) -> list[str]:
