@@ -1,4 +1,4 @@
-"""`nightshift bench decode|ab|ladder|prefill|draft|cache`: timed runs of the streaming engine, recorded in the run catalogue.
+"""`nightshift bench decode|ab|ladder|prefill|draft|cache|peer`: timed runs of the streaming engine, recorded in the run catalogue.
 
 Run them on the rig for drive-bound figures: `nightshift rig run -- nightshift bench decode --model M
 --drives RIG/drives.toml`. Every run is recorded, losses included; an A/B records its variant only when
@@ -8,6 +8,7 @@ the counters prove the mechanism fired (config assertions).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import MISSING, Field, fields, replace
@@ -470,6 +471,45 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_peer(args: argparse.Namespace) -> int:
+    """nightshift against llama.cpp (mmap) and mlx-lm in RAM at the same budgets: each run recorded, the table shown."""
+    from nightshift.engine import Run, read_manifest, with_drives
+    from nightshift.engine.bench.peer import PeerError, PeerPlan, llama_cpp_python, read_gguf, run_peers, table
+
+    python = args.peer_python or llama_cpp_python()
+    if python is None:
+        raise PeerError(
+            "no interpreter with llama-cpp-python: build one with bench/peer_setup.sh, then pass --peer-python "
+            "or set NIGHTSHIFT_LLAMA_CPP_PYTHON to its python"
+        )
+    store, drives, _ = sources_from(args)
+    gguf = read_gguf(Path(args.gguf))
+    expert_bytes = with_drives(read_manifest(store), drives).expert_bytes
+    settings = settings_from(args).as_dict()
+    bits = {"nightshift_bits_per_weight": 8 * expert_bytes / gguf.expert_weights,
+            "llama_bits_per_weight": gguf.bits_per_expert_weight}  # fmt: skip
+    say(
+        f"experts: nightshift {expert_bytes / 1e6:.1f} MB ({bits['nightshift_bits_per_weight']:.2f} bits/weight), "
+        f"llama.cpp {gguf.expert_bytes / 1e6:.1f} MB ({gguf.bits_per_expert_weight:.2f}); budgets are shares of "
+        f"nightshift's; llama.cpp's non-expert tensors {gguf.trunk_bytes / 1e6:.1f} MB stay mapped on top"
+    )
+    drives_file = Path(args.drives) if args.drives else None
+    plan = PeerPlan(store, gguf, python, settings, args.shares, args.tokens, args.threads, drives_file, args.mlx_in_ram)
+
+    def record(run) -> None:
+        config = {**settings, "engine": run.engine, "budget_share": run.share, "budget": run.budget,
+                  "limit": run.limit, "tokens": args.tokens, "threads": args.threads, "gguf": str(gguf.files[0]), **bits}  # fmt: skip
+        verdict = "oom-killed" if run.memory.get("oom_kills") else "measured"
+        entry = Run(kind="peer", model=store.name, config=config, figures=run.figures(), verdict=verdict,
+                    command=shlex.join(["nightshift", *args.invocation]), note=f"bench peer: {run.engine}")  # fmt: skip
+        say(f"{run.engine} at {run.share if run.share is not None else 'all'}: {run.tokens_per_s:.3f} tok/s; "
+            f"recorded as run {catalogue().record(entry)} ({verdict})")  # fmt: skip
+
+    runs = run_peers(plan, expert_bytes, on_run=record)
+    print(table(runs))
+    return 0
+
+
 def cmd_replicate(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
     from nightshift.engine import replicate_everywhere
@@ -530,6 +570,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     _add_bandwidth_seconds(cache)
     cache.set_defaults(run=cmd_cache)
+    peer = sub.add_parser(
+        "peer", help="nightshift vs llama.cpp (mmap) and mlx-lm in RAM, each held to the same RAM budget (cgroups)"
+    )
+    add_stream_arguments(peer, BENCH_DEFAULTS)
+    peer.add_argument("--gguf", required=True, help="the same model for llama.cpp (the first file of a split GGUF)")
+    peer.add_argument("--shares", type=_shares, default=(0.1, 0.25, 0.5), help="budgets, as shares of the expert bytes")
+    peer.add_argument("--tokens", type=int, default=8, help="tokens to decode per run, timed (8)")
+    peer.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (all cores)")
+    peer.add_argument("--peer-python", help="python with llama-cpp-python (default: NIGHTSHIFT_LLAMA_CPP_PYTHON)")
+    peer.add_argument(
+        "--mlx-in-ram", action=argparse.BooleanOptionalAction, default=True, help="also run the store in RAM (on)"
+    )
+    peer.set_defaults(run=cmd_peer)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     replicate.set_defaults(run=cmd_replicate)

@@ -1,8 +1,12 @@
-"""Per-device read limits for a group of processes: cgroup v1 blkio or v2 io.max, whichever is here.
+"""Groups of processes the benchmarks limit: per-device reads (the rig) and memory (`bench peer`, pressure runs).
 
-v1 (`/sys/fs/cgroup/blkio`): `blkio.throttle.read_bps_device` / `read_iops_device`, one
-"MAJOR:MINOR VALUE" line per device. v2 (`/sys/fs/cgroup` with the io controller):
-`io.max` lines "MAJOR:MINOR rbps=VALUE riops=VALUE", after enabling io for child groups.
+Reads: cgroup v1 blkio or v2 io.max, whichever is here. v1 (`/sys/fs/cgroup/blkio`):
+`blkio.throttle.read_bps_device` / `read_iops_device`, one "MAJOR:MINOR VALUE" line per device. v2
+(`/sys/fs/cgroup` with the io controller): `io.max` lines "MAJOR:MINOR rbps=VALUE riops=VALUE", after
+enabling io for child groups.
+
+Memory: v1 `/sys/fs/cgroup/memory` (`memory.limit_in_bytes`) or v2 `memory.max`. A memory cgroup counts
+its processes' page cache as well as their own memory, so a limit bounds what mmap keeps of a file too.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from nightshift.engine.errors import NightshiftError
 
 V1_ROOT = Path("/sys/fs/cgroup/blkio")
 V2_ROOT = Path("/sys/fs/cgroup")
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 
 
 class CgroupError(NightshiftError):
@@ -128,3 +133,100 @@ def remove_throttle(path: Path) -> None:
         os.rmdir(path)
     except OSError as exc:
         raise CgroupError(f"cannot remove cgroup {path}: {exc.strerror}") from exc
+
+
+def command_in(procs_file: Path, argv: list[str]) -> list[str]:
+    """`argv` wrapped so that it enters the cgroup whose `cgroup.procs` is `procs_file` before it runs."""
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs_file), *argv]
+
+
+# (v1 file, v2 file) for each figure a memory group reports
+_MEMORY_FILES = {
+    "limit": ("memory.limit_in_bytes", "memory.max"),
+    "usage": ("memory.usage_in_bytes", "memory.current"),
+    "peak": ("memory.max_usage_in_bytes", "memory.peak"),
+}
+_ANON = ("total_rss", "anon")  # memory.stat key of the processes' own (anonymous) memory
+_FILE = ("total_cache", "file")  # ... and of the page cache charged to the group
+
+
+@dataclass(frozen=True)
+class MemoryGroup:
+    """One memory cgroup: its processes' memory and page cache are counted, and held to its limit."""
+
+    path: Path
+    version: int
+
+    @classmethod
+    def create(cls, name: str, limit: int | None = None) -> MemoryGroup:
+        """A new, empty memory cgroup `name` (no limit unless `limit` bytes are given)."""
+        v1 = MEMORY_V1.is_dir()
+        root = MEMORY_V1 if v1 else V2_ROOT
+        if not v1 and "memory" not in (root / "cgroup.controllers").read_text().split():
+            raise CgroupError("no memory cgroup here: neither cgroup v1 memory nor the v2 memory controller")
+        try:
+            (root / name).mkdir()
+        except FileExistsError:
+            raise CgroupError(f"cgroup {root / name} already exists (left by a run that died? rmdir it)") from None
+        except OSError as exc:
+            raise CgroupError(f"cannot create cgroup {root / name}: {exc.strerror} (are you root?)") from exc
+        group = cls(root / name, 1 if v1 else 2)
+        if limit is not None:
+            group.set_limit(limit)
+        return group
+
+    def set_limit(self, limit: int) -> None:
+        """Hold the group to `limit` bytes; the kernel reclaims page cache down to it first."""
+        self._write(self._file("limit"), str(limit))
+
+    def add(self, pid: int) -> None:
+        self._write("cgroup.procs", str(pid))
+
+    @property
+    def procs_file(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    def figure(self, name: str) -> int:
+        """limit, usage or peak usage, in bytes."""
+        text = (self.path / self._file(name)).read_text().strip()
+        return int(text) if text.isdigit() else -1  # v2 "max": none
+
+    def stat(self) -> dict[str, int]:
+        return {
+            key: int(value)
+            for key, value in (line.split() for line in (self.path / "memory.stat").read_text().splitlines())
+        }
+
+    def anon_bytes(self) -> int:
+        """Memory the processes hold themselves (not page cache)."""
+        return self.stat()[_ANON[self.version - 1]]
+
+    def file_bytes(self) -> int:
+        """Page cache charged to the group (file pages its processes read or mapped)."""
+        return self.stat()[_FILE[self.version - 1]]
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed for want of memory in this group."""
+        name, key = ("memory.oom_control", "oom_kill") if self.version == 1 else ("memory.events", "oom_kill")
+        for line in (self.path / name).read_text().splitlines():
+            if line.startswith(key + " "):
+                return int(line.split()[1])
+        return 0
+
+    def remove(self) -> None:
+        """Remove the (empty) group; its page cache stays cached, charged to the parent."""
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CgroupError(f"cannot remove cgroup {self.path}: {exc.strerror}") from exc
+
+    def _file(self, name: str) -> str:
+        return _MEMORY_FILES[name][self.version - 1]
+
+    def _write(self, name: str, value: str) -> None:
+        try:
+            (self.path / name).write_text(value + "\n")
+        except OSError as exc:
+            raise CgroupError(f"cannot write {value!r} to {self.path / name}: {exc.strerror}") from exc

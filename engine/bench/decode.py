@@ -34,7 +34,7 @@ from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import StreamFigures
+from nightshift.engine.moe.stream import ExpertStream, StreamFigures
 from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import Manifest, read_manifest
@@ -131,7 +131,7 @@ def drives_of(figures: StreamFigures) -> dict[str, dict[str, int]]:
 @dataclass
 class StreamedDecode:
     """One timed streamed decode: its tokens and time, the stream's figures and trace after it, and what
-    the decode alone (first token excluded) read from the drives and needed of them."""
+    the decode alone (first token excluded) read from the drives, needed of them and waited for them."""
 
     timing: DecodeTiming
     figures: StreamFigures
@@ -139,6 +139,7 @@ class StreamedDecode:
     read_bytes: int
     needed_bytes: int
     routing: list
+    wait_s: float = 0.0
 
 
 def streamed_decode(
@@ -151,19 +152,26 @@ def streamed_decode(
     prompt: list[int] = PROMPT,
     warmup: int = WARMUP,
     warmup_prompt: list[int] = WARMUP_PROMPT,
+    after_warmup: Callable[[ExpertStream], None] | None = None,
+    at_first_token: Callable[[], None] | None = None,
 ) -> StreamedDecode:
-    """Open the store streamed with `settings`, warm up, then time a greedy decode of `tokens` tokens."""
+    """Open the store streamed with `settings`, warm up, then time a greedy decode of `tokens` tokens
+    (`after_warmup(stream)` runs between the two, `at_first_token()` where the timing starts: `bench peer`'s)."""
     model, _, stream = load_streaming(store, settings, drives, ceilings)
     if routing:
         stream.record_routing()
     try:
         time_decode(model, warmup, warmup_prompt)  # first calls build MLX kernels and fault in the trunk: not timed
+        if after_warmup is not None:
+            after_warmup(stream)
         before: dict[str, int] = {}
         decode_began = [0.0]
 
         def mark() -> None:
             before.update({n: s.bytes for n, s in zip(stream.counters.names, stream.counters.snapshot())})
             decode_began[0] = stream.trace.now()
+            if at_first_token is not None:
+                at_first_token()
 
         timing = time_decode(model, tokens, prompt, at_first_token=mark)
         figures = stream.figures()
@@ -172,11 +180,14 @@ def streamed_decode(
         stream.close()
         del model
     read = sum(d.bytes - before.get(n, 0) for n, d in figures.drives.items())
-    needed = needed_bytes(stream.trace.passes(), decode_began[0])
-    return StreamedDecode(timing, figures, trace, read, needed, stream.routing or [])
+    passes = stream.trace.passes()
+    wait = sum(p.wait_s for p in passes if p.began >= decode_began[0])
+    return StreamedDecode(
+        timing, figures, trace, read, needed_bytes(passes, decode_began[0]), stream.routing or [], wait
+    )
 
 
-def in_ram_decode(store: Path, tokens: int) -> DecodeTiming:
+def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] | None = None) -> DecodeTiming:
     """The compute floor: the same greedy decode with every expert resident in RAM (after the same warm-up).
 
     Its expert layers read a prompt with the streamed layers' math (the grouped GEMM of `use_gemm_prefill`),
@@ -186,7 +197,7 @@ def in_ram_decode(store: Path, tokens: int) -> DecodeTiming:
     for site in switch_sites(resident):
         use_gemm_prefill(module_at(resident, site.path))
     time_decode(resident, WARMUP, WARMUP_PROMPT)
-    timing = time_decode(resident, tokens)
+    timing = time_decode(resident, tokens, at_first_token=at_first_token)
     del resident
     return timing
 

@@ -24,27 +24,23 @@ from pathlib import Path
 
 import psutil
 
+from nightshift.engine.bench.cgroups import MemoryGroup
 from nightshift.engine.moe.budget import memory_now
 from nightshift.engine.moe.settings import StreamSettings, parse_budget
 
-V1 = Path("/sys/fs/cgroup/memory")
-V2 = Path("/sys/fs/cgroup")
 HOG = "import sys, time; b = b'\\x01' * int(sys.argv[1]); time.sleep(float(sys.argv[2]))"
 
 
-def enter_cgroup(limit: int) -> Path:
+def enter_cgroup(limit: int) -> MemoryGroup:
     """A new memory cgroup limited to `limit` bytes, with this process in it."""
-    v1 = V1.is_dir()
-    group = (V1 if v1 else V2) / f"nightshift-pressure-{os.getpid()}"
-    group.mkdir()
-    (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit))
-    (group / "cgroup.procs").write_text(str(os.getpid()))
+    group = MemoryGroup.create(f"nightshift-pressure-{os.getpid()}", limit)
+    group.add(os.getpid())
     return group
 
 
-def leave_cgroup(group: Path) -> None:
-    (group.parent / "cgroup.procs").write_text(str(os.getpid()))
-    group.rmdir()
+def leave_cgroup(group: MemoryGroup) -> None:
+    (group.path.parent / "cgroup.procs").write_text(str(os.getpid()))
+    group.remove()
 
 
 def decode(model, prompt: list[int], tokens: int, on_token) -> list[int]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from nightshift.engine.bench.cgroups import (
     CgroupError,
     ReadThrottle,
+    command_in,
     create_throttle,
     current_cgroup,
     remove_throttle,
@@ -345,8 +346,7 @@ def rig_command(state: RigState, argv: list[str]) -> list[str]:
     """`argv` wrapped so it runs inside the rig's cgroup (reads throttled per drive)."""
     if not argv:
         raise RigError("give a command to run in the rig, e.g. `nightshift rig run -- fio job.fio`")
-    procs = state.throttle().procs_file
-    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
+    return command_in(state.throttle().procs_file, argv)
 
 
 @contextmanager

@@ -103,6 +103,7 @@ def kimi_k2(*sizes: int) -> dict:
 def qwen3_moe(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
         model_type="qwen3_moe",
+        architectures=["Qwen3MoeForCausalLM"],  # as released: llama.cpp's converter picks its model class by it
         vocab_size=vocab,
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -126,6 +127,7 @@ def qwen3_moe(hidden: int, layers: int, experts: int, active: int, expert_hidden
 def mixtral(hidden: int, layers: int, experts: int, active: int, expert_hidden: int, vocab: int) -> dict:
     return dict(
         model_type="mixtral",
+        architectures=["MixtralForCausalLM"],
         vocab_size=vocab,
         hidden_size=hidden,
         num_hidden_layers=layers,
