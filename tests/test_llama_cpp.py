@@ -9,11 +9,8 @@ exact float64 math (tests/llama_reference.py) must side with nightshift.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +18,7 @@ import pytest
 from mlx_lm import stream_generate
 
 from nightshift.engine import open_model
+from nightshift.engine.bench.peer import llama_cpp_python
 from tests.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -38,11 +36,9 @@ NEAR_TIE = 0.5
 
 
 def _llama_cpp_python() -> str:
-    if python := os.environ.get("NIGHTSHIFT_LLAMA_CPP_PYTHON"):
-        return python
-    if importlib.util.find_spec("llama_cpp") is not None:
-        return sys.executable
-    pytest.skip("llama.cpp is absent: install llama-cpp-python or set NIGHTSHIFT_LLAMA_CPP_PYTHON")
+    if (python := llama_cpp_python()) is None:
+        pytest.skip("llama.cpp is absent: install llama-cpp-python or set NIGHTSHIFT_LLAMA_CPP_PYTHON")
+    return python
 
 
 @pytest.fixture(scope="module")
