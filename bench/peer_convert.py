@@ -3,12 +3,14 @@
 Runs in the peer's interpreter (the venv `bench/peer_setup.sh` builds: llama-cpp-python, torch, the converter's
 requirements), never in nightshift's; it imports nothing of nightshift.
 
-    PEER_PYTHON bench/peer_convert.py SRC OUT_DIR --llama-cpp DIR [--shards 4] [--type Q4_1]
+    PEER_PYTHON bench/peer_convert.py SRC OUT_DIR --llama-cpp DIR [--shards 4] [--type Q4_1] [--spread DIR,DIR...]
 
 1. `convert_hf_to_gguf.py SRC --outtype f32 --split-max-size S` (S = a `--shards`th of the f32 size), so the
    model comes in `--shards` files that `bench peer` puts one per drive;
 2. `llama_model_quantize` (the bindings' C call) of those shards to `--type`, keeping the split
-   (OUT_DIR/model-00001-of-0000N.gguf ...); the f32 shards are deleted.
+   (OUT_DIR/model-00001-of-0000N.gguf ...); the f32 shards are deleted;
+3. with `--spread`, shard i moved to the i-th directory (round robin: one per drive, so llama.cpp reads the same
+   drives nightshift does) and linked from OUT_DIR, where llama.cpp finds a split model's files.
 
 One thing is forced: the converter refuses a byte-level BPE tokenizer whose pre-tokenizer hash it does not
 know (a synthetic model's, trained here), so the pre-tokenizer is labelled "gpt-2". Only text tokenization
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,6 +65,7 @@ def main() -> None:
     )
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--type", choices=sorted(TYPES), default="Q4_1")
+    parser.add_argument("--spread", help="comma-separated directories (one per drive) to move the shards to")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     f32 = convert(args.src, args.out_dir / "f32", args.llama_cpp, args.shards)
@@ -70,8 +74,14 @@ def main() -> None:
     finally:
         for shard in f32:
             shard.unlink()
-    for shard in sorted(args.out_dir.glob("model-*-of-*.gguf")):
-        print(shard, shard.stat().st_size)
+    shards = sorted(args.out_dir.glob("model-*-of-*.gguf"))
+    places = [Path(d) for d in args.spread.split(",")] if args.spread else []
+    for i, shard in enumerate(shards):
+        if places:
+            moved = places[i % len(places)] / shard.name
+            shutil.move(shard, moved)
+            shard.symlink_to(moved)
+        print(shard.resolve(), shard.stat().st_size)
 
 
 if __name__ == "__main__":
