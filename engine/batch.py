@@ -1,8 +1,11 @@
 """Several sequences decoded together, so that each step reads the experts their rows select once for all.
 
 When experts stream, a MoE layer costs the union of the experts its rows select, and with skewed
-routing that union grows much more slowly than the number of rows. Each prompt is read alone,
-expert-major, exactly as a single generation reads it (engine/prefill.py); the sequences' caches are
+routing that union grows much more slowly than the number of rows. The prompts' shared beginning (a split
+narrative's system message and findings list) is read once, in whole prefill chunks, and its cache copied
+for each sequence: those are the chunks each prompt reads alone, so the copy is its own cache bit for bit.
+The rest of each prompt is read alone, expert-major, exactly as a single generation reads it
+(engine/prefill.py), from where the shared chunks end. The sequences' caches are
 then merged into mlx-lm's batch caches (left-padded to one length and masked), and every step runs one
 row per live sequence through the model, where a streaming layer reads each selected expert once. A
 sequence that ends (an end token or its own token limit) leaves the batch and the others go on.
@@ -14,6 +17,7 @@ kernel does not, the two agree until a near-tie of the top logits, which that te
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +40,7 @@ class BatchStats:
     width: int
     tokens: list[int] = field(default_factory=list)  # generated per sequence
     prefill_seconds: float = 0.0
+    shared_prefix: int = 0  # prompt tokens every sequence starts with, read once for all
     decode_seconds: float = 0.0
     steps: int = 0  # decode passes (each with one row per live sequence)
     rows: int = 0  # rows those passes carried, summed
@@ -74,10 +79,14 @@ def batch_tokens(
         raise NightshiftError(f"max_tokens {max_tokens}: ask for at least 1 token")
     stats = stats if stats is not None else BatchStats(width=len(prompts))
     start = time.perf_counter()
+    stats.shared_prefix = shared = shared_prefix(prompts, prefill_chunk)
+    read_once = make_prompt_cache(model)
+    if shared:
+        prefill(model, prompts[0][:shared], read_once, prefill_chunk)
     caches, out = [], []
     for i, prompt in enumerate(prompts):
-        cache = make_prompt_cache(model)
-        first = int(mx.argmax(prefill(model, prompt, cache, prefill_chunk)).item())
+        cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
+        first = int(mx.argmax(prefill(model, prompt[shared:], cache, prefill_chunk)).item())
         caches.append(cache)
         out.append([first])
         if on_token is not None:
@@ -111,6 +120,20 @@ def batch_tokens(
         stats.layer_calls, stats.experts_read = after.calls - before.calls, after.unique - before.unique
     stats.tokens = [len(tokens) for tokens in out]
     return out
+
+
+def shared_prefix(prompts: list[list[int]], chunk: int) -> int:
+    """Tokens every prompt begins with, in whole chunks of `chunk`, each prompt keeping at least one of its own.
+
+    Whole chunks, because a prompt read alone is read in those chunks from its start: a shared part ending
+    elsewhere would be summed in other passes than alone (another chunk's rows in the experts' GEMM, Kimi's
+    delta attention's chunking) and the tokens could part at a near-tie.
+    """
+    if len(prompts) < 2 or chunk < 1:
+        return 0
+    common = next((i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1), min(map(len, prompts)))
+    common = min(common, min(map(len, prompts)) - 1)
+    return common // chunk * chunk
 
 
 def _done(tokens: list[int], max_tokens: int, eos: set[int] | frozenset[int]) -> bool:
