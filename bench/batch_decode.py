@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import nightshift.engine  # noqa: F401  (the CPU BLAS before MLX)
@@ -85,6 +86,16 @@ def predicted_union(selections: list[list[dict[int, set[int]]]]) -> float:
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
+def rows_per_expert(selections: list[list[dict[int, set[int]]]]) -> dict[int, int]:
+    """How many (step, layer, expert) of the batch's union had n rows selecting it, n -> count (from the solo
+    selections): with each expert run on its rows, what the step's expert compute is made of."""
+    counts: Counter[int] = Counter()
+    for step in range(min(len(seq) for seq in selections)):
+        for layer in selections[0][step]:
+            counts.update(Counter(e for seq in selections for e in seq[step][layer]).values())
+    return dict(sorted(counts.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -126,6 +137,7 @@ def main() -> None:
                 "ratio": stats.decode_tokens_per_s / width1 if width1 else 0.0,
                 "union_measured": stats.experts_per_layer_call,
                 "union_predicted": predicted,
+                "rows_per_expert": rows_per_expert([sel for _, _, sel in solo[:width]]),
                 **time_goes,
                 "disk_ceiling": width * k_per_call / predicted if predicted else 0.0,
                 "compute_ceiling": width * one["compute_s"] / time_goes["compute_s"],
