@@ -3,6 +3,7 @@ reads the same bytes, and the experts read in parts are the experts read whole, 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reader import MIN_PART_SHARE
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.loader import load_store
+from tests.test_prefetch import delay_reads
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 DEVICES = {"d0": 1, "d1": 2, "d2": 3}  # the three drives share this machine's disk: call them three devices
@@ -38,7 +40,12 @@ def read_layer(
         reader = stream.reader
         layer = min(reader.layers)
         experts = list(range(reader.layers[layer].num_experts))
-        loaded = reader.wait(layer, experts, reader.demand(layer, experts))
+        placed = threading.Event()  # no read lands before all are placed: the dispatcher sees only bytes in flight
+        for drive in DEVICES:
+            delay_reads(reader, drive, placed.wait)
+        pending = reader.demand(layer, experts)
+        placed.set()
+        loaded = reader.wait(layer, experts, pending)
         tensors = {e: {k: np.array(v) for k, v in got.tensors.items()} for e, (got, _) in zip(experts, loaded)}
         per_drive = {name: drive.bytes for name, drive in stream.figures().drives.items()}
         return per_drive, tensors, reader.counts.balanced_reads, reader.layers[layer].file_bytes

@@ -72,7 +72,7 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--shared-pool", "shared_pool", True),
         ("--dispatch first_replica", "dispatch", "first_replica"),
         ("--split-reads", "split_reads", True),
-        ("--balance-reads", "balance_reads", True),
+        ("--no-balance-reads", "balance_reads", False),
         ("--no-prefetch", "prefetch", False),
         ("--prefetch-off 3,4", "prefetch_off", frozenset({3, 4})),
         ("--prefetch-limit 2", "prefetch_limit", 2),

@@ -97,8 +97,11 @@ class StreamSettings:
     split_reads: bool = field(
         default=False, metadata=option("read every expert as two halves from replicas on two devices")
     )
+    # On: +11.5 % on small2 at 3 drives (0.87 -> 0.97 of the roofline: 3/3/2 whole reads became 2 2/3 each),
+    # +3.4 % at 4; on the bench model at 3 drives -1.6 %, within the noise, under a load that tripled its compute
+    # floor (docs/results.md, [17], runs 2-7 of the second session). `model tune` tries it off per store.
     balance_reads: bool = field(
-        default=False,
+        default=True,
         metadata=option(
             "cut the last read of a drive that would end a layer late into page-aligned parts read by the drives "
             "that would end early, so all end together (water-filling: 8 reads over 3 drives read as 2 2/3 each)"
