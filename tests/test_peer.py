@@ -145,3 +145,11 @@ def test_bench_peer_end_to_end_against_llama_cpp(tmp_path, home, capsys):
         )
     ours = next(r for r in runs if r["config"]["engine"] == NIGHTSHIFT)
     assert ours["figures"]["cache_used"] <= ours["config"]["budget"] and 0 <= ours["figures"]["hit_rate"] <= 1
+
+
+def test_the_read_ahead_of_the_drive_holding_a_file_is_read(tmp_path):
+    """llama.cpp's reads through mmap are the faulting page plus the device's read-ahead: the run records it."""
+    from nightshift.engine.bench.peer import read_ahead_kb
+
+    (tmp_path / "f").write_bytes(b"x")
+    assert read_ahead_kb(tmp_path / "f") >= 0

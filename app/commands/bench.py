@@ -474,7 +474,15 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_peer(args: argparse.Namespace) -> int:
     """nightshift against llama.cpp (mmap) and mlx-lm in RAM at the same budgets: each run recorded, the table shown."""
     from nightshift.engine import Run, read_manifest, with_drives
-    from nightshift.engine.bench.peer import PeerError, PeerPlan, llama_cpp_python, read_gguf, run_peers, table
+    from nightshift.engine.bench.peer import (
+        PeerError,
+        PeerPlan,
+        llama_cpp_python,
+        read_ahead_kb,
+        read_gguf,
+        run_peers,
+        table,
+    )
 
     python = args.peer_python or llama_cpp_python()
     if python is None:
@@ -487,7 +495,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
     expert_bytes = with_drives(read_manifest(store), drives).expert_bytes
     settings = settings_from(args).as_dict()
     bits = {"nightshift_bits_per_weight": 8 * expert_bytes / gguf.expert_weights,
-            "llama_bits_per_weight": gguf.bits_per_expert_weight}  # fmt: skip
+            "llama_bits_per_weight": gguf.bits_per_expert_weight,
+            "gguf_read_ahead_kb": sorted({read_ahead_kb(f) for f in gguf.files}, key=str)}  # fmt: skip
     say(
         f"experts: nightshift {expert_bytes / 1e6:.1f} MB ({bits['nightshift_bits_per_weight']:.2f} bits/weight), "
         f"llama.cpp {gguf.expert_bytes / 1e6:.1f} MB ({gguf.bits_per_expert_weight:.2f}); budgets are shares of "

@@ -98,6 +98,16 @@ def read_gguf(first: Path) -> GGUFModel:
     return GGUFModel(files, experts, trunk, weights)
 
 
+def read_ahead_kb(path: Path) -> int | None:
+    """The read-ahead of the block device holding `path` (what an mmap fault reads around the page it needs)."""
+    device = os.stat(Path(path).resolve()).st_dev
+    queue = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}")
+    for place in (queue / "queue", queue.resolve().parent / "queue"):  # a disk, or the disk of a partition
+        if (place / "read_ahead_kb").is_file():
+            return int((place / "read_ahead_kb").read_text())
+    return None
+
+
 def drop_page_cache(paths: Iterable[Path]) -> None:
     """Evict the files' pages from the page cache (written first), so the next reader starts cold."""
     for path in paths:
