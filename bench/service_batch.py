@@ -46,7 +46,7 @@ def user_schedules(home: Path, reviews: list[str], model: Path, width: int, part
         (folder / f"{name}.toml").write_text(text.replace("[model]", settings, 1))
 
 
-def one_way(way: str, reviews: list[str], model, load, width: int, part_tokens: int) -> dict[str, Any]:
+def one_way(way: str, reviews: list[str], model, load, width: int) -> dict[str, Any]:
     """The three runs one way, timed from the first claim to the last outcome recorded."""
     from nightshift.app.daemon.runs import RunQueue
     from nightshift.app.daemon.work import execute, execute_batch
@@ -69,13 +69,9 @@ def one_way(way: str, reviews: list[str], model, load, width: int, part_tokens: 
     shared = progress[:1] if way == "together" else progress
     reading = sum(p.time_to_first_token for p in shared)
     writing = sum(p.elapsed - p.time_to_first_token for p in shared)
-    # Every answer ran to its limit (the usual case at these lengths): each batch then took part_tokens - 1 steps.
-    batches = 1 if way == "together" else len(finished)
-    to_limit = sum(p.generated_tokens for p in progress) == len(finished) * width * part_tokens
-    steps = batches * (part_tokens - 1) if to_limit else None
     figures = {
-        "way": way, "steps": steps, "rows_per_step": width * len(finished) // batches,
-        "writing_s_per_step": round(writing / steps, 3) if steps else None, "wall_s": round(wall, 1), "reading_s": round(reading, 1), "writing_s": round(writing, 1),
+        "way": way, "answers_per_batch": width * len(finished) // (1 if way == "together" else len(finished)),
+        "wall_s": round(wall, 1), "reading_s": round(reading, 1), "writing_s": round(writing, 1),
         "other_s": round(wall - reading - writing, 1),  # checks, PDFs, index
         "prompt_tokens": sum(p.prompt_tokens for p in progress), "generated_tokens": sum(p.generated_tokens for p in progress),
         "decode_tok_s": round(sum(p.generated_tokens - 1 for p in progress) / writing, 2) if writing else 0.0,
@@ -133,7 +129,7 @@ def main() -> None:
     ways = [way for _ in range(args.rounds) for way in (*WAYS, *reversed(WAYS))]
     results = []
     for way in ways:
-        results.append(one_way(way, args.reviews, model, load, args.width, args.part_tokens))
+        results.append(one_way(way, args.reviews, model, load, args.width))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "runs"}), flush=True)
     widths = [1, len(args.reviews), len(args.reviews) * args.width]
     costs = step_cost(model, widths, 12, 32)
@@ -143,7 +139,7 @@ def main() -> None:
         way: {tuple(r["text"] for r in result["runs"]) for result in results if result["way"] == way} for way in WAYS
     }
     same_text = len(texts["together"] | texts["one-after-another"]) == 1
-    keys = ("wall_s", "reading_s", "writing_s", "other_s", "decode_tok_s", "writing_s_per_step", "rows_per_step")
+    keys = ("wall_s", "reading_s", "writing_s", "other_s", "decode_tok_s")
     medians = {
         way: {key: statistics.median(r[key] for r in results if r["way"] == way) for key in keys} for way in WAYS
     }
