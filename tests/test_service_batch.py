@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -95,22 +97,31 @@ def test_runs_queued_together_generate_as_one_batch_and_each_writes_what_it_writ
 
 
 @pytest.mark.slow
-def test_a_run_that_cannot_share_the_batch_stays_queued_for_the_next(home, tiny_model):
+def test_a_run_that_cannot_share_the_batch_stays_queued_and_one_that_fails_fails_alone(home, tiny_model):
     review(home, tiny_model, "a")
     review(home, tiny_model, "longer", tokens=TOKENS + 1)  # another length per answer: its own batch
+    broken = review(home, tiny_model, "broken")  # shares the batch, but its bank statement is missing
+    broken.write_text(broken.read_text().replace("bank-statement.csv", "missing.csv"))
     review(home, tiny_model, "b", findings=3)
     settings(home, "[service]\nbatch_window = 0\nbatch_width = 4\n")
     queue = RunQueue()
-    ids = [queue.enqueue(name) for name in ("a", "longer", "b")]
+    ids = [queue.enqueue(name) for name in ("a", "longer", "broken", "b")]
     service = Service({}, work=True)
     service.start()
     try:
-        wait_for(lambda: all(queue.get(i).state == "done" for i in ids), 120)
+        wait_for(lambda: all(queue.get(i).state in ("done", "failed") for i in ids), 120)
     finally:
         service.stop()
-    a, longer, b = (queue.get(i) for i in ids)
-    assert a.progress.batch == b.progress.batch == [ids[0], ids[2]]
+    a, longer, failed, b = (queue.get(i) for i in ids)
+    assert (a.state, longer.state, failed.state, b.state) == ("done", "done", "failed", "done")
+    assert "missing.csv" in failed.error and failed.progress is None  # it failed in its checks, alone
+    assert a.progress.batch == b.progress.batch == [ids[0], ids[3]]  # the other two generated together
     assert longer.progress.batch == [] and longer.started >= b.started
+    if shutil.which("pdftotext"):
+        text = " ".join(subprocess.run(["pdftotext", a.report, "-"], capture_output=True, text=True).stdout.split())
+        assert (
+            f"shared batch generated with run {ids[3]} (b," in text and "2 reviews, 6 answers decoded together" in text
+        )
 
 
 @pytest.mark.slow
