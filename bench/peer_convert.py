@@ -42,15 +42,18 @@ def convert(src: Path, f32_prefix: Path, llama_cpp: Path, shards: int) -> list[P
     sys.argv = ["convert_hf_to_gguf.py", str(src), "--outtype", "f32", "--outfile", f"{f32_prefix}.gguf",
                 "--split-max-size", f"{per_shard}M"]  # fmt: skip
     convert_hf_to_gguf.main()
-    return sorted(f32_prefix.parent.glob(f"{f32_prefix.name}-*-of-*.gguf"))
+    whole = f32_prefix.with_name(f"{f32_prefix.name}.gguf")  # the converter splits nothing that fits one shard
+    return sorted(f32_prefix.parent.glob(f"{f32_prefix.name}-*-of-*.gguf")) or [whole]
 
 
-def quantize(first_shard: Path, out_prefix: Path, kind: str) -> None:
+def quantize(first_shard: Path, out_prefix: Path, kind: str, split: bool) -> None:
+    """`first_shard`'s model quantized to `kind`: OUT_PREFIX-0000i-of-0000n.gguf when `split`, else OUT_PREFIX.gguf."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = TYPES[kind]
-    params.keep_split = True
+    params.keep_split = split
+    out_prefix = out_prefix if split else out_prefix.with_name(f"{out_prefix.name}.gguf")
     params.nthread = 2
     if llama_cpp.llama_model_quantize(str(first_shard).encode(), str(out_prefix).encode(), params) != 0:
         raise SystemExit(f"llama_model_quantize failed on {first_shard}")
@@ -70,11 +73,11 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     f32 = convert(args.src, args.out_dir / "f32", args.llama_cpp, args.shards)
     try:
-        quantize(f32[0], args.out_dir / "model", args.type)
+        quantize(f32[0], args.out_dir / "model", args.type, split=len(f32) > 1)
     finally:
         for shard in f32:
             shard.unlink()
-    shards = sorted(args.out_dir.glob("model-*-of-*.gguf"))
+    shards = sorted(args.out_dir.glob("model*.gguf"))
     places = [Path(d) for d in args.spread.split(",")] if args.spread else []
     for i, shard in enumerate(shards):
         if places:

@@ -129,7 +129,7 @@ def test_bench_peer_end_to_end_against_llama_cpp(tmp_path, home, capsys):
     convert = [python, str(REPO / "bench" / "peer_convert.py"), str(src), str(tmp_path / "gguf"),
                "--llama-cpp", source, "--shards", "1"]  # fmt: skip
     subprocess.run(convert, check=True, capture_output=True)
-    first = next((tmp_path / "gguf").glob("model-00001-of-*.gguf"))
+    first = sorted((tmp_path / "gguf").glob("model*.gguf"))[0]
     argv = ["bench", "peer", "--model", "tiny-peer", "--gguf", str(first), "--shares", "0.5", "--tokens", "3",
             "--threads", "1"]  # fmt: skip
     assert main(argv) == 0
