@@ -248,12 +248,12 @@ class Service:
         """Start a new worker if the last one died (said in the log, counted); True if one was started."""
         if self.worker is None or self.worker.is_alive() or self.stopping.is_set():
             return False
-        self.worker_restarts += 1
         self.running = {}
         self.unsettled = partial(self._recover, os.getpid())  # the run the dead worker held, if any
         log.error("the worker thread had died (%s); started a new one (restart %d)", self.worker_error,
-                  self.worker_restarts)  # fmt: skip
+                  self.worker_restarts + 1)  # fmt: skip
         self.worker = self._thread(self._worker, "worker")
+        self.worker_restarts += 1  # counted last: whoever sees the count also sees the log line
         return True
 
     def _worker(self) -> None:
