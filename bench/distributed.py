@@ -9,15 +9,15 @@ ONE is the store placed on the single process's 2 drives, TWO the same weights p
 `nightshift model place TWO --hosts HOSTS_JSON` (each host's layers on its own 2 drives). Both decode
 the same greedy tokens from the same prompt with no expert cache (every expert read from the drives).
 Prints per-token decode time of each, each rank's own time per step (its layers, from the trace) and
-what two sequences in flight would give at most (batching, [15], does not exist yet): one token per
-slowest rank's own time instead of one per whole pipeline pass. Both runs go into the run catalogue
-(kind `pipeline`).
+what two micro-batches in flight would give at most (one on each rank at once, which mlx-lm's pipeline
+does not schedule: a batch's rows cross the ranks together): one token per slowest rank's own time
+instead of one per whole pipeline pass. Both runs go into the run catalogue (kind `pipeline`).
 
-Expert parallelism (each host a share of every layer's experts) is not built; `--four STORE
---four-drives a,b,c,d` measures its two ingredients in the same run: one process reading every layer
-from all 4 drives (the reads EP would spread over both hosts) and, over a 2-rank ring on this machine,
-the latency of the per-MoE-layer exchange (an all_sum of one hidden state); their sum per token is
-what EP would take at best.
+`--experts STORE` (placed with `model place STORE --hosts HOSTS_JSON --experts`): expert parallelism
+over the same hosts in the same run (every rank every layer, half of each layer's experts, one all_sum
+per MoE layer; engine/distributed/experts.py). `--four STORE --four-drives a,b,c,d` measures what EP
+needs in one process: every layer read from all 4 drives, and the latency of one exchange (an all_sum
+of one hidden state over a 2-rank ring on this machine).
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def main() -> int:
             + ", ".join(sorted(d for d, b in r["drive_bytes"].items() if b))
         )
     print(
-        f"with {len(hosts)} sequences in flight (batching, not built): at most {bound:.2f}x one process's "
+        f"with {len(hosts)} micro-batches in flight (one on each rank; mlx-lm's pipeline does not schedule that): "
+        f"at most {bound:.2f}x one process's "
         f"tokens/s (one token per slowest rank's own time {max(own):.3f} s; "
         "an upper bound: own time leaves out the work outside the MoE passes)"
     )
