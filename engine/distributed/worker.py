@@ -1,9 +1,11 @@
 """One rank of a pipelined generation: `python -m nightshift.engine.distributed.worker --request JSON`.
 
 Started on every host by the launcher (engine/distributed/launch.py) or by `mlx.launch`, with mlx's ring
-environment (MLX_RANK, MLX_HOSTFILE). Each rank opens the store streamed with only its layers (a
-`PipelineStage`), reading its experts from its own drives, and runs the same greedy generation; the
-transport is mlx-lm's pipeline (send/recv between neighbours, an all_gather at the end of each pass).
+environment (MLX_RANK, MLX_HOSTFILE). Each rank opens the store streamed with its share, reading its
+experts from its own drives, and runs the same generation: in a pipeline its layers only (a
+`PipelineStage`; the transport is mlx-lm's: send/recv between neighbours, an all_gather at the end of
+each pass), in expert parallelism every layer and its share of the experts (an `ExpertShare`: one
+all_sum per MoE layer).
 
 It speaks JSON lines on stdout: `ready`, `beat` (every `beat_s`, from a thread: a rank that stops
 beating has stopped; with the bytes read per drive so far once the model is open), `prefill` (rank 0: prompt
