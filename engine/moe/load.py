@@ -63,7 +63,8 @@ def load_streaming(
     if stage is not None:
         stage.apply(model)
     stream = ExpertStream(manifest, settings, budget, ceilings)
-    stream.open_profile(store)  # the warm start reads while the trunk loads
+    if stage is None:  # a pipeline's ranks each hold some layers: none keeps the store's whole profile
+        stream.open_profile(store)  # the warm start reads while the trunk loads
     try:
         install(model, manifest, stream)
         quantize_as_stored(model, weights)
