@@ -475,6 +475,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     """nightshift against llama.cpp (mmap) and mlx-lm in RAM at the same budgets: each run recorded, the table shown."""
     from nightshift.engine import Run, read_manifest, with_drives
     from nightshift.engine.bench.peer import (
+        NIGHTSHIFT,
         PeerError,
         PeerPlan,
         llama_cpp_python,
@@ -506,7 +507,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
     plan = PeerPlan(store, gguf, python, settings, args.shares, args.tokens, args.threads, drives_file, args.mlx_in_ram)
 
     def record(run) -> None:
-        config = {**settings, "engine": run.engine, "budget_share": run.share, "budget": run.budget,
+        cache = {"cache_bytes": run.budget} if run.engine == NIGHTSHIFT else {}  # the budget its cache ran with
+        config = {**settings, **cache, "engine": run.engine, "budget_share": run.share, "budget": run.budget,
                   "limit": run.limit, "tokens": args.tokens, "threads": args.threads, "gguf": str(gguf.files[0]), **bits}  # fmt: skip
         verdict = "oom-killed" if run.memory.get("oom_kills") else "measured"
         entry = Run(kind="peer", model=store.name, config=config, figures=run.figures(), verdict=verdict,
