@@ -158,6 +158,9 @@ class StreamSettings:
         default=FREQUENCY,
         metadata=option("what the RAM cache evicts and admits (frequency: measured best)", CACHE_POLICIES),
     )
+    # Off: on the bench model at 10 % it doubled a fresh open's first-answer hit rate and cut its bytes by 17 %,
+    # but moved its time by only 3-5 % on a compute-bound machine; a profile of unlike runs lowers the hit rate
+    # (docs/results.md, [13] cache policy and warm start).
     warm_start: bool = field(
         default=False,
         metadata=option(
