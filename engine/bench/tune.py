@@ -74,14 +74,15 @@ class Trial:
         }
 
 
-def proofs_for(settings: StreamSettings) -> list[Proof]:
-    """The counters that show `settings`' mechanisms fired in a decode."""
+def proofs_for(settings: StreamSettings, changes: dict) -> list[Proof]:
+    """The counters that show `settings`' mechanisms fired in a decode (balanced reads only where `changes` turn
+    them on: on by default they cut nothing when a layer's reads divide evenly or the drives share a device)."""
     proofs = []
     if settings.prefetch:
         proofs.append(Proof("prefetch", "joined_prefetch"))
     if settings.split_reads:
         proofs.append(Proof("split reads", "split_reads"))
-    elif settings.balance_reads:
+    elif changes.get("balance_reads"):
         proofs.append(Proof("balanced reads", "balanced_reads"))
     return proofs
 
@@ -130,7 +131,7 @@ class Calibration:
         seconds = time.monotonic() - began
         trial = Trial(step, label, {**self.chosen, **changes}, 1 / run.timing.seconds_per_token,
                       run.read_bytes / self.tokens, counters_of(run.figures), drives_of(run.figures),
-                      run.figures.recall_per_layer, seconds, proofs_for(settings))  # fmt: skip
+                      run.figures.recall_per_layer, seconds, proofs_for(settings, changes))  # fmt: skip
         if routing:
             self.routing = run.routing
         self.trials.append(trial)
