@@ -239,12 +239,13 @@ def test_a_rank_that_stops_stops_the_run_naming_its_host(stores, tmp_path, sig, 
     store = copy_store(stores["qwen3_moe"], tmp_path / "q")
     place_by_hosts(store, hosts_file(tmp_path, store, 3))
     hosts = load_hosts(tmp_path / "hosts.json")
-    seen = []
+    seen, victim = [], []
 
     def on_token(token: int) -> None:
         seen.append(token)
         if len(seen) == 2:
-            os.kill(worker_process(1).pid, sig)
+            victim.append(worker_process(1))
+            os.kill(victim[0].pid, sig)
 
     with pytest.raises(PipelineError, match=rf"host 127\.0\.0\.1 \(rank 1\) {why}.*nothing was written"):
         generate_over_hosts(
@@ -252,3 +253,5 @@ def test_a_rank_that_stops_stops_the_run_naming_its_host(stores, tmp_path, sig, 
         )
     assert len(seen) < 200
     assert not [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
+    # The rank's own worker is gone too, stopped or not (its shell's end leaves it to init, not to this process).
+    assert not (victim[0].is_running() and victim[0].status() != "zombie")

@@ -95,16 +95,28 @@ def follow(rank: int, stream, lines: queue.Queue, kind: str) -> None:
 
 
 def stop_all(ranks: list[Rank]) -> None:
-    """End every rank still running (its process group): terminate, then kill what is left after 3 s."""
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
-        alive = [r for r in ranks if r.process.poll() is None]
-        for r in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(r.process.pid, sig)
-        deadline = time.monotonic() + wait
-        for r in alive:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                r.process.wait(max(0.0, deadline - time.monotonic()))
+    """End every rank's process group, the shell and the worker under it: terminate (and continue a stopped
+    worker, so that it can), then kill whatever of the groups is left after 3 s. The groups are watched, not
+    the shells: a shell ends at once on SIGTERM, and watching it alone left a stopped worker behind."""
+    for signals in ((signal.SIGTERM, signal.SIGCONT), (signal.SIGKILL,)):
+        running = [r for r in ranks if _group_alive(r)]
+        for r in running:
+            for sig in signals:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(r.process.pid, sig)
+        deadline = time.monotonic() + 3.0
+        while any(_group_alive(r) for r in running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _group_alive(rank: Rank) -> bool:
+    """Whether any process of the rank's group is left (its shell reaped first: a zombie counts as one)."""
+    rank.process.poll()
+    try:
+        os.killpg(rank.process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def run_pipeline(
