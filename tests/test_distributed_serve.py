@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -28,6 +25,7 @@ from nightshift.engine import Drive, ImportOptions, import_checkpoint, synthesiz
 from nightshift.engine.distributed.hosts import PipelineError
 from nightshift.engine.distributed.model import Cluster
 from tests.test_distributed import hosts_file, place_by_hosts
+from tests.test_review_run import serve as serve_with
 from tests.test_review_run import states, user_schedule, wait_for
 
 
@@ -47,19 +45,7 @@ def store(tmp_path_factory) -> Path:
 
 def serve(home: Path, hosts: Path) -> subprocess.Popen:
     """`nightshift serve --hosts` on `home`, once it answers on its socket."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nightshift.app.cli", "serve", "--hosts", str(hosts)],
-        env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while (request("ping") or {}).get("pid") != process.pid:
-        assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline, "the service did not answer on its socket"
-        time.sleep(0.1)
-    return process
+    return serve_with(home, "--hosts", str(hosts))
 
 
 def stop(service: subprocess.Popen) -> None:

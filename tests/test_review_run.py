@@ -91,9 +91,11 @@ def test_serve_install_writes_a_user_unit(home, tmp_path, monkeypatch, capsys):
     assert "<string>serve</string>" in launchd_plist() and "org.nightshift.serve" in launchd_plist()
 
 
-def serve(home: Path) -> subprocess.Popen:
-    """`nightshift serve` on `home`, once it answers on its socket (a killed service's socket may still be there)."""
-    process = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve"], env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
+def serve(home: Path, *options: str) -> subprocess.Popen:
+    """`nightshift serve [options]` on `home`, once it answers on its socket (a killed service's socket may still
+    be there)."""
+    process = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve", *options],
+                               env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while (request("ping") or {}).get("pid") != process.pid:
