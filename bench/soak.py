@@ -137,7 +137,7 @@ def _wait_finished(queue: RunQueue, run_id: int, deadline: float) -> str:
 
 def _wait_idle(service: Service, deadline: float) -> None:
     """Until the worker has returned from the run (its files closed), so a sample sees no half-finished run."""
-    while service.running is not None and time.monotonic() < deadline:
+    while service.running and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
