@@ -81,14 +81,17 @@ class StreamingSwitch(nn.Module):
         block sums the slots in their order, as it would the stacked call's output.
         """
         rows = x.reshape(-1, 1, x.shape[-1])
-        picked: list[np.ndarray] = []  # per expert (sorted ids), the rows that selected it
+        # Per expert (sorted ids), the row of each slot that selected it, in slot order: a row may select one
+        # expert in several slots (longcat_flash maps its zero experts to expert 0), each needs its output.
+        picked: list[np.ndarray] = []
         outputs: dict[int, mx.array] = {}
 
         def run(i: int, tensors: dict[str, mx.array]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
-                host = np.array(indices).reshape(-1, indices.shape[-1])
-                picked.extend(np.flatnonzero((host == e).any(axis=-1)) for e in np.unique(host))
-            mine = rows if len(picked[i]) == rows.shape[0] else rows[mx.array(picked[i].astype(np.uint32))]
+                host = np.array(indices).reshape(-1)
+                picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
+            every_row_once = np.array_equal(picked[i], np.arange(rows.shape[0]))
+            mine = rows if every_row_once else rows[mx.array(picked[i].astype(np.uint32))]
             self._switch.update(tree_unflatten([(name, tensors[name][None]) for name in self.tensor_names]))
             outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
             mx.eval(outputs[i])
@@ -97,7 +100,7 @@ class StreamingSwitch(nn.Module):
             unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
         finally:
             self._switch.update(self._empty)
-        # Outputs in sorted-id order, each expert's rows ascending: a stable sort of the slots by expert gives
+        # Outputs in sorted-id order, each expert's slots ascending: a stable sort of the slots by expert gives
         # every slot its place there.
         order = np.argsort(np.searchsorted(unique, host.reshape(-1)), kind="stable")
         place = np.empty_like(order)
