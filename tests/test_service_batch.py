@@ -124,13 +124,18 @@ def test_a_run_that_cannot_share_the_batch_stays_queued_and_one_that_fails_fails
         )
 
 
-@pytest.mark.slow
-def test_a_run_cancelled_mid_batch_leaves_it_and_the_others_finish(home, tiny_model):
+def three_queued(home, tiny_model, tokens: int) -> tuple[RunQueue, list[int]]:
+    """Three single-narrative reviews that can share one batch of width 3, queued with no window."""
     for name, findings in (("a", 10), ("b", 5), ("c", 3)):
-        review(home, tiny_model, name, tokens=400, narrative="single", findings=findings)
+        review(home, tiny_model, name, tokens=tokens, narrative="single", findings=findings)
     settings(home, "[service]\nbatch_window = 0\nbatch_width = 3\n")
     queue = RunQueue()
-    ids = [queue.enqueue(name) for name in ("a", "b", "c")]
+    return queue, [queue.enqueue(name) for name in ("a", "b", "c")]
+
+
+@pytest.mark.slow
+def test_a_run_cancelled_mid_batch_leaves_it_and_the_others_finish(home, tiny_model):
+    queue, ids = three_queued(home, tiny_model, tokens=400)
     service = Service({}, work=True)
     service.start()
     try:
@@ -147,11 +152,7 @@ def test_a_run_cancelled_mid_batch_leaves_it_and_the_others_finish(home, tiny_mo
 
 @pytest.mark.slow
 def test_a_kill_mid_batch_queues_each_run_again_once(home, tiny_model):
-    for name, findings in (("a", 10), ("b", 5), ("c", 3)):
-        review(home, tiny_model, name, tokens=4000, narrative="single", findings=findings)
-    settings(home, "[service]\nbatch_window = 0\nbatch_width = 3\n")
-    queue = RunQueue()
-    ids = [queue.enqueue(name) for name in ("a", "b", "c")]
+    queue, ids = three_queued(home, tiny_model, tokens=4000)
     service = serve(home)
     try:
         wait_for(lambda: all(len((queue.get(i).progress or RunProgress()).batch) == 3 for i in ids))
