@@ -164,6 +164,9 @@ def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hi
     f = measured["figures"]
     assert measured["kind"] == "cache" and f["budget_share"] == 0.25
     assert f["hit_rate"] == f["predicted_hit_rate"] <= f["belady_hit_rate"]  # same routing, the engine's cache
+    assert f["roofline_ms"] == max(f["disk_floor_ms"], f["compute_floor_ms"])  # from the bytes this budget read
+    assert f["roofline_fraction"] == f["roofline_ms"] / f["ms_per_token"] and f["tokens_identical"] is True
+    assert f["wait_ms_per_token"] >= 0 and "(roofline: " in measured["verdict"]
     trace = next(home.rglob("traces/*.jsonl"))
     assert main([*args, "--routing", str(trace), "--measure", ""]) == 0  # a recorded trace, simulated only
     assert "recorded as run 3" in capsys.readouterr().err

@@ -264,6 +264,7 @@ def decode_bench(
         "bandwidth_seconds": bandwidth_s,
         "disk_floor_ms": 1000 * disk_floor,
         "disk_floor_fraction": disk_floor / seconds,  # 1.0: as fast as the drives allow
+        "wait_ms_per_token": 1000 * run.wait_s / tokens,  # the decode's layers waiting for expert reads
         "prefetch_recall": run.figures.prefetch_recall,
     }
     if compute_floor is True:

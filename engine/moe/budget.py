@@ -123,12 +123,16 @@ def kv_cache_bytes(config: dict, tokens: int = CONTEXT_TOKENS) -> int:
     return layers * 2 * kv_heads * head_dim * 4 * tokens
 
 
+def working_set_bytes(manifest: Manifest) -> int:
+    """The largest layer's experts four times over: a stack built for one call, a prefill chunk's float copies."""
+    return 4 * max(layer.file_bytes * layer.num_experts for layer in manifest.layers)
+
+
 def reserved_bytes(manifest: Manifest, store: Path, reader_threads: int) -> int:
     """RAM the streamed model needs besides the cache: trunk, KV cache, read buffers, working set."""
     trunk = (store / manifest.trunk["file"]).stat().st_size
     largest_file = max(layer.file_bytes for layer in manifest.layers)
-    largest_layer = max(layer.file_bytes * layer.num_experts for layer in manifest.layers)
-    return trunk + kv_cache_bytes(manifest.config) + reader_threads * largest_file + 4 * largest_layer
+    return trunk + kv_cache_bytes(manifest.config) + reader_threads * largest_file + working_set_bytes(manifest)
 
 
 def size_budget(cache_bytes: int, manifest: Manifest, store: Path, reader_threads: int) -> Budget:

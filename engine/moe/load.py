@@ -11,7 +11,7 @@ import mlx.nn as nn
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
-from nightshift.engine.moe.budget import size_budget
+from nightshift.engine.moe.budget import size_budget, working_set_bytes
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.moe.streaming import install
@@ -33,6 +33,18 @@ def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
             )
         manifest.drives[drive.name] = str(drive.root)
     return manifest
+
+
+def cap_buffer_cache(limit: int) -> None:
+    """Hold MLX's cache of freed buffers to `limit` bytes, or to the lower limit the process already set.
+
+    On a GPU MLX keeps freed buffers for reuse up to its memory limit by default (most of the machine's RAM),
+    blind to the expert budget and to a memory cgroup, so experts read and let go would stay held; what it
+    reuses is one call's buffers, which the budget reserves as the working set. (On CPU its default is 32 MB.)
+    """
+    previous = mx.set_cache_limit(limit)
+    if previous < limit:
+        mx.set_cache_limit(previous)
 
 
 def load_streaming(
@@ -58,6 +70,7 @@ def load_streaming(
     drives_in_use = len(settings.use_drives or manifest.drives)
     threads = (settings.demand_threads + settings.prefetch_threads) * drives_in_use
     budget = size_budget(settings.cache_bytes, manifest, store, threads)
+    cap_buffer_cache(working_set_bytes(manifest))
     weights = {e.name: read_tensor(e) for e in read_header(trunk_path) if stage is None or stage.keeps(e.name)}
     model = build_model(manifest.config)
     if stage is not None:
