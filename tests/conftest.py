@@ -15,15 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from nightshift.app import default_model
 from nightshift.app.default_model import (
     DEFAULT_MODEL,
     default_gguf_path,
     prepare_default_model,
     prepare_sparse_default_model,
+    require_default_model,
 )
 from nightshift.app.paths import cache_dir, data_dir
 from nightshift.engine import NightshiftError, convert_gguf
 from nightshift.engine.bench.rig import STATE_FILE, RigState, rig_down
+from nightshift.engine.moe.tuning import TUNING_FILE
+from nightshift.engine.moe.warm import PROFILE_FILE
+from nightshift.engine.store.manifest import read_manifest, write_manifest
 from tests.gguf_files import write_tiny_llama
 from tests.rig_helpers import RigPlace, leftovers
 
@@ -58,6 +63,37 @@ def seed_downloads(real: Path, home: Path) -> None:
                 partial.replace(target)
 
 
+def seed_models(real: Path, home: Path) -> None:
+    """Copy the default model `nightshift model default` prepared in `real`, dense and sparse, into `home`
+    when `home` has neither, so the first test run does not convert and MoEfy it again (~50 s): the same
+    files a first preparation there would write. The store's drive moves with the copy; the user's own
+    routing profile and tuning record stay behind. A model not prepared in `real` is prepared as before."""
+    with data_dir_at(real):
+        dense, sparse = default_model.default_model_dir(), default_model.sparse_default_model_dir()
+        try:
+            prepared = require_default_model() == sparse
+        except NightshiftError:
+            return
+    with data_dir_at(home):
+        dense_to, sparse_to = default_model.default_model_dir(), default_model.sparse_default_model_dir()
+    manifest = read_manifest(sparse) if prepared else None
+    if (
+        dense_to.exists()
+        or sparse_to.exists()
+        or manifest is None
+        or manifest.drives != {"store": str(sparse / "experts")}
+    ):
+        return
+    for source, target in ((dense, dense_to), (sparse, sparse_to)):
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(PROFILE_FILE, TUNING_FILE))
+        if source == sparse:
+            manifest.drives = {"store": str(sparse_to / "experts")}
+            write_manifest(partial, manifest)
+        partial.rename(target)
+
+
 @contextmanager
 def preparing_at(home: Path) -> Iterator[None]:
     """NIGHTSHIFT_HOME at `home`, holding its lock so two test runs do not prepare a model there at once."""
@@ -69,9 +105,10 @@ def preparing_at(home: Path) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def model_home() -> Path:
-    """MODEL_HOME, its cache seeded from the real data dir's downloads."""
+    """MODEL_HOME, its cache and models seeded from what the real data dir has prepared."""
     with preparing_at(MODEL_HOME):
         seed_downloads(REAL_DATA_DIR, MODEL_HOME)
+        seed_models(REAL_DATA_DIR, MODEL_HOME)
     return MODEL_HOME
 
 
