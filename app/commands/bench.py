@@ -460,7 +460,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         f["of_belady"] = f["hit_rate"] / f["belady_hit_rate"] if f["belady_hit_rate"] else 1.0
         f["budget_share"] = share
         close = abs(f["hit_rate"] - f["predicted_hit_rate"]) <= 0.02
-        verdict = "pass" if close and f["of_belady"] >= 0.9 and f["roofline_fraction"] >= PASS_FRACTION else "miss"
+        at_roofline = f["roofline_fraction"] >= PASS_FRACTION and not f["floor_error"]  # above 1: a floor was wrong
+        verdict = "pass" if close and f["of_belady"] >= 0.9 and at_roofline else "miss"
         verdict += f" (roofline: {verdict_of(f)})"  # compute-bound, tokens differing, a floor mis-measured
         say(
             f"{share:.0%} ({budget / 1e6:.0f} MB, {pick}): hit rate {f['hit_rate']:.1%} measured, "
