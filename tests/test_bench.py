@@ -170,3 +170,11 @@ def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hi
     trace = next(home.rglob("traces/*.jsonl"))
     assert main([*args, "--routing", str(trace), "--measure", ""]) == 0  # a recorded trace, simulated only
     assert "recorded as run 3" in capsys.readouterr().err
+
+
+def test_the_resident_bench_takes_each_ratio_within_a_round():
+    from nightshift.engine.bench.resident import per_round
+
+    rates = {"streamed": [2.0, 3.0, 9.0], "in RAM": [1.0, 4.0, 10.0]}  # the ratio of medians: 3 / 4
+    got = per_round({k: [{"rate": r} for r in v] for k, v in rates.items()}, "ratio", "streamed", "in RAM", "rate")
+    assert got["ratio"] == 0.9 and got["ratio q1"] == 0.75 and got["ratio q3"] == 2.0  # rounds: 2, 0.75, 0.9
