@@ -211,19 +211,18 @@ class Model:
             stats.generated_tokens += 1
             stats.elapsed = now
             stats.peak_memory_bytes = mx.get_peak_memory()
+            self._stream_figures(stats, before)
             done = token in self.tokenizer.eos_token_ids
             if not done:
                 detokenizer.add_token(token)
             if done or stats.generated_tokens == max_tokens:
                 detokenizer.finalize()
                 stats.finish_reason = "stop" if done else "length"
-            self._stream_figures(stats, before, settled=stats.finish_reason is None)
             yield Chunk(token=token, text=detokenizer.last_segment, stats=stats)
             if stats.finish_reason is not None:
                 return
             if cancel is not None and cancel.is_set():
                 stats.finish_reason = "cancelled"
-                self._stream_figures(stats, before)
                 return
 
     def _token_ids(
@@ -270,12 +269,11 @@ class Model:
         pair = Pair(self.model, cache, self.drafter.model, draft_cache, sampler, self.stream)
         yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit, switch_off=switch_off)
 
-    def _stream_figures(self, stats: GenerationStats, before: StreamFigures | None, settled: bool = False) -> None:
-        """The stream's counters since `before` (taken as the generation began): a loaded model serves many.
-        `settled`: as `ExpertStream.figures` (mid-generation, the pass in flight is counted at the next token)."""
+    def _stream_figures(self, stats: GenerationStats, before: StreamFigures | None) -> None:
+        """The stream's counters since `before` (taken as the generation began): a loaded model serves many."""
         if self.stream is None or before is None:
             return
-        figures = self.stream.figures(settled)
+        figures = self.stream.figures()
         stats.drive_bytes = {name: d.bytes - before.drives[name].bytes for name, d in figures.drives.items()}
         stats.cache_hits = figures.cache_hits - before.cache_hits
         stats.cache_misses = figures.cache_misses - before.cache_misses
