@@ -134,20 +134,3 @@ def test_a_template_without_the_split_blocks_is_refused(tmp_path: Path, month_en
     with pytest.raises(ReviewError, match="no block summary, finding: a split narrative needs"):
         build_prompt("plain.j2", "t", "w", checked.result, 10, "split", 3)
     assert build_prompt("plain.j2", "t", "w", checked.result, 10).user == "u"
-
-
-@pytest.mark.model
-@pytest.mark.slow
-def test_on_the_default_model_streamed_each_part_equals_itself_alone(sparse_store, month_end):
-    from nightshift.app.models import open_for_generation
-
-    schedule, checked = month_end
-    model = open_for_generation(sparse_store[0])
-    try:
-        prompt = split_prompt(schedule, checked, width=2)  # the summary and the first finding: each read twice
-        batch = generate_batch(model, prompt.conversations, 8)
-        alone = ["".join(c.text for c in model.generate(chat, max_tokens=8)) for chat in prompt.conversations]
-    finally:
-        model.close()
-    assert [part.text for part in batch.parts] == alone
-    assert batch.stats.experts_per_layer_call > 0  # the experts streamed, read once per step for the batch
