@@ -5,8 +5,9 @@ within a run stay fair). Each round prefills the same ~400-token prompt and deco
 figures are medians over the warm rounds (the streamed model's first round, which reads the experts, is
 reported apart). The ratios are medians of each round's own ratio (the models of one round run back to back,
 so they share the machine's state; a ratio of medians taken across rounds swung 0.89-1.06 between runs on this
-machine, with no difference in CPU per token). The streamed model's counters prove what was read: every expert once (drive reads equal to
-distinct experts read, bytes equal to the store's expert bytes) and nothing after the first round.
+machine, with no difference in CPU per token). The streamed model's counters prove what was read: every
+expert once (drive reads equal to distinct experts read, bytes equal to the store's expert bytes) and
+nothing after the first round.
 
     python -m nightshift.engine.bench.resident STORE DENSE --catalogue CAT [--prompt-tokens 400] [--tokens 32]
 """
