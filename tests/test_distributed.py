@@ -223,6 +223,18 @@ def test_cluster_command_writes_its_answer_only_when_done(stores, tmp_path):
     assert len(json.loads(out.read_text())["tokens"]) == 4
 
 
+def running_children() -> set[int]:
+    """Pids of this process's descendants still running (zombies left out)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def worker_process(rank: int) -> psutil.Process:
     for child in psutil.Process().children(recursive=True):
         try:
@@ -240,6 +252,7 @@ def test_a_rank_that_stops_stops_the_run_naming_its_host(stores, tmp_path, sig, 
     place_by_hosts(store, hosts_file(tmp_path, store, 3))
     hosts = load_hosts(tmp_path / "hosts.json")
     seen, victim = [], []
+    before = running_children()  # the session's own (the README's first command runs beside the tests)
 
     def on_token(token: int) -> None:
         seen.append(token)
@@ -252,6 +265,6 @@ def test_a_rank_that_stops_stops_the_run_naming_its_host(stores, tmp_path, sig, 
             store, hosts, PROMPT, 200, port=free_port(3), timeouts=Timeouts(stall_s=5), on_token=on_token
         )
     assert len(seen) < 200
-    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
+    assert running_children() <= before  # every process of the run is gone
     # The rank's own worker is gone too, stopped or not (its shell's end leaves it to init, not to this process).
     assert not (victim[0].is_running() and victim[0].status() != "zombie")
