@@ -142,10 +142,11 @@ def test_a_run_cancelled_mid_batch_leaves_it_and_the_others_finish(home, tiny_mo
         wait_for(lambda: (queue.get(ids[1]).progress or RunProgress()).generated_tokens > 6, 120)
         assert service.handle({"command": "cancel", "id": ids[1]}) == {"ok": True}
         wait_for(lambda: queue.get(ids[1]).state == "interrupted", 30)
-        assert queue.get(ids[0]).state == queue.get(ids[2]).state == "running"  # they go on
         wait_for(lambda: all(queue.get(i).state != "running" for i in ids), 300)
     finally:
         service.stop()
+    # The others finish, whether the cancel lands while they decode or while they write their PDFs (the tiny
+    # model decodes the whole batch in about a second: when the others are done is a race, not a claim).
     assert [queue.get(i).state for i in ids] == ["done", "interrupted", "done"]
     assert [run.id for run in queue.recent()][:3] == sorted(ids, reverse=True)  # nothing queued again
 
