@@ -73,18 +73,14 @@ def seed_models(real: Path, home: Path) -> None:
     with data_dir_at(real):
         dense, sparse = default_model.default_model_dir(), default_model.sparse_default_model_dir()
         try:
-            prepared = require_default_model() == sparse
+            if require_default_model() != sparse:  # only the dense model there
+                return
         except NightshiftError:
             return
     with data_dir_at(home):
         dense_to, sparse_to = default_model.default_model_dir(), default_model.sparse_default_model_dir()
-    manifest = read_manifest(sparse) if prepared else None
-    if (
-        dense_to.exists()
-        or sparse_to.exists()
-        or manifest is None
-        or manifest.drives != {"store": str(sparse / "experts")}
-    ):
+    manifest = read_manifest(sparse)
+    if dense_to.exists() or sparse_to.exists() or manifest.drives != {"store": str(sparse / "experts")}:
         return
     for source, target in ((dense, dense_to), (sparse, sparse_to)):
         partial = target.with_name(target.name + ".partial")
