@@ -105,9 +105,9 @@ def llama(gguf: str, config: dict) -> None:
 def nightshift(store: str, config: dict) -> None:
     """nightshift streaming the store's experts, its cache held to the budget.
 
-    MLX keeps freed buffers for reuse with no regard to a cgroup's limit (its default cache limit is the
-    machine's RAM), so a process held to a limit grows past what it measured at "ready" and is killed;
-    `MLX_BUFFER_CACHE` bounds it, as any nightshift process under a memory limit would need.
+    MLX keeps freed buffers for reuse with no regard to a cgroup's limit (32 MB on CPU, most of the RAM on a
+    GPU; a streamed model holds it to its working set at most), so a process held to a limit grows past what
+    it measured at "ready" and is killed; `MLX_BUFFER_CACHE`, set first, is the lower bound the model keeps.
     """
     import mlx.core as mx
 
