@@ -270,10 +270,15 @@ class Model:
         yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit, switch_off=switch_off)
 
     def _stream_figures(self, stats: GenerationStats, before: StreamFigures | None) -> None:
-        """The stream's counters since `before` (taken as the generation began): a loaded model serves many."""
+        """The stream's counters since `before` (taken as the generation began): a loaded model serves many.
+
+        Settled (`ExpertStream.figures`): the pass mlx-lm has queued beyond the token just made is left to the
+        next count; after the last token that pass is one mlx-lm computes and nobody uses, so the figures of a
+        generation are its own tokens' (the next generation's `before` takes that pass in).
+        """
         if self.stream is None or before is None:
             return
-        figures = self.stream.figures()
+        figures = self.stream.figures(settled=True)
         stats.drive_bytes = {name: d.bytes - before.drives[name].bytes for name, d in figures.drives.items()}
         stats.cache_hits = figures.cache_hits - before.cache_hits
         stats.cache_misses = figures.cache_misses - before.cache_misses

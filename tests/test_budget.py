@@ -66,6 +66,29 @@ def test_a_store_that_fits_is_read_once_then_resident_with_the_tokens_of_the_mod
     assert after_second.cache_hits > after_first.cache_hits  # resident calls are counted as hits
 
 
+def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):  # noqa: F811
+    """mlx-lm builds the next token's pass before it yields a token: per-token figures must not wait for it."""
+    import mlx.core as mx
+
+    store = stores["qwen3_moe"]
+    model = open_model(store, stream=StreamSettings())
+    stream = model.stream
+    try:
+        chunks = list(model.generate_tokens(PROMPT, max_tokens=12))
+        layers = len(read_manifest(store).layers)
+        assert len(stream.stacks) == layers  # every layer resident: its calls are counted when asked for
+        stats = chunks[-1].stats
+        # the pass mlx-lm queued beyond the last token is nobody's: left out of the generation's figures
+        assert 0 < stats.cache_hits < stream.figures().cache_hits
+        before = stream.figures().calls.calls
+        pending = model.model(mx.array([[1, 2]]))  # one pass, not evaluated
+        assert stream.figures(settled=True).calls.calls == before
+        assert stream.figures().calls.calls == before + layers
+        mx.eval(pending)
+    finally:
+        model.close()
+
+
 def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):  # noqa: F811
     """A margin larger than what is available stands for another process taking the RAM: the cache shrinks."""
     store = stores["qwen3_moe"]

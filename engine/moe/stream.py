@@ -319,9 +319,15 @@ class ExpertStream:
         self._count_resident()
         return replace(self.calls)
 
-    def figures(self) -> StreamFigures:
-        """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall, calls (copies)."""
-        self._count_resident()
+    def figures(self, settled: bool = False) -> StreamFigures:
+        """Counters so far: per-drive bytes and reads, reader counts, cache and prefetch recall, calls (copies).
+
+        `settled`: leave the newest pass's resident calls to a later count. mlx-lm's decode loop builds the next
+        token's pass before it yields this one; counting that pass reads its router's choice back, which waits
+        for the pass and takes away the overlap of building one token's graph with computing the last (0.89 of
+        the store in RAM counting it, 30 adjacent pairs on 2 cores: docs/results.md, [13]).
+        """
+        self._count_resident(keep=len(self.reader.layers) if settled else 0)
         drives = {
             name: DriveFigures(s.bytes, s.reads) for name, s in zip(self.counters.names, self.counters.snapshot())
         }
