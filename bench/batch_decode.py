@@ -8,9 +8,10 @@ first B prompts together; the union predicted for it is, per step and layer, the
 solo selections, and the union measured is the experts its layer calls selected (each read once). Runs with
 no RAM cache, so every step reads from the drives. Recorded in the run catalogue (kind `batch-decode`).
 
-Where the time goes, per decode step and width, from the same run's barrier trace: the trunk's compute (the
-readback stall before each router), the experts' compute (run as they land), the next-layer guess, and the
-wait for reads beyond the experts' compute; beside them the disk floor (bytes the step read over the drives'
+Where the time goes, per decode step and width, from the same run's barrier trace: the readback stall before
+each router (the trunk's compute, and the experts' compute still queued from the layer before: experts are
+queued on MLX's stream as they land and computed there beside the reads), the time queueing the experts, the
+next-layer guess, and the wait for reads (with the experts' compute running beside it); beside them the disk floor (bytes the step read over the drives'
 aggregate bandwidth, probed first) and the two ceilings of the ratio to width 1: W x experts(1) / union(W)
 (the routing, on drives alone) and W x compute(1) / compute(W) (this CPU).
 """
@@ -48,7 +49,8 @@ def timed_batch(model: Model, prompts: list[list[int]], tokens: int) -> tuple[Ba
 
 
 def where_time_goes(stats: list[BatchStats], passes: list[list[PassTrace]], bandwidth: float) -> dict[str, float]:
-    """Seconds per decode step: measured, trunk and expert compute, guessing, waiting on reads, disk floor."""
+    """Seconds per decode step: measured, readback stalls, queueing experts, guessing, waiting on reads, disk
+    floor; compute_s counts what the layer thread spent outside the wait (expert compute beside it is not in it)."""
     steps = sum(s.steps for s in stats)
     flat = [p for run in passes for p in run]
     trunk, experts = sum(p.readback_s for p in flat), sum(p.expert_s for p in flat)
@@ -59,7 +61,7 @@ def where_time_goes(stats: list[BatchStats], passes: list[list[PassTrace]], band
         "trunk_s": trunk / steps,
         "experts_s": experts / steps,
         "guess_s": guess / steps,
-        "read_wait_s": max(wait - experts, 0.0) / steps,  # waiting with nothing to compute
+        "read_wait_s": max(wait - experts, 0.0) / steps,  # the layer thread waiting on reads
         "compute_s": (trunk + experts + guess) / steps,
         "mb_per_step": read / steps / 1e6,
         "disk_floor_s": read / steps / bandwidth,

@@ -42,7 +42,7 @@ class PassTrace:
     readback_s: float = 0.0  # router indices evaluated and copied to the host
     predict_s: float = 0.0  # next layer's router on this hidden state (prefetch prediction)
     wait_s: float = 0.0  # from asking for the experts until the last one landed
-    expert_s: float = 0.0  # running experts as they landed, inside the wait (overlap; 0 when off)
+    expert_s: float = 0.0  # queueing experts on MLX's stream as they landed, inside the wait (overlap; 0 when off)
     overlapped: int = 0  # experts run before the pass's last read landed
     reads: list[ExpertRead] = field(default_factory=list)
 
