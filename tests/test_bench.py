@@ -32,8 +32,18 @@ def test_decode_records_floors_roofline_and_counters(store, home, capsys):
     # the floor's bandwidth is never below what the timed run itself read at
     assert figures["bandwidth_bytes_per_s"] == max(figures["probed_bytes_per_s"], figures["achieved_bytes_per_s"])
     assert figures["floor_error"] == (figures["roofline_fraction"] > 1 or figures["disk_floor_fraction"] > 1)
+    assert figures["layer_floor_ms"] >= figures["roofline_ms"] * (1 - 1e-9)  # a sum of maxima, never under it
     assert figures["bytes_per_token"] > 0 and run["counters"]["demand_reads"] > 0
     assert run["command"].startswith("nightshift ")
+
+
+def test_the_layer_floor_adds_each_pass_at_its_own_bound():
+    from nightshift.engine.bench.decode import layer_floor
+
+    # two passes a token, 2 s of compute each: one waits 3 s on its reads, the other computes; the roofline's
+    # max(4 s of reads, 4 s of compute) assumes the first pass's reads overlap the second's compute
+    assert layer_floor([300, 100], bandwidth=100.0, compute_per_token=4.0, tokens=1) == 5.0
+    assert layer_floor([300, 100, 100, 300], bandwidth=100.0, compute_per_token=4.0, tokens=2) == 5.0
 
 
 def ab(store, mechanism: str) -> int:
@@ -178,3 +188,21 @@ def test_the_resident_bench_takes_each_ratio_within_a_round():
     rates = {"streamed": [2.0, 3.0, 9.0], "in RAM": [1.0, 4.0, 10.0]}  # the ratio of medians: 3 / 4
     got = per_round({k: [{"rate": r} for r in v] for k, v in rates.items()}, "ratio", "streamed", "in RAM", "rate")
     assert got["ratio"] == 0.9 and got["ratio q1"] == 0.75 and got["ratio q3"] == 2.0  # rounds: 2, 0.75, 0.9
+
+
+def test_the_resident_bench_says_unresolved_when_the_decode_interval_straddles_the_bound():
+    from nightshift.engine.bench.resident import decode_figures, verdict
+
+    read_once = {"drive_reads": 480, "distinct_experts_read": 480, "read_after_first_round": 0}
+    fine = {**read_once, "tokens_identical_to_in_ram": True, "prefill_vs_dense": 1.15}
+
+    def said(ratios: list[float], **changed) -> str:
+        return verdict({**fine, **decode_figures({"ratios": ratios}), **changed})
+
+    steady = [0.99, 1.0, 1.01, 0.98, 1.02, 1.0, 0.99, 1.01]
+    assert decode_figures({"ratios": steady})["decode_vs_in_ram low"] >= 0.98
+    assert said(steady) == "pass"
+    assert said([r - 0.2 for r in steady]) == "below-target"
+    assert said([0.85, 1.05, 0.9, 1.04, 0.88, 1.06, 0.93, 0.97]) == "unresolved"
+    assert said(steady, read_after_first_round=1) == "below-target"  # an expert read again
+    assert said(steady, tokens_identical_to_in_ram=False) == "below-target"

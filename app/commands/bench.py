@@ -214,7 +214,8 @@ def _show(label: str, result: dict) -> None:
     if "compute_floor_ms" in f:
         line += (
             f", compute floor {f['compute_floor_ms']:.1f} ms, roofline fraction {f['roofline_fraction']:.2f}"
-            f", tokens identical: {f['tokens_identical']}"
+            f" (layer floor {f['layer_floor_ms']:.1f} ms: {f['layer_floor_fraction']:.2f}), tokens identical: "
+            f"{f['tokens_identical']}"
         )
     if f.get("floor_error"):
         line += "; MEASUREMENT ERROR: faster than its roofline (a floor was mis-measured)"
@@ -468,7 +469,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
             f"{f['predicted_hit_rate']:.1%} predicted, {f['of_belady']:.0%} of Belady's {f['belady_hit_rate']:.1%}; "
             f"{f['bytes_per_token'] / 1e6:.1f} MB/token, {f['ms_per_token']:.0f} ms/token, disk floor "
             f"{f['disk_floor_ms']:.0f} ms, compute floor {f['compute_floor_ms']:.0f} ms, stream wait "
-            f"{f['wait_ms_per_token']:.0f} ms/token, roofline fraction {f['roofline_fraction']:.2f}: {verdict}"
+            f"{f['wait_ms_per_token']:.0f} ms/token, roofline fraction {f['roofline_fraction']:.2f} (layer floor "
+            f"{f['layer_floor_ms']:.0f} ms: {f['layer_floor_fraction']:.2f}): {verdict}"
         )
         note = f"trace {where}; timed on a shared machine"
         run = _record(args, "cache", store, measured, result, verdict, [Proof("cache", "cache_hits")], note=note)

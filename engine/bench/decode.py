@@ -6,6 +6,11 @@
                      the rate the timed decode itself read at, so no run can beat its own floor
     compute floor  = time per token of the same model with every expert resident in RAM
     roofline       = max(disk floor, compute floor); the figure of merit is roofline / time per token.
+    layer floor    = the sum over decode passes of max(the pass's reads at that bandwidth, its share of the
+                     compute floor): what an engine that starts a layer's reads at its router can reach.
+                     Where the two floors are close and layers differ in misses, it sits above the
+                     roofline (a layer waiting on its reads has no compute of later layers to overlap):
+                     only a next-layer prediction that finds the misses gets under it.
 
 A fraction above 1 can then only come from a compute floor slower than the streamed run (the in-RAM run
 was slowed by other work): `floor_error` flags it, and `verdict` says so, never a pass.
@@ -21,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -140,6 +145,7 @@ class StreamedDecode:
     needed_bytes: int
     routing: list
     wait_s: float = 0.0
+    pass_bytes: list[int] = field(default_factory=list)  # per decode pass, the bytes it took from the drives
 
 
 def streamed_decode(
@@ -180,11 +186,10 @@ def streamed_decode(
         stream.close()
         del model
     read = sum(d.bytes - before.get(n, 0) for n, d in figures.drives.items())
-    passes = stream.trace.passes()
-    wait = sum(p.wait_s for p in passes if p.began >= decode_began[0])
-    return StreamedDecode(
-        timing, figures, trace, read, needed_bytes(passes, decode_began[0]), stream.routing or [], wait
-    )
+    passes = [p for p in stream.trace.passes() if p.began >= decode_began[0]]
+    wait = sum(p.wait_s for p in passes)
+    pass_bytes = [needed_bytes([p], 0.0) for p in passes]
+    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), stream.routing or [], wait, pass_bytes)
 
 
 def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] | None = None) -> DecodeTiming:
@@ -212,6 +217,13 @@ def with_compute_floor(figures: dict, streamed_tokens: list[int], in_ram: Decode
     figures["roofline_fraction"] = roofline_ms / figures["ms_per_token"]
     figures["floor_error"] = figures["roofline_fraction"] > 1 or figures["disk_floor_fraction"] > 1
     return figures
+
+
+def layer_floor(pass_bytes: list[int], bandwidth: float, compute_per_token: float, tokens: int) -> float:
+    """Seconds per token of the layer floor (module docstring): each pass's compute share is the compute floor
+    spread evenly over the passes (every layer runs the same top-k experts on one row)."""
+    share = compute_per_token * tokens / max(len(pass_bytes), 1)
+    return sum(max(nbytes / bandwidth, share) for nbytes in pass_bytes) / tokens
 
 
 def verdict(figures: dict) -> str:
@@ -271,6 +283,8 @@ def decode_bench(
         compute_floor = in_ram_decode(store, tokens)
     if compute_floor:
         with_compute_floor(out, run.timing.tokens, compute_floor)
+        floor = layer_floor(run.pass_bytes, bandwidth, compute_floor.seconds_per_token, tokens)
+        out["layer_floor_ms"], out["layer_floor_fraction"] = 1000 * floor, floor / seconds
     return {
         "figures": out,
         "counters": counters_of(run.figures),
