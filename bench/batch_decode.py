@@ -11,8 +11,8 @@ no RAM cache, so every step reads from the drives. Recorded in the run catalogue
 Where the time goes, per decode step and width, from the same run's barrier trace: the readback stall before
 each router (the trunk's compute, and the experts' compute still queued from the layer before: experts are
 queued on MLX's stream as they land and computed there beside the reads), the time queueing the experts, the
-next-layer guess, and the wait for reads (with the experts' compute running beside it); beside them the disk floor (bytes the step read over the drives'
-aggregate bandwidth, probed first) and the two ceilings of the ratio to width 1: W x experts(1) / union(W)
+next-layer guess, and the wait for reads (with the experts' compute running beside it); beside them the disk
+floor (bytes the step read over the drives' aggregate bandwidth, probed first) and the two ceilings of the ratio to width 1: W x experts(1) / union(W)
 (the routing, on drives alone) and W x compute(1) / compute(W) (this CPU).
 """
 
