@@ -12,8 +12,9 @@ Where the time goes, per decode step and width, from the same run's barrier trac
 each router (the trunk's compute, and the experts' compute still queued from the layer before: experts are
 queued on MLX's stream as they land and computed there beside the reads), the time queueing the experts, the
 next-layer guess, and the wait for reads (with the experts' compute running beside it); beside them the disk
-floor (bytes the step read over the drives' aggregate bandwidth, probed first) and the two ceilings of the ratio to width 1: W x experts(1) / union(W)
-(the routing, on drives alone) and W x compute(1) / compute(W) (this CPU).
+floor (bytes the step read over the drives' aggregate bandwidth, probed first) and the two ceilings of the
+ratio to width 1: W x experts(1) / union(W) (the routing, on drives alone) and W x compute(1) / compute(W)
+(this CPU).
 """
 
 from __future__ import annotations
