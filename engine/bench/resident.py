@@ -58,10 +58,12 @@ def decode_pairs(in_ram: Model, streamed: Model, prompt: list[int], tokens: int,
     goes first alternates); and whether every streamed generation gave the in-RAM one's tokens."""
     ratios, identical = [], True
     for i in range(pairs):
-        ram_first = i % 2 == 0
-        first = one_round(in_ram if ram_first else streamed, prompt, tokens)
-        second = one_round(streamed if ram_first else in_ram, prompt, tokens)
-        ram, stream = (first, second) if ram_first else (second, first)
+        if i % 2 == 0:
+            ram = one_round(in_ram, prompt, tokens)
+            stream = one_round(streamed, prompt, tokens)
+        else:
+            stream = one_round(streamed, prompt, tokens)
+            ram = one_round(in_ram, prompt, tokens)
         ratios.append(stream["decode_tok_s"] / ram["decode_tok_s"])
         identical &= stream["tokens"] == ram["tokens"]
     return {"ratios": ratios, "tokens_identical": identical}
