@@ -9,16 +9,22 @@ way; only the summation order differs.
 The routed experts' switch layers (mlx-lm's `QuantizedSwitchLinear`, `SwitchLinear`) do the same:
 for a pass of many rows, the rows are grouped by expert on the host, each expert's weight is
 dequantized once and its rows go through one GEMM, and the outputs are put back in the rows' order.
-(`gather_qmm` and `gather_mm` multiply row by row on the CPU.) The in-RAM store, the streamed
-layers and the resident ones all use this class, so their prompts take the same math.
+(`gather_qmm` and `gather_mm` multiply row by row on the CPU.) For few rows (a decode step) they keep
+those kernels and spread the experts over the CPU streams (`cpu_streams`). The in-RAM store, the
+streamed layers and the resident ones all use these classes, so they take the same math and the same
+threads.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+from nightshift.engine.cpu_streams import split_experts
 
 # Below this many rows the quantized kernel wins (measured on this machine's 2 cores).
 MIN_ROWS = 32
@@ -75,6 +81,14 @@ def _many_rows(x: mx.array, indices: mx.array) -> bool:
     return x.shape[-2] == 1 and indices.size >= MIN_ROWS
 
 
+def _kernel(layer: nn.Module, base: type, x: mx.array, indices: mx.array, sorted_indices: bool) -> mx.array:
+    """`base`'s own kernel (`gather_qmm` / `gather_mm`) for few rows, the experts spread over the CPU streams
+    (`cpu_streams`) where there are several; rows sorted by expert (mlx-lm's many-row order) stay one call."""
+    if not sorted_indices and (split := split_experts(partial(base.__call__, layer), x, indices)) is not None:
+        return split
+    return base.__call__(layer, x, indices, sorted_indices)
+
+
 class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
     """`QuantizedSwitchLinear` with a grouped GEMM path (each expert dequantized once) for many rows."""
 
@@ -83,7 +97,7 @@ class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         if not _many_rows(x, indices) or self.get("global_scale") is not None:
-            return super().__call__(x, indices, sorted_indices)
+            return _kernel(self, QuantizedSwitchLinear, x, indices, sorted_indices)
         PrefillQuantizedSwitchLinear.gemm_calls += 1
         biases = self.get("biases")
 
@@ -106,7 +120,7 @@ class PrefillSwitchLinear(SwitchLinear):
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         if not _many_rows(x, indices):
-            return super().__call__(x, indices, sorted_indices)
+            return _kernel(self, SwitchLinear, x, indices, sorted_indices)
         PrefillQuantizedSwitchLinear.gemm_calls += 1
         return _grouped_gemm(self, x, indices, lambda e: self["weight"][e].astype(mx.float32))
 

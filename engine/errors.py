@@ -26,3 +26,7 @@ class ModelNotFoundError(NightshiftError):
 
 class MemoryFitError(NightshiftError):
     """What must stay resident in RAM would not fit in the RAM available."""
+
+
+class SettingError(NightshiftError):
+    """An environment variable or setting holds a value nightshift cannot use."""

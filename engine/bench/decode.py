@@ -33,6 +33,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.cpu_streams import SplitCounter, stream_count
 from nightshift.engine.instruments.trace import CACHE, PassTrace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.direct import aligned_buffer, open_direct
@@ -64,18 +65,22 @@ def greedy(logits: mx.array) -> mx.array:
 class DecodeTiming:
     tokens: list[int]
     seconds_per_token: float  # first token excluded (prefill)
+    # What the CPU-stream split did during the decode (`SplitCounter`, first token included): proof it fired.
+    split: dict[str, int] = field(default_factory=dict)
 
 
 def time_decode(model, tokens: int, prompt: list[int] = PROMPT, at_first_token=None) -> DecodeTiming:
     """Greedy-decode 1 + `tokens` tokens after `prompt` (the first ends prefill and is not timed);
     `at_first_token()` is called once prefill is done."""
     out, stamps = [], []
+    split_before = SplitCounter.snapshot()
     for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens + 1, sampler=greedy):
         stamps.append(time.perf_counter())
         out.append(int(token))
         if len(out) == 1 and at_first_token is not None:
             at_first_token()
-    return DecodeTiming(out, (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1))
+    split = {name: count - split_before[name] for name, count in SplitCounter.snapshot().items()}
+    return DecodeTiming(out, (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1), split)
 
 
 def measure_bandwidth(
@@ -278,6 +283,7 @@ def decode_bench(
         "disk_floor_fraction": disk_floor / seconds,  # 1.0: as fast as the drives allow
         "wait_ms_per_token": 1000 * run.wait_s / tokens,  # the decode's layers waiting for expert reads
         "prefetch_recall": run.figures.prefetch_recall,
+        "cpu_streams": stream_count(),  # a decode step's experts spread over this many (`cpu_streams`)
     }
     if compute_floor is True:
         compute_floor = in_ram_decode(store, tokens)
@@ -285,9 +291,14 @@ def decode_bench(
         with_compute_floor(out, run.timing.tokens, compute_floor)
         floor = layer_floor(run.pass_bytes, bandwidth, compute_floor.seconds_per_token, tokens)
         out["layer_floor_ms"], out["layer_floor_fraction"] = 1000 * floor, floor / seconds
+    in_ram_split = compute_floor.split if compute_floor else {}
     return {
         "figures": out,
-        "counters": counters_of(run.figures),
+        "counters": {
+            **counters_of(run.figures),
+            "spread_experts": run.timing.split.get("spread_experts", 0),  # streamed experts on another stream
+            **({"in_ram_split_calls": in_ram_split["split_calls"]} if in_ram_split else {}),
+        },
         "drives": drives_of(run.figures),
         "trace": run.trace,
         "tokens": run.timing.tokens,

@@ -19,6 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.cpu_streams import SplitCounter, cpu_streams
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
@@ -37,6 +38,9 @@ class StreamingSwitch(nn.Module):
         object.__setattr__(self, "_holding", None)  # the resident stack the switch holds, if any
         self.layer_index = layer.layer
         self.tensor_names = [slot.name for slot in layer.tensors]
+        # Where each expert tensor goes in the switch: (its projection module, the leaf's name).
+        owners = [name.rsplit(".", 1) for name in self.tensor_names]
+        object.__setattr__(self, "_leaves", [(module_at(switch, path), leaf) for path, leaf in owners])
         # Modules a family hangs under its switch beside the experts (muse_spark's post-expert norm): resident,
         # shared with the switch, and reachable where the family's code looks for them.
         for name, child in switch.children().items():
@@ -76,27 +80,36 @@ class StreamingSwitch(nn.Module):
         put the outputs back in each row's slot order.
 
         The experts' compute hides behind the reads still landing instead of following the last one. Each is
-        queued (`async_eval`), not waited for: MLX's compute thread runs them in landing order while this thread
-        takes the next landing (waiting on each cost 0.5 ms an expert, 17 % of a bench-model layer). An expert
-        runs on its rows through the family's switch with a stack of one, so each row takes the quantized
-        kernel row by row as in a one-row call (the same bits as the sequence decoded alone), and the model's
-        block sums the slots in their order, as it would the stacked call's output.
+        dealt to the CPU stream (`cpu_streams`) with the fewest experts of the call so far and queued
+        (`async_eval`), not waited for: MLX's compute threads run them while this thread takes the next landing
+        (waiting on each cost 0.5 ms an expert, 17 % of a bench-model layer). An expert runs on its rows through
+        the family's switch with a stack of one, so each row takes the quantized kernel row by row as in a
+        one-row call (the same bits as the sequence decoded alone), and the model's block sums the slots in
+        their order, as it would the stacked call's output.
         """
         rows = x.reshape(-1, 1, x.shape[-1])
         # Per expert (sorted ids), the row of each slot that selected it, in slot order: a row may select one
         # expert in several slots (longcat_flash maps its zero experts to expert 0), each needs its output.
         picked: list[np.ndarray] = []
         outputs: dict[int, mx.array] = {}
+        streams = cpu_streams()
+        dealt = [0] * len(streams)  # experts given to each stream so far in this call
 
-        def run(i: int, tensors: dict[str, mx.array]) -> None:
+        def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
                 host = np.array(indices).reshape(-1)
                 picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
-            every_row_once = np.array_equal(picked[i], np.arange(rows.shape[0]))
-            mine = rows if every_row_once else rows[mx.array(picked[i].astype(np.uint32))]
-            self._switch.update(tree_unflatten([(name, tensors[name][None]) for name in self.tensor_names]))
-            outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
-            mx.async_eval(outputs[i])  # queued on MLX's stream: this thread goes back to the landing reads
+            for i, expert in zip(places, tensors):
+                turn = dealt.index(min(dealt))
+                dealt[turn] += 1
+                SplitCounter.spread_experts += turn > 0
+                every_row_once = np.array_equal(picked[i], np.arange(rows.shape[0]))
+                with mx.stream(streams[turn]):
+                    mine = rows if every_row_once else rows[mx.array(picked[i].astype(np.uint32))]
+                    for name, (owner, leaf) in zip(self.tensor_names, self._leaves):
+                        owner[leaf] = expert[name][None]  # a stack of one, set leaf by leaf (no tree rebuilt)
+                    outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
+                mx.async_eval(outputs[i])  # queued on its stream: this thread goes back to the landing reads
 
         try:
             unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)

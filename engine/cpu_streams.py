@@ -1,0 +1,86 @@
+"""A decode step's experts spread over several MLX CPU streams.
+
+MLX runs each stream's work on its own thread, and its CPU quantized matrix-vector kernel uses one
+thread: a decode step's experts, computed in one call, keep one core busy while the others idle. Split
+over two streams, a bench-model layer's 16 experts took 82-88 ms instead of 162-166 ms on this 2-core
+machine, and the default model's 15 took 1.3 ms instead of 1.5 ms (docs/results.md, "[13] two CPU
+streams"). Each expert's product is the same kernel on the same bits whichever thread runs it, so the
+output is identical, slot for slot, to the one-call result.
+
+`NIGHTSHIFT_CPU_STREAMS` sets how many streams (1 turns the split off); by default one per usable core,
+at most `MAX_STREAMS`. Only on the CPU: a GPU runs one call's experts in parallel already.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import mlx.core as mx
+
+from nightshift.engine.errors import SettingError
+
+ENV = "NIGHTSHIFT_CPU_STREAMS"
+MAX_STREAMS = 2  # measured here (2 cores); more cores may take more, set through ENV
+
+_extra: list[mx.Stream] = []  # made once per process and kept, as MLX keeps its streams
+_counts: dict[str | None, int] = {}  # the variable's value (None: unset) -> stream count
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity where the OS has one, as in a cgroup or taskset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def stream_count() -> int:
+    """How many CPU streams a decode step's experts are spread over (1: not split). Asked on every layer call,
+    so the answer is kept per value of the variable (it is read each time: a benchmark may change it)."""
+    if mx.default_device() != mx.cpu:
+        return 1
+    said = os.environ.get(ENV)
+    if said not in _counts:
+        if said is not None and (not said.strip().isdigit() or int(said) < 1):
+            raise SettingError(f"{ENV}={said!r}: give a whole number of streams, 1 or more (1 turns it off)")
+        _counts[said] = int(said) if said is not None else max(1, min(usable_cores(), MAX_STREAMS))
+    return _counts[said]
+
+
+def cpu_streams() -> list[mx.Stream]:
+    """The streams to spread over: the caller's current stream first (mlx-lm decodes on a stream of its own,
+    `generation_stream`), then others of this process's, never the current one twice."""
+    current, wanted = mx.default_stream(mx.cpu), stream_count()
+    while len(_extra) < wanted:  # one spare: the current stream may be one of them
+        _extra.append(mx.new_stream(mx.cpu))
+    return [current, *[s for s in _extra if s != current][: wanted - 1]]
+
+
+class SplitCounter:
+    """The counters that prove the split fired: switch-linear calls whose experts were spread over streams, and
+    streamed decode experts dealt to a stream other than the first (`StreamingSwitch`, as they land)."""
+
+    calls = 0
+    spread_experts = 0
+
+    @classmethod
+    def snapshot(cls) -> dict[str, int]:
+        return {"split_calls": cls.calls, "spread_experts": cls.spread_experts}
+
+
+def split_experts(call: Callable[[mx.array, mx.array], mx.array], x: mx.array, indices: mx.array) -> mx.array | None:
+    """`call(x, indices)` of a switch linear with the experts (the last axis of `indices`) split into one part per
+    stream, each part on its own stream, joined in slot order; None when there is nothing to split (one stream,
+    one expert per row). `x` is either shared by every slot (..., 1, 1, in) or one row per slot (..., k, 1, in)."""
+    streams = cpu_streams()
+    k = indices.shape[-1]
+    parts = min(len(streams), k)
+    if parts < 2:
+        return None
+    SplitCounter.calls += 1
+    bounds = [round(i * k / parts) for i in range(parts + 1)]
+    per_slot = x.ndim >= 3 and x.shape[-3] == k
+    outputs = []
+    for stream, start, stop in zip(streams, bounds, bounds[1:]):
+        with mx.stream(stream):
+            rows = x[..., start:stop, :, :] if per_slot else x
+            outputs.append(call(rows, indices[..., start:stop]))
+    return mx.concatenate(outputs, axis=-3)
