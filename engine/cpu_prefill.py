@@ -84,7 +84,9 @@ def _many_rows(x: mx.array, indices: mx.array) -> bool:
 def _kernel(layer: nn.Module, base: type, x: mx.array, indices: mx.array, sorted_indices: bool) -> mx.array:
     """`base`'s own kernel (`gather_qmm` / `gather_mm`) for few rows, the experts spread over the CPU streams
     (`cpu_streams`) where there are several; rows sorted by expert (mlx-lm's many-row order) stay one call."""
-    if not sorted_indices and (split := split_experts(partial(base.__call__, layer), x, indices)) is not None:
+    weight = layer["weight"]
+    call = partial(base.__call__, layer)
+    if not sorted_indices and (split := split_experts(call, x, indices, weight.nbytes // weight.shape[0])) is not None:
         return split
     return base.__call__(layer, x, indices, sorted_indices)
 

@@ -1,11 +1,10 @@
 """A decode step's experts spread over several MLX CPU streams.
 
 MLX runs each stream's work on its own thread, and its CPU quantized matrix-vector kernel uses one
-thread: a decode step's experts, computed in one call, keep one core busy while the others idle. Split
-over two streams, a bench-model layer's 16 experts took 82-88 ms instead of 162-166 ms on this 2-core
-machine, and the default model's 15 took 1.3 ms instead of 1.5 ms (docs/results.md, "[13] two CPU
-streams"). Each expert's product is the same kernel on the same bits whichever thread runs it, so the
-output is identical, slot for slot, to the one-call result.
+thread: a decode step's experts, computed in one call, keep one core busy while the others idle. Each
+expert's product is the same kernel on the same bits whichever thread runs it, so the output is
+identical, slot for slot, to the one-call result. On this 2-core machine two streams decoded the bench
+model in RAM 1.67x as fast and the default model 1.19x (docs/results.md, "[13] two CPU streams").
 
 `NIGHTSHIFT_CPU_STREAMS` sets how many streams (1 turns the split off); by default one per usable core,
 at most `MAX_STREAMS`. Only on the CPU: a GPU runs one call's experts in parallel already.
@@ -22,6 +21,10 @@ from nightshift.engine.errors import SettingError
 
 ENV = "NIGHTSHIFT_CPU_STREAMS"
 MAX_STREAMS = 2  # measured here (2 cores); more cores may take more, set through ENV
+# Expert weight bytes a stream's part must hold to pay for handing it to another thread: parts of 2-6 KB (the
+# tests' tiny models) ran 24 % slower split, parts of 190 KB and more (the default model) 1.19x faster; the
+# line between was not swept.
+MIN_PART_BYTES = 64 << 10
 
 _extra: list[mx.Stream] = []  # made once per process and kept, as MLX keeps its streams
 _counts: dict[str | None, int] = {}  # the variable's value (None: unset) -> stream count
@@ -47,8 +50,11 @@ def stream_count() -> int:
 
 def cpu_streams() -> list[mx.Stream]:
     """The streams to spread over: the caller's current stream first (mlx-lm decodes on a stream of its own,
-    `generation_stream`), then others of this process's, never the current one twice."""
-    current, wanted = mx.default_stream(mx.cpu), stream_count()
+    `generation_stream`), then others of this process's, never the current one twice. Off the CPU, the current
+    stream alone."""
+    current, wanted = mx.default_stream(mx.default_device()), stream_count()
+    if wanted == 1:
+        return [current]
     while len(_extra) < wanted:  # one spare: the current stream may be one of them
         _extra.append(mx.new_stream(mx.cpu))
     return [current, *[s for s in _extra if s != current][: wanted - 1]]
@@ -66,14 +72,24 @@ class SplitCounter:
         return {"split_calls": cls.calls, "spread_experts": cls.spread_experts}
 
 
-def split_experts(call: Callable[[mx.array, mx.array], mx.array], x: mx.array, indices: mx.array) -> mx.array | None:
+def worth_spreading(part_bytes: int) -> bool:
+    """Whether a part of `part_bytes` expert weight bytes is worth a stream of its own (MIN_PART_BYTES)."""
+    return part_bytes >= MIN_PART_BYTES
+
+
+def split_experts(
+    call: Callable[[mx.array, mx.array], mx.array], x: mx.array, indices: mx.array, expert_bytes: int
+) -> mx.array | None:
     """`call(x, indices)` of a switch linear with the experts (the last axis of `indices`) split into one part per
     stream, each part on its own stream, joined in slot order; None when there is nothing to split (one stream,
-    one expert per row). `x` is either shared by every slot (..., 1, 1, in) or one row per slot (..., k, 1, in)."""
-    streams = cpu_streams()
+    one expert per row, parts too small for `expert_bytes` of weight an expert). `x` is either shared by every
+    slot (..., 1, 1, in) or one row per slot (..., k, 1, in)."""
     k = indices.shape[-1]
+    if k < 2:  # checked first: the streamed layer calls this three times an expert, one expert each
+        return None
+    streams = cpu_streams()
     parts = min(len(streams), k)
-    if parts < 2:
+    if parts < 2 or not worth_spreading(k // parts * expert_bytes):
         return None
     SplitCounter.calls += 1
     bounds = [round(i * k / parts) for i in range(parts + 1)]

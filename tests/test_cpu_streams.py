@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -9,22 +11,23 @@ from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from bench.trunk_bits import greedy_tokens
 from nightshift.engine.cpu_prefill import PrefillQuantizedSwitchLinear, PrefillSwitchLinear, use_gemm_prefill
-from nightshift.engine.cpu_streams import ENV, SplitCounter, cpu_streams, split_experts, stream_count
+from nightshift.engine.cpu_streams import ENV, MIN_PART_BYTES, SplitCounter, cpu_streams, split_experts, stream_count
 from nightshift.engine.errors import SettingError
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from nightshift.engine.store.synth import synthesize
+from tests.test_store_equivalence import import_tiny
 
-IN, OUT, EXPERTS = 128, 96, 12
+IN, OUT, EXPERTS = 512, 384, 12  # a 4-bit expert's weight: 96 KiB, over MIN_PART_BYTES
 
 
-def _switch(kind: str) -> SwitchLinear | QuantizedSwitchLinear:
+def _switch(kind: str, inputs: int = IN) -> SwitchLinear | QuantizedSwitchLinear:
     """A switch linear of `kind`: float, 4-bit affine or mxfp4, with random weights."""
     mx.random.seed(3)
-    layer = SwitchLinear(IN, OUT, EXPERTS, bias=kind == "float")
+    layer = SwitchLinear(inputs, OUT, EXPERTS, bias=kind == "float")
     layer.weight = mx.random.normal(layer.weight.shape) * 0.05
     if kind == "float":
         return layer
@@ -52,12 +55,27 @@ def test_split_over_streams_is_bit_identical_to_one_call(monkeypatch, kind, rows
     assert SplitCounter.calls == before + 1  # the split did run
     np.testing.assert_array_equal(got, want)
     monkeypatch.setenv(ENV, "1")
-    assert split_experts(lambda *a: None, x, indices) is None  # 1 turns it off
+    assert split_experts(lambda *a: None, x, indices, 1 << 30) is None  # 1 turns it off
 
 
 def test_one_expert_per_row_is_not_split(monkeypatch):
     monkeypatch.setenv(ENV, "2")
-    assert split_experts(lambda *a: None, mx.zeros((3, 1, 1, IN)), mx.zeros((3, 1), dtype=mx.uint32)) is None
+    assert split_experts(lambda *a: None, mx.zeros((3, 1, 1, IN)), mx.zeros((3, 1), dtype=mx.uint32), 1 << 30) is None
+
+
+def test_experts_too_small_to_pay_for_a_thread_stay_on_one_stream(monkeypatch):
+    monkeypatch.setenv(ENV, "2")
+    layer = _switch("affine4", inputs=64)  # 12 KiB an expert: two a part is under MIN_PART_BYTES
+    layer.__class__ = PrefillQuantizedSwitchLinear
+    before = SplitCounter.calls
+    indices = mx.array([[0, 1, 2, 3]], dtype=mx.uint32)
+    x = mx.random.normal((1, 1, 1, 64))
+    np.testing.assert_array_equal(
+        np.array(layer(x, indices)), np.array(QuantizedSwitchLinear.__call__(layer, x, indices))
+    )
+    assert SplitCounter.calls == before
+    kernel = partial(QuantizedSwitchLinear.__call__, layer)
+    assert split_experts(kernel, x, indices, MIN_PART_BYTES // 2) is not None  # two at the line: split
 
 
 @pytest.mark.parametrize("said", ["0", "-1", "two", " "])
@@ -80,14 +98,15 @@ def test_the_callers_stream_comes_first_and_none_twice(monkeypatch):
 
 
 def test_streamed_and_in_ram_decode_spread_the_experts_and_keep_their_tokens(monkeypatch, tmp_path):
+    # The small preset (0.42 MB experts: worth a stream each), 3 layers: 2 MoE layers of 64 experts, 8 active.
     root = tmp_path / "kimi"
-    store = import_tiny(root, tiny_checkpoint(root, "kimi_k3"), "store")
-    monkeypatch.setenv(ENV, "1")
-    one_stream = greedy_tokens(load_store(store)[0])
-    monkeypatch.setenv(ENV, "2")
+    store = import_tiny(root, synthesize("kimi_k3", "small", root / "src", seed=1, layers=3), "store")
     resident = load_store(store)[0]
-    for site in switch_sites(resident):
+    for site in switch_sites(resident):  # the prompt's experts as the streamed layers compute them
         use_gemm_prefill(module_at(resident, site.path))
+    monkeypatch.setenv(ENV, "1")
+    one_stream = greedy_tokens(resident)
+    monkeypatch.setenv(ENV, "2")
     before = SplitCounter.snapshot()
     assert greedy_tokens(resident) == one_stream
     assert SplitCounter.calls > before["split_calls"]  # the in-RAM decode split its experts

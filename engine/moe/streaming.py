@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from nightshift.engine.cpu_prefill import use_gemm_prefill
-from nightshift.engine.cpu_streams import SplitCounter, cpu_streams
+from nightshift.engine.cpu_streams import SplitCounter, cpu_streams, worth_spreading
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
@@ -38,6 +38,7 @@ class StreamingSwitch(nn.Module):
         object.__setattr__(self, "_holding", None)  # the resident stack the switch holds, if any
         self.layer_index = layer.layer
         self.tensor_names = [slot.name for slot in layer.tensors]
+        self.expert_bytes = sum(slot.nbytes for slot in layer.tensors)
         # Where each expert tensor goes in the switch: (its projection module, the leaf's name).
         owners = [name.rsplit(".", 1) for name in self.tensor_names]
         object.__setattr__(self, "_leaves", [(module_at(switch, path), leaf) for path, leaf in owners])
@@ -80,7 +81,8 @@ class StreamingSwitch(nn.Module):
         put the outputs back in each row's slot order.
 
         The experts' compute hides behind the reads still landing instead of following the last one. Each is
-        dealt to the CPU stream (`cpu_streams`) with the fewest experts of the call so far and queued
+        dealt to the CPU stream (`cpu_streams`; one where the experts are too small to pay for another thread)
+        with the fewest experts of the call so far and queued
         (`async_eval`), not waited for: MLX's compute threads run them while this thread takes the next landing
         (waiting on each cost 0.5 ms an expert, 17 % of a bench-model layer). An expert runs on its rows through
         the family's switch with a stack of one, so each row takes the quantized kernel row by row as in a
@@ -92,7 +94,7 @@ class StreamingSwitch(nn.Module):
         # expert in several slots (longcat_flash maps its zero experts to expert 0), each needs its output.
         picked: list[np.ndarray] = []
         outputs: dict[int, mx.array] = {}
-        streams = cpu_streams()
+        streams = cpu_streams() if worth_spreading(self.expert_bytes) else cpu_streams()[:1]
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
 
         def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
