@@ -110,7 +110,7 @@ def test_streamed_and_in_ram_decode_spread_the_experts_and_keep_their_tokens(mon
     before = SplitCounter.snapshot()
     assert greedy_tokens(resident) == one_stream
     assert SplitCounter.calls > before["split_calls"]  # the in-RAM decode split its experts
-    # No cache: every expert is read. Half the experts' bytes: the cached ones of a step are handed over together.
+    # No cache: every expert is read. Half the experts' bytes: some run from the cache, the rest as they land.
     for budget in (0, read_manifest(store).expert_bytes // 2):
         model, _, stream = load_streaming(store, StreamSettings(cache_bytes=budget, overlap=True))
         try:

@@ -39,7 +39,7 @@ def with_streams(model: Model, streams: int, prompt: list[int], tokens: int) -> 
 def pairs(model: Model, streams: int, prompt: list[int], tokens: int, count: int) -> dict:
     """Per pair, the decode rate with `streams` over the rate with one; the split's counters summed; whether
     every generation gave the same tokens."""
-    ratios, split, tokens_seen = [], {"split_calls": 0, "spread_experts": 0}, set()
+    ratios, split, tokens_seen = [], dict.fromkeys(SplitCounter.snapshot(), 0), set()
     for i in range(count):
         order = (1, streams) if i % 2 == 0 else (streams, 1)
         runs = {n: with_streams(model, n, prompt, tokens) for n in order}

@@ -94,24 +94,23 @@ class StreamingSwitch(nn.Module):
         # expert in several slots (longcat_flash maps its zero experts to expert 0), each needs its output.
         picked: list[np.ndarray] = []
         outputs: dict[int, mx.array] = {}
-        streams = cpu_streams() if worth_spreading(self.expert_bytes) else cpu_streams()[:1]
+        streams = cpu_streams()[: None if worth_spreading(self.expert_bytes) else 1]
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
 
-        def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
+        def run(i: int, expert: dict[str, mx.array]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
                 host = np.array(indices).reshape(-1)
                 picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
-            for i, expert in zip(places, tensors):
-                turn = dealt.index(min(dealt))
-                dealt[turn] += 1
-                SplitCounter.spread_experts += turn > 0
-                every_row_once = np.array_equal(picked[i], np.arange(rows.shape[0]))
-                with mx.stream(streams[turn]):
-                    mine = rows if every_row_once else rows[mx.array(picked[i].astype(np.uint32))]
-                    for name, (owner, leaf) in zip(self.tensor_names, self._leaves):
-                        owner[leaf] = expert[name][None]  # a stack of one, set leaf by leaf (no tree rebuilt)
-                    outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
-                mx.async_eval(outputs[i])  # queued on its stream: this thread goes back to the landing reads
+            turn = dealt.index(min(dealt))
+            dealt[turn] += 1
+            SplitCounter.spread_experts += turn > 0
+            every_row_once = np.array_equal(picked[i], np.arange(rows.shape[0]))
+            with mx.stream(streams[turn]):
+                mine = rows if every_row_once else rows[mx.array(picked[i].astype(np.uint32))]
+                for name, (owner, leaf) in zip(self.tensor_names, self._leaves):
+                    owner[leaf] = expert[name][None]  # a stack of one, set leaf by leaf (no tree rebuilt)
+                outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
+            mx.async_eval(outputs[i])  # queued on its stream: this thread goes back to the landing reads
 
         try:
             unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
