@@ -77,6 +77,15 @@ def worth_spreading(part_bytes: int) -> bool:
     return part_bytes >= MIN_PART_BYTES
 
 
+def part_bounds(k: int, expert_bytes: int, streams: int) -> list[int]:
+    """Where `split_experts` cuts `k` experts of `expert_bytes` each over `streams`: part i is
+    [bounds[i], bounds[i + 1]), part i on the i-th stream; [0, k] when it does not split."""
+    parts = min(streams, k)
+    if parts < 2 or not worth_spreading(k // parts * expert_bytes):
+        return [0, k]
+    return [round(i * k / parts) for i in range(parts + 1)]
+
+
 def split_experts(
     call: Callable[[mx.array, mx.array], mx.array], x: mx.array, indices: mx.array, expert_bytes: int
 ) -> mx.array | None:
@@ -88,11 +97,10 @@ def split_experts(
     if k < 2:  # checked first: the streamed layer calls this three times an expert, one expert each
         return None
     streams = cpu_streams()
-    parts = min(len(streams), k)
-    if parts < 2 or not worth_spreading(k // parts * expert_bytes):
+    bounds = part_bounds(k, expert_bytes, len(streams))
+    if len(bounds) < 3:
         return None
     SplitCounter.calls += 1
-    bounds = [round(i * k / parts) for i in range(parts + 1)]
     per_slot = x.ndim >= 3 and x.shape[-3] == k
     outputs = []
     for stream, start, stop in zip(streams, bounds, bounds[1:]):

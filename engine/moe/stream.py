@@ -160,15 +160,16 @@ class StreamFigures:
 class Landing:
     """One pass's experts as they come: `found` holds the cached ones, then each read as it lands.
 
-    With a `landed` callback each expert runs the moment it is here, timed into the trace, while the other
-    reads are still in flight (the overlap); without one, the pass only waits and the layer runs them stacked.
+    With a `landed` callback the experts run the moment they are here, timed into the trace, while the other
+    reads are still in flight (the overlap): the cached ones handed over together, then each read as it lands;
+    without one, the pass only waits and the layer runs them stacked.
     """
 
     record: PassTrace
-    unique: list[int]  # the pass's experts, sorted; `landed` is told each one's place in this list
+    unique: list[int]  # the pass's experts, sorted; `landed` is told their places in this list
     found: dict[int, Tensors]
     spec: MoeLayer
-    landed: Callable[[int, Tensors], None] | None
+    landed: Callable[[list[int], list[Tensors]], None] | None
     missing: list[int] = field(init=False)  # not cached: read from the drives, in `unique` order
     loaded: list[LoadedExpert] = field(default_factory=list)  # the reads of `missing`, once all have landed
     start: float = 0.0  # when the wait began (perf_counter)
@@ -179,21 +180,21 @@ class Landing:
         self._place = {e: i for i, e in enumerate(self.unique)}
 
     def run_cached(self, pending: list[tuple[Future[LoadedExpert], str]]) -> None:
-        """Run the cached experts first: their compute overlaps every read still in flight."""
-        for expert in list(self.found):
-            self._run(expert, sum(not future.done() for future, _ in pending))
+        """Run the cached experts first (handed over together): their compute overlaps every read still in flight."""
+        if self.found:
+            self._run(list(self.found), sum(not future.done() for future, _ in pending))
 
     def arrived(self, i: int, loaded: LoadedExpert, still_reading: int) -> None:
         """The reader's callback as the `i`th missing expert lands: view it in its stored dtypes and run it."""
         self.record.wait_s = time.perf_counter() - self.start
         self.found[self.missing[i]] = as_stored(loaded.tensors, self.spec)
-        self._run(self.missing[i], still_reading)
+        self._run([self.missing[i]], still_reading)
 
-    def _run(self, expert: int, still_reading: int) -> None:
+    def _run(self, experts: list[int], still_reading: int) -> None:
         began = time.perf_counter()
-        self.landed(self._place[expert], self.found[expert])
+        self.landed([self._place[e] for e in experts], [self.found[e] for e in experts])
         self.record.expert_s += time.perf_counter() - began
-        self.record.overlapped += still_reading > 0
+        self.record.overlapped += len(experts) * (still_reading > 0)
 
 
 class ExpertStream:
@@ -238,13 +239,17 @@ class ExpertStream:
         self._next[layer] = NextLayer(next_layer, block, num_experts)
 
     def experts(
-        self, layer: int, x: mx.array, indices: mx.array, landed: Callable[[int, Tensors], None] | None = None
+        self,
+        layer: int,
+        x: mx.array,
+        indices: mx.array,
+        landed: Callable[[list[int], list[Tensors]], None] | None = None,
     ) -> tuple[list[int], np.ndarray, list[Tensors]]:
         """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, their tensors).
 
-        `landed(i, tensors)`, if given, is called for each expert (i: its place in the sorted ids) as soon as
-        it is here: cached ones first, then each read as it lands, so the caller can run it while the rest
-        are still being read.
+        `landed(places, tensors)`, if given, is called as soon as experts are here (places: theirs in the sorted
+        ids): once with the cached ones, then with each read as it lands, so the caller can run them while the
+        rest are still being read.
         """
         # Mirrors the steps in the module docstring; each helper's docstring says why it runs where it does.
         self._give_back()

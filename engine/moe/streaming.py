@@ -18,8 +18,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from nightshift.engine.cpu_prefill import use_gemm_prefill
-from nightshift.engine.cpu_streams import SplitCounter, cpu_streams, worth_spreading
+from nightshift.engine.cpu_prefill import MIN_ROWS, use_gemm_prefill
+from nightshift.engine.cpu_streams import SplitCounter, cpu_streams, part_bounds, worth_spreading
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
@@ -77,52 +77,127 @@ class StreamingSwitch(nn.Module):
             self._switch.update(self._empty)
 
     def _overlapped(self, x: mx.array, indices: mx.array) -> mx.array:
-        """A decode step (one row per sequence): run each expert as it lands on the rows that selected it, then
-        put the outputs back in each row's slot order.
+        """A decode step (one row per sequence): run the experts as they come, then put the outputs back in each
+        row's slot order.
 
-        The experts' compute hides behind the reads still landing instead of following the last one. Each is
-        dealt to the CPU stream (`cpu_streams`; one where the experts are too small to pay for another thread)
-        with the fewest experts of the call so far and queued
-        (`async_eval`), not waited for: MLX's compute threads run them while this thread takes the next landing
-        (waiting on each cost 0.5 ms an expert, 17 % of a bench-model layer). An expert runs on its rows through
-        the family's switch with a stack of one, so each row takes the quantized kernel row by row as in a
-        one-row call (the same bits as the sequence decoded alone), and the model's block sums the slots in
-        their order, as it would the stacked call's output.
+        The experts' compute hides behind the reads still landing instead of following the last one. The cached
+        experts come together: those every row selected once run as one call on their stack, which the switch
+        linears spread over the CPU streams as the in-RAM call is (`_run_stacked`). One expert a call, queued on its
+        own stream, kept MLX's task window of about 20 operations full with one or two experts' chains, and the
+        second stream idled: at 100 % hits a bench-model token took 3.4 s one by one, 3.0 s stacked, 2.9 s in
+        RAM (docs/results.md, [13] cached experts in one call). Each read expert runs alone as it lands
+        (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the same
+        bits as the sequence decoded alone), and the model's block sums the slots in their order, as it would
+        the stacked call's output.
         """
         rows = x.reshape(-1, 1, x.shape[-1])
         # Per expert (sorted ids), the row of each slot that selected it, in slot order: a row may select one
         # expert in several slots (longcat_flash maps its zero experts to expert 0), each needs its output.
         picked: list[np.ndarray] = []
-        outputs: dict[int, mx.array] = {}
-        streams = cpu_streams()[: None if worth_spreading(self.expert_bytes) else 1]
+        streams = cpu_streams()
+        blocks: list[tuple[list[int], mx.array]] = []  # (expert places, their outputs: each one's rows in turn)
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
+        # A stacked call takes the quantized kernel below MIN_ROWS (row, expert) products, as a one-row call does.
+        most = (MIN_ROWS - 1) // rows.shape[0]
 
-        def run(i: int, expert: dict[str, mx.array]) -> None:
+        def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
                 host = np.array(indices).reshape(-1)
                 picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
-            turn = dealt.index(min(dealt))
-            dealt[turn] += 1
-            SplitCounter.spread_experts += turn > 0
-            every_row_once = np.array_equal(picked[i], np.arange(rows.shape[0]))
-            with mx.stream(streams[turn]):
-                mine = rows if every_row_once else rows[mx.array(picked[i].astype(np.uint32))]
-                for name, (owner, leaf) in zip(self.tensor_names, self._leaves):
-                    owner[leaf] = expert[name][None]  # a stack of one, set leaf by leaf (no tree rebuilt)
-                outputs[i] = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=indices.dtype))
-            mx.async_eval(outputs[i])  # queued on its stream: this thread goes back to the landing reads
+            every_row = np.arange(rows.shape[0])
+            together = [j for j, place in enumerate(places) if np.array_equal(picked[place], every_row)]
+            alone = [j for j in range(len(places)) if j not in together]
+            for group in (together[i : i + most] for i in range(0, len(together), max(most, 1))):
+                if len(group) < 2:
+                    alone += group
+                else:
+                    self._run_stacked(rows, [places[j] for j in group], [tensors[j] for j in group], dealt, blocks)
+            for j in sorted(alone):
+                self._run_one(rows, picked[places[j]], places[j], tensors[j], streams, dealt, blocks)
 
         try:
             unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
         finally:
             self._switch.update(self._empty)
-        # Outputs in sorted-id order, each expert's slots ascending: a stable sort of the slots by expert gives
-        # every slot its place there.
-        order = np.argsort(np.searchsorted(unique, host.reshape(-1)), kind="stable")
-        place = np.empty_like(order)
-        place[order] = np.arange(order.size)
-        done = mx.concatenate([outputs[i] for i in range(len(unique))]).reshape(order.size, -1)
-        return done[mx.array(place.astype(np.uint32))].reshape(*indices.shape, -1)
+        return in_slot_order(blocks, picked, unique, host, indices.shape)
+
+    def _set_experts(self, tensors: list[dict[str, mx.array]]) -> None:
+        """The switch's experts: `tensors` stacked, set leaf by leaf (no tree rebuilt)."""
+        for name, (owner, leaf) in zip(self.tensor_names, self._leaves):
+            owner[leaf] = tensors[0][name][None] if len(tensors) == 1 else mx.stack([t[name] for t in tensors])
+
+    def _run_stacked(
+        self,
+        rows: mx.array,
+        places: list[int],
+        tensors: list[dict[str, mx.array]],
+        dealt: list[int],
+        blocks: list[tuple[list[int], mx.array]],
+    ) -> None:
+        """Experts every row selected once, in one call on their stack (on the current stream; the switch
+        linears split it over the CPU streams, `split_experts`), queued."""
+        count = len(places)
+        self._set_experts(tensors)
+        local = mx.broadcast_to(mx.arange(count, dtype=mx.uint32), (rows.shape[0], 1, count))
+        out = self._switch(rows, local)  # (rows, 1, count, out)
+        bounds = part_bounds(count, self.expert_bytes, len(dealt))
+        for turn, (begin, end) in enumerate(itertools.pairwise(bounds)):
+            dealt[turn] += end - begin
+        SplitCounter.spread_experts += count - bounds[1]
+        blocks.append((places, out.reshape(rows.shape[0], count, -1).swapaxes(0, 1)))
+        mx.async_eval(blocks[-1][1])  # queued: this thread goes back to the landing reads
+
+    def _run_one(
+        self,
+        rows: mx.array,
+        picked: np.ndarray,
+        place: int,
+        tensors: dict[str, mx.array],
+        streams: list[mx.Stream],
+        dealt: list[int],
+        blocks: list[tuple[list[int], mx.array]],
+    ) -> None:
+        """One expert on the rows that selected it (`picked`), a stack of one, queued on the stream with the
+        fewest experts of the call so far (the first alone where experts are too small to pay for another)."""
+        usable = dealt if worth_spreading(self.expert_bytes) else dealt[:1]
+        turn = usable.index(min(usable))
+        dealt[turn] += 1
+        SplitCounter.spread_experts += turn > 0
+        with mx.stream(streams[turn]):
+            mine = (
+                rows if np.array_equal(picked, np.arange(rows.shape[0])) else rows[mx.array(picked.astype(np.uint32))]
+            )
+            self._set_experts([tensors])
+            out = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=mx.uint32))
+        blocks.append(([place], out))
+        mx.async_eval(out)  # queued on its stream: this thread goes back to the landing reads
+
+
+def in_slot_order(
+    blocks: list[tuple[list[int], mx.array]],
+    picked: list[np.ndarray],
+    unique: list[int],
+    host: np.ndarray,
+    shape: tuple[int, ...],
+) -> mx.array:
+    """The experts' outputs, `blocks` in the order they ran (each block's experts in turn, each expert's rows in
+    `picked` order; an expert's place is its index in the sorted `unique`), as the switch's output for indices
+    `host` of `shape`: every row's slots in their order."""
+    width = blocks[0][1].shape[-1]
+    start = np.empty(len(picked), dtype=np.int64)  # where each expert's rows begin in the joined blocks
+    offset = 0
+    for places, _ in blocks:
+        for place in places:
+            start[place], offset = offset, offset + len(picked[place])
+    # Each slot's expert, and its turn among that expert's slots (slots of one expert are picked in slot order).
+    place = np.searchsorted(unique, host.reshape(-1))
+    by_expert = np.argsort(place, kind="stable")
+    rank = np.empty_like(by_expert)
+    rank[by_expert] = np.arange(by_expert.size)
+    first = np.concatenate([[0], np.cumsum([len(p) for p in picked])[:-1]])
+    where = start[place] + rank - first[place]
+    done = mx.concatenate([out.reshape(-1, width) for _, out in blocks])
+    return done[mx.array(where.astype(np.uint32))].reshape(*shape, width)
 
 
 def expert_projections(switch: nn.Module) -> list[str]:
