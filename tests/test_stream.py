@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from bench.trunk_bits import greedy_tokens
@@ -19,6 +21,7 @@ from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reader import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream, StreamFigures
+from nightshift.engine.moe.streaming import in_slot_order
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
@@ -223,3 +226,19 @@ def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):
         model.close()
     assert len(chunks) == 3 and chunks[-1].stats.finish_reason == "cancelled"
     assert sum(chunks[-1].stats.drive_bytes.values()) > 0
+
+
+def test_outputs_in_any_landing_order_go_back_to_each_rows_slot_order():
+    """Row 0 selects expert 5 twice (as longcat_flash's zero experts do); the experts land out of order, two of
+    them as one stacked block. Each output is tagged 100 * expert + 10 * row + its turn among the expert's slots."""
+    host = np.array([[[5, 2, 5]], [[7, 2, 5]]], dtype=np.uint32)  # (rows, positions, k)
+    unique = [2, 5, 7]
+    picked = [np.flatnonzero(host.reshape(-1) == e) // 3 for e in unique]  # rows per expert, in slot order
+
+    def tags(place: int) -> mx.array:
+        return mx.array([[100 * unique[place] + 10 * int(row) + turn] * 2 for turn, row in enumerate(picked[place])])
+
+    blocks = [([2], tags(2)), ([0, 1], mx.concatenate([tags(0), tags(1)]))]
+    out = in_slot_order(blocks, picked, unique, host, host.shape)
+    assert out.shape == (2, 1, 3, 2)
+    assert out[..., 0].tolist() == [[[500, 200, 501]], [[710, 211, 512]]]
