@@ -111,9 +111,7 @@ class StreamingSwitch(nn.Module):
                 if len(group) < 2:
                     alone += group
                 else:
-                    self._run_stacked(
-                        rows, [places[j] for j in group], [tensors[j] for j in group], streams, dealt, blocks
-                    )
+                    self._run_stacked(rows, [places[j] for j in group], [tensors[j] for j in group], dealt, blocks)
             for j in sorted(alone):
                 self._run_one(rows, picked[places[j]], places[j], tensors[j], streams, dealt, blocks)
 
@@ -133,25 +131,22 @@ class StreamingSwitch(nn.Module):
         rows: mx.array,
         places: list[int],
         tensors: list[dict[str, mx.array]],
-        streams: list[mx.Stream],
         dealt: list[int],
         blocks: list[tuple[list[int], mx.array]],
     ) -> None:
-        """Experts every row selected once, split over the CPU streams as the in-RAM call is (`part_bounds`): each
-        part stacked and run in one call on its own stream (the copy too), queued."""
-        bounds = part_bounds(len(places), self.expert_bytes, len(streams))
+        """Experts every row selected once, in one call on their stack, queued: stacked on the current stream,
+        the switch linears split the call over the CPU streams (`split_experts`) as the in-RAM call is. (Each
+        part stacked and run whole on its own stream instead ran 0.56 of the roofline at 50 %, against 0.88.)"""
+        count = len(places)
+        self._set_experts(tensors)
+        local = mx.broadcast_to(mx.arange(count, dtype=mx.uint32), (rows.shape[0], 1, count))
+        out = self._switch(rows, local)  # (rows, 1, count, out)
+        bounds = part_bounds(count, self.expert_bytes, len(dealt))
         for turn, (begin, end) in enumerate(itertools.pairwise(bounds)):
             dealt[turn] += end - begin
-            with mx.stream(streams[turn]):
-                self._set_experts(tensors[begin:end])
-                # Experts on an axis of their own (one per row and position): the switch linears do not split it again.
-                local = mx.broadcast_to(
-                    mx.arange(end - begin, dtype=mx.uint32)[:, None], (rows.shape[0], end - begin, 1)
-                )
-                out = self._switch(rows, local).reshape(rows.shape[0], end - begin, -1).swapaxes(0, 1)
-            blocks.append((places[begin:end], out))
-            mx.async_eval(out)  # queued on its stream: this thread goes back to the landing reads
-        SplitCounter.spread_experts += len(places) - bounds[1]
+        SplitCounter.spread_experts += count - bounds[1]
+        blocks.append((places, out.reshape(rows.shape[0], count, -1).swapaxes(0, 1)))
+        mx.async_eval(blocks[-1][1])  # queued: this thread goes back to the landing reads
 
     def _run_one(
         self,
