@@ -105,9 +105,9 @@ class StreamingSwitch(nn.Module):
                 host = np.array(indices).reshape(-1)
                 picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
             every_row = np.arange(rows.shape[0])
-            together = [j for j, place in enumerate(places) if np.array_equal(picked[place], every_row)]
+            together = [j for j, place in enumerate(places) if most > 1 and np.array_equal(picked[place], every_row)]
             alone = [j for j in range(len(places)) if j not in together]
-            for group in (together[i : i + most] for i in range(0, len(together), max(most, 1))):
+            for group in (together[i : i + most] for i in range(0, len(together), most)):
                 if len(group) < 2:
                     alone += group
                 else:
