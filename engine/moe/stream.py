@@ -6,7 +6,8 @@ One layer call (`ExpertStream.experts`) takes these steps, in this order:
 2. count what the pass needs (the prompt's unique experts, the recall of this layer's prediction);
 3. look the experts up in the RAM cache and place demand reads of the rest;
 4. guess the next layer's experts and hold the most confident for drives that finish early (the tail);
-5. land the experts, running each as it lands while the others are still being read;
+5. land the experts: the cached ones run first, together, then each read as it lands, while the others are
+   still being read;
 6. prefetch the next layer's guesses, now that the drives are idle;
 7. keep what was read in the cache, and record the pass.
 
