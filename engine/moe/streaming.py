@@ -84,8 +84,8 @@ class StreamingSwitch(nn.Module):
         experts come together: those every row selected once run as one call on their stack, which the switch
         linears spread over the CPU streams as the in-RAM call is (`_run_stacked`). One expert a call, queued on its
         own stream, kept MLX's task window of about 20 operations full with one or two experts' chains, and the
-        second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0 s stacked, 2.9 s in
-        RAM (docs/results.md, [13] cached experts in one call). Each read expert runs alone as it lands
+        second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0-3.2 s stacked
+        (docs/results.md, [13] cached experts in one call). Each read expert runs alone as it lands
         (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the same
         bits as the sequence decoded alone), and the model's block sums the slots in their order, as it would
         the stacked call's output.
