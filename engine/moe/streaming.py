@@ -105,15 +105,18 @@ class StreamingSwitch(nn.Module):
                 host = np.array(indices).reshape(-1)
                 picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
             every_row = np.arange(rows.shape[0])
-            together = [j for j, place in enumerate(places) if most > 1 and np.array_equal(picked[place], every_row)]
-            alone = [j for j in range(len(places)) if j not in together]
+            once = [np.array_equal(picked[place], every_row) for place in places]  # every row selected it once
+            together = [j for j in range(len(places)) if most > 1 and once[j]]
+            alone = [j for j in range(len(places)) if not (most > 1 and once[j])]
             for group in (together[i : i + most] for i in range(0, len(together), most)):
                 if len(group) < 2:
                     alone += group
                 else:
                     self._run_stacked(rows, [places[j] for j in group], [tensors[j] for j in group], dealt, blocks)
             for j in sorted(alone):
-                self._run_one(rows, picked[places[j]], places[j], tensors[j], streams, dealt, blocks)
+                self._run_one(
+                    rows, None if once[j] else picked[places[j]], places[j], tensors[j], streams, dealt, blocks
+                )
 
         try:
             unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
@@ -151,23 +154,22 @@ class StreamingSwitch(nn.Module):
     def _run_one(
         self,
         rows: mx.array,
-        picked: np.ndarray,
+        picked: np.ndarray | None,
         place: int,
         tensors: dict[str, mx.array],
         streams: list[mx.Stream],
         dealt: list[int],
         blocks: list[tuple[list[int], mx.array]],
     ) -> None:
-        """One expert on the rows that selected it (`picked`), a stack of one, queued on the stream with the
-        fewest experts of the call so far (the first alone where experts are too small to pay for another)."""
+        """One expert on the rows that selected it (`picked`; None: every row, once), a stack of one, queued on
+        the stream with the fewest experts of the call so far (the first alone where experts are too small to pay
+        for another)."""
         usable = dealt if worth_spreading(self.expert_bytes) else dealt[:1]
         turn = usable.index(min(usable))
         dealt[turn] += 1
         SplitCounter.spread_experts += turn > 0
         with mx.stream(streams[turn]):
-            mine = (
-                rows if np.array_equal(picked, np.arange(rows.shape[0])) else rows[mx.array(picked.astype(np.uint32))]
-            )
+            mine = rows if picked is None else rows[mx.array(picked.astype(np.uint32))]
             self._set_experts([tensors])
             out = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=mx.uint32))
         blocks.append(([place], out))
