@@ -180,6 +180,14 @@ def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hi
     trace = next(home.rglob("traces/*.jsonl"))
     assert main([*args, "--routing", str(trace), "--measure", ""]) == 0  # a recorded trace, simulated only
     assert "recorded as run 3" in capsys.readouterr().err
+    # Foresight: the same budget again with the trace's experts as every guess, recorded apart.
+    assert main([*args, "--routing", str(trace), "--measure", "0.25", "--foresight"]) == 0
+    assert "foresight (the trace's next-layer experts as the guesses)" in capsys.readouterr().err
+    assert main(["runs", "show", "6"]) == 0
+    foreseen = json.loads(capsys.readouterr().out)
+    assert foreseen["kind"] == "cache-foresight" and foreseen["config"]["prefetch_fill"] is False
+    assert foreseen["figures"]["prefetch_recall"] == 1.0 and foreseen["figures"]["tokens_identical"] is True
+    assert foreseen["counters"]["joined_prefetch"] > 0
 
 
 def test_the_resident_bench_takes_each_ratio_within_a_round():

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from bench.trunk_bits import greedy_tokens
+from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
 from nightshift.engine.moe.reader import ExpertReader
@@ -200,3 +201,15 @@ def test_tail_read_ahead_keeps_greedy_tokens(store):
     (without, none), (with_tail, tail_reads) = tokens(False), tokens(True)
     assert none == 0 and tail_reads > 0
     assert with_tail == without
+
+
+def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_for(store):
+    settings = StreamSettings(cache_bytes=0, prefetch=True, prefetch_fill=False)
+    recorded = streamed_decode(store, settings, 6, routing=True)
+    known = [(layer, experts) for layer, experts, _ in recorded.routing]
+    foreseen = streamed_decode(store, settings, 6, foresight=known)
+    assert foreseen.timing.tokens == recorded.timing.tokens
+    f = foreseen.figures
+    assert f.recall_needed > 0 and f.recall_hits == f.recall_needed  # every predicted layer's experts guessed
+    assert recorded.figures.recall_hits < recorded.figures.recall_needed  # the router alone misses some
+    assert f.reads.joined_prefetch > recorded.figures.reads.joined_prefetch

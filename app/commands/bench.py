@@ -475,7 +475,30 @@ def cmd_cache(args: argparse.Namespace) -> int:
         note = f"trace {where}; timed on a shared machine"
         run = _record(args, "cache", store, measured, result, verdict, [Proof("cache", "cache_hits")], note=note)
         say(f"  recorded as run {run}")
+        if args.foresight:
+            _measure_foresight(args, store, measured, calls, drives, ceilings, in_ram, where)
     return 0
+
+
+def _measure_foresight(args, store: Path, measured, calls, drives, ceilings, in_ram, where: Path) -> None:
+    """The same budget with every guess right: the trace's next-layer experts read ahead, all of them (no window
+    cap: the cap is there for wrong guesses). How far prediction could take this decode; recorded apart."""
+    from nightshift.engine import Proof, decode_bench
+
+    settings = replace(measured, prefetch=True, prefetch_fill=False)
+    known = [(call.layer, call.experts) for call in calls]
+    result = decode_bench(store, settings, args.tokens, drives, ceilings, in_ram, args.bandwidth_seconds,
+                          foresight=known)  # fmt: skip
+    f = result["figures"]
+    say(
+        f"  foresight (the trace's next-layer experts as the guesses): {f['ms_per_token']:.0f} ms/token, recall "
+        f"{f['prefetch_recall']:.0%}, roofline fraction {f['roofline_fraction']:.2f} (layer floor "
+        f"{f['layer_floor_ms']:.0f} ms), tokens identical: {f['tokens_identical']}"
+    )
+    note = f"foresight: guesses from the trace {where} (a ceiling for prediction, not a decode a user gets)"
+    proofs = [Proof("cache", "cache_hits"), Proof("foresight", "joined_prefetch")]
+    run = _record(args, "cache-foresight", store, settings, result, "measured", proofs, note=note)
+    say(f"  recorded as run {run}")
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
@@ -585,6 +608,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     cache.add_argument(
         "--measure", type=_shares, default=(0.1, 0.25, 0.5), help="budgets measured with the pick (none: '')"
+    )
+    cache.add_argument(
+        "--foresight",
+        action="store_true",
+        help="also measure each budget with the trace's next-layer experts as the guesses (prediction's ceiling)",
     )
     _add_bandwidth_seconds(cache)
     cache.set_defaults(run=cmd_cache)

@@ -165,12 +165,16 @@ def streamed_decode(
     warmup_prompt: list[int] = WARMUP_PROMPT,
     after_warmup: Callable[[ExpertStream], None] | None = None,
     at_first_token: Callable[[], None] | None = None,
+    foresight: list[tuple[int, tuple[int, ...]]] | None = None,
 ) -> StreamedDecode:
     """Open the store streamed with `settings`, warm up, then time a greedy decode of `tokens` tokens
-    (`after_warmup(stream)` runs between the two, `at_first_token()` where the timing starts: `bench peer`'s)."""
+    (`after_warmup(stream)` runs between the two, `at_first_token()` where the timing starts: `bench peer`'s;
+    `foresight`: a recorded run's layer calls, whose experts are the guesses, `ExpertStream.foresee`)."""
     model, _, stream = load_streaming(store, settings, drives, ceilings)
     if routing:
         stream.record_routing()
+    if foresight is not None:
+        stream.foresee(foresight)
     try:
         time_decode(model, warmup, warmup_prompt)  # first calls build MLX kernels and fault in the trunk: not timed
         if after_warmup is not None:
@@ -256,14 +260,16 @@ def decode_bench(
     compute_floor: bool | DecodeTiming = True,
     bandwidth_s: float = BANDWIDTH_S,
     routing: bool = False,
+    foresight: list[tuple[int, tuple[int, ...]]] | None = None,
 ) -> dict:
     """One decode run: figures (time per token, floors, roofline fraction), counters, trace summary;
     `compute_floor` True measures the in-RAM run, a DecodeTiming reuses one (an A/B's or a ladder's);
-    with `routing`, also every layer call's routing from the warm-up on (`ExpertStream.record_routing`)."""
+    with `routing`, also every layer call's routing from the warm-up on (`ExpertStream.record_routing`);
+    `foresight`: guesses from a recorded run's calls (`streamed_decode`)."""
     manifest = with_drives(read_manifest(store), drives)
     in_use = list(settings.use_drives) or list(manifest.drives)
     probed = measure_bandwidth(manifest, in_use, bandwidth_s)
-    run = streamed_decode(store, settings, tokens, drives, ceilings, routing)
+    run = streamed_decode(store, settings, tokens, drives, ceilings, routing, foresight=foresight)
     seconds = run.timing.seconds_per_token
     achieved = run.read_bytes / (seconds * tokens)
     bandwidth = max(probed, achieved)

@@ -10,8 +10,8 @@ flight is never read twice: a demand joins the prefetch read under way. A failed
 back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
 
-Balanced reads (`balance_reads`, water-filling): a layer's demand reads are placed whole, one by one on the
-drive expected to finish first; where that leaves some drives ending later than the level every drive
+Balanced reads (`balance_reads`, water-filling): a layer's demand reads (and, as a set of their own, the
+read-aheads of its next-layer guesses) are placed whole, one by one on the drive expected to finish first; where that leaves some drives ending later than the level every drive
 would reach if the bytes could be shared out exactly (8 reads over 3 drives: 3/3/2), the last read placed
 on each such drive is cut in page-aligned parts and only its excess goes to the drives that would end
 early (there: two reads split 2/3 + 1/3, the thirds to the drive with 2). So a layer has at most one split
@@ -189,10 +189,7 @@ class ExpertReader:
             self.counts.joined_prefetch += len(joined)
             new = [e for e in experts if e not in joined]
             self.counts.demand_reads += len(new)
-            if self.settings.balance_reads and not self.settings.split_reads:
-                self._inflight.update(((layer, e), placed) for e, placed in self._place_balanced(layer, new).items())
-            else:
-                self._inflight.update(((layer, e), self._submit(layer, e, DEMAND)) for e in new)
+            self._place(layer, new, DEMAND)
             self._drop_unused(layer, set(experts))
             return [(self._inflight[(layer, e)].future, PREFETCH if e in joined else DEMAND) for e in experts]
 
@@ -223,14 +220,11 @@ class ExpertReader:
 
     def prefetch(self, layer: int, experts: list[int]) -> int:
         """Start reads of the experts of `layer` not yet in flight; returns how many were started."""
-        started = 0
         with self._lock:
-            for expert in experts:
-                if (layer, expert) not in self._inflight:
-                    self._inflight[(layer, expert)] = self._submit(layer, expert, PREFETCH)
-                    started += 1
-            self.counts.prefetch_reads += started
-        return started
+            new = [e for e in experts if (layer, e) not in self._inflight]
+            self._place(layer, new, PREFETCH)
+            self.counts.prefetch_reads += len(new)
+        return len(new)
 
     def warm(self, key: Key, skip: Callable[[Key], bool]) -> Future[LoadedExpert] | None:
         """Start a warm-start read (engine/moe/warm.py) on the prefetch queue, unless the expert is in flight
@@ -322,9 +316,19 @@ class ExpertReader:
                 self._demand_work[ticket.drive] += 1
         return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets), tickets)
 
-    def _place_balanced(self, layer: int, experts: list[int]) -> dict[int, Placed]:
-        """Place a layer's demand reads whole, then cut the last read of each drive that would end late so its
-        excess goes to drives that would end early (water-filling; module docstring). Caller holds the lock."""
+    def _place(self, layer: int, experts: list[int], source: str) -> None:
+        """Place and queue the reads of `experts` (none in flight) as one set: balanced when that is on, so the set
+        lands as early as the drives allow, a read-ahead as a layer's demand (caller holds the lock)."""
+        if self.settings.balance_reads and not self.settings.split_reads:
+            self._inflight.update(
+                ((layer, e), placed) for e, placed in self._place_balanced(layer, experts, source).items()
+            )
+        else:
+            self._inflight.update(((layer, e), self._submit(layer, e, source)) for e in experts)
+
+    def _place_balanced(self, layer: int, experts: list[int], source: str) -> dict[int, Placed]:
+        """Place a set of reads whole, then cut the last read of each drive that would end late so its excess
+        goes to drives that would end early (water-filling; module docstring). Caller holds the lock."""
         spec = self.layers[layer]
         placed = {e: [self._whole(self.replicas(layer, e), spec.file_bytes)] for e in experts}
         estimates = self.dispatcher.snapshot()
@@ -342,7 +346,7 @@ class ExpertReader:
             if len(parts) > 1:
                 placed[expert] = parts
                 self.counts.balanced_reads += 1
-        return {e: self._queue(spec, e, DEMAND, tickets) for e, tickets in placed.items()}
+        return {e: self._queue(spec, e, source, tickets) for e, tickets in placed.items()}
 
     def _water_fill(
         self, layer: int, expert: int, whole: Ticket, surplus: dict[str, int], smallest: int
