@@ -11,7 +11,8 @@ back to the next replica; with none left the error names every drive and file.
 Optionally an expert with replicas on two devices is read as two halves at once.
 
 Balanced reads (`balance_reads`, water-filling): a layer's demand reads (and, as a set of their own, the
-read-aheads of its next-layer guesses) are placed whole, one by one on the drive expected to finish first; where that leaves some drives ending later than the level every drive
+read-aheads of its next-layer guesses) are placed whole, one by one on the drive expected to finish first;
+where that leaves some drives ending later than the level every drive
 would reach if the bytes could be shared out exactly (8 reads over 3 drives: 3/3/2), the last read placed
 on each such drive is cut in page-aligned parts and only its excess goes to the drives that would end
 early (there: two reads split 2/3 + 1/3, the thirds to the drive with 2). So a layer has at most one split

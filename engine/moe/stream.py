@@ -308,9 +308,11 @@ class ExpertStream:
         self.routing = []
 
     def foresee(self, calls: list[tuple[int, tuple[int, ...]]]) -> None:
-        """From the next layer call on, guess each next layer's experts from `calls`, a recorded run's (layer,
-        experts) in call order, instead of its router: the same prompt decoded greedily asks the same, so the
-        guesses are right and a decode measures what prediction could gain at most (`bench cache --foresight`)."""
+        """Guess each next layer's experts from `calls` instead of its router: a recorded run's (layer, experts)
+        in call order from its open on (`record_routing`), the calls this stream has made skipped. The same
+        prompt decoded greedily asks the same, so every guess is right and a decode measures what prediction
+        could gain at most (`bench cache --foresight`). Resident layers' calls are not counted here: meant for
+        budgets under the expert bytes, where no layer is stacked."""
         self._foresight = calls[self._asked :]
         self._asked = 0
 
