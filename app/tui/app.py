@@ -112,7 +112,8 @@ class Dashboard(App):
             self._follow_run(snapshot.service, snapshot.taken_at)
             for row in snapshot.drives:  # plotted at the queue's pace, so a plot spans a minute or more
                 self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
-        if isinstance(self.screen, DashboardScreen):
+        # A refresh that lands while the app shuts down finds no screen (Textual raises ScreenStackError).
+        if self.screen_stack and isinstance(self.screen, DashboardScreen):
             self.screen.show(snapshot, self.service)
         self._rearm()
 
