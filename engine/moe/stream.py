@@ -224,7 +224,6 @@ class ExpertStream:
         self._read: set[tuple[int, int]] = set()  # experts read and used: drive reads beyond these are re-reads
         self.routing: list[tuple[int, tuple[int, ...], int]] | None = None  # see record_routing
         self._foresight: list[tuple[int, tuple[int, ...]]] | None = None  # see foresee
-        self._asked = 0  # layer calls that looked up experts so far: the next one's place in the foresight
         self.lookups: dict[tuple[int, int], int] = {}  # lookups per (layer, expert): the profile's, at close
         self.warm: WarmFill | None = None
         self._warm_taken = False  # every warm read kept: nothing left to look for
@@ -256,7 +255,6 @@ class ExpertStream:
         """
         # Mirrors the steps in the module docstring; each helper's docstring says why it runs where it does.
         self._give_back()
-        self._asked += 1
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
         step = decode_step(host.shape)
@@ -309,12 +307,11 @@ class ExpertStream:
 
     def foresee(self, calls: list[tuple[int, tuple[int, ...]]]) -> None:
         """Guess each next layer's experts from `calls` instead of its router: a recorded run's (layer, experts)
-        in call order from its open on (`record_routing`), the calls this stream has made skipped. The same
+        in call order from its open on (`record_routing`), found by this stream's own call count. The same
         prompt decoded greedily asks the same, so every guess is right and a decode measures what prediction
-        could gain at most (`bench cache --foresight`). Resident layers' calls are not counted here: meant for
+        could gain at most (`bench cache --foresight`). Resident layers' calls are counted late: meant for
         budgets under the expert bytes, where no layer is stacked."""
-        self._foresight = calls[self._asked :]
-        self._asked = 0
+        self._foresight = calls
 
     def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> Tensors | None:
         """`layer`'s stacked experts if it is resident (its call is then counted later), else None.
@@ -422,8 +419,9 @@ class ExpertStream:
         wanted_here = self.settings.prefetch or (not step and self.settings.prefill_prefetch)
         if nxt is None or not wanted_here or nxt.layer in self.settings.prefetch_off:
             return None
-        if self._foresight is not None:
-            known = self._foresight[self._asked] if self._asked < len(self._foresight) else None
+        if self._foresight is not None:  # this call is counted when it ends: the next one's place is one on
+            after = self.calls.calls + 1
+            known = self._foresight[after] if after < len(self._foresight) else None
             return Guess(nxt.layer, list(known[1])) if known is not None and known[0] == nxt.layer else None
         if not nxt.resolved:
             nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
