@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "Chunk": "runtime",
     "DeviceNotFoundError": "io.devices",
     "DraftError": "speculative",
+    "AnswerFigures": "answers",
     "DraftStats": "speculative",
     "Drive": "io.drives",
     "DriveMonitor": "instruments.monitor",

@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from nightshift.engine.answers import AnswerFigures
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import DEFAULT_CHUNK, prefill
@@ -68,10 +69,13 @@ def batch_tokens(
     prefill_chunk: int = DEFAULT_CHUNK,
     stats: BatchStats | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    on_read: Callable[[int, int], None] | None = None,
 ) -> list[list[int]]:
     """Greedy tokens for every prompt, decoded together; each list ends at its first end token or `max_tokens`.
 
-    `on_token(sequence, token)` sees every token as it comes (the first ones after each prompt is read).
+    `on_token(sequence, token)` sees every token as it comes (the first ones after each prompt is read);
+    `on_read(sequence, rows)` how much of a prompt is in its cache, after each chunk read (the shared
+    beginning counts for every prompt once it is read).
     """
     if not prompts or any(not p for p in prompts):
         raise NightshiftError("a batch needs at least one prompt, and every prompt at least one token")
@@ -82,11 +86,13 @@ def batch_tokens(
     stats.shared_prefix = shared = shared_prefix(prompts, prefill_chunk)
     read_once = make_prompt_cache(model)
     if shared:
-        prefill(model, prompts[0][:shared], read_once, prefill_chunk)
+        everyone = (lambda rows, _: [on_read(i, rows) for i in range(len(prompts))]) if on_read is not None else None
+        prefill(model, prompts[0][:shared], read_once, prefill_chunk, everyone)
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
-        first = int(mx.argmax(prefill(model, prompt[shared:], cache, prefill_chunk)).item())
+        own = (lambda rows, _, i=i: on_read(i, shared + rows)) if on_read is not None else None
+        first = int(mx.argmax(prefill(model, prompt[shared:], cache, prefill_chunk, own)).item())
         caches.append(cache)
         out.append([first])
         if on_token is not None:
@@ -194,16 +200,19 @@ def generate_batch(
     """Greedy answers to several chats, decoded together (`batch_tokens`) and detokenized one by one.
 
     `progress` sees the summed statistics and every text so far before the first prompt is read, after
-    each token and at the end; its tokens count from when every prompt has been read (until then a progress
-    line says the prompt is being read), so their first tokens count then, together. `cancel` is looked at
-    after each token, and a cancelled batch returns what was written with finish reason "cancelled".
+    each chunk of a prompt read, after each token and at the end; its tokens count from when every prompt
+    has been read (until then a progress line says the prompt is being read), so their first tokens count
+    then, together. The statistics' `answers` hold each answer's own figures (its prompt read, its tokens,
+    how it ended): the batch's real plan. `cancel` is looked at after each token, and a cancelled batch
+    returns what was written with finish reason "cancelled".
     """
     if not isinstance(model, Model):  # a store over several hosts (engine/distributed): the batch is decoded there
         return model.generate_batch(conversations, max_tokens, prefill_chunk, cancel, progress)
     prompts = [model.chat_tokens(messages) for messages in conversations]
     eos = set(model.tokenizer.eos_token_ids)
     detokenizers = [model.tokenizer.detokenizer for _ in prompts]
-    generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+    answers = [AnswerFigures(len(prompt), max_tokens) for prompt in prompts]
+    generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts), answers=answers)
     stats = BatchStats(width=len(prompts))
     firsts: list[float] = []
     lasts = [0.0] * len(prompts)
@@ -213,28 +222,43 @@ def generate_batch(
     if progress is not None:
         progress(generation, ["" for _ in prompts])  # the prompts are being read: minutes on a slow machine
 
-    def on_token(sequence: int, token: int) -> None:
-        now = time.perf_counter()
-        if counts[sequence] == 0:
-            firsts.append(now)
-            generation.prompt_done += len(prompts[sequence])
-            if len(firsts) == len(prompts):
-                generation.time_to_first_token = now - start  # every prompt read: the batch starts writing
-        counts[sequence] += 1
-        lasts[sequence] = now
-        if token not in eos:
-            detokenizers[sequence].add_token(token)
-        generation.generated_tokens = sum(counts) if len(firsts) == len(prompts) else 0
+    def shown(now: float) -> None:
         generation.elapsed = now - start
         generation.peak_memory_bytes = mx.get_peak_memory()
         model._stream_figures(generation, before)  # the stream's counters since this batch began (a shared model)
         if progress is not None:
             progress(generation, [d.text for d in detokenizers])
+
+    def on_read(sequence: int, rows: int) -> None:
+        answers[sequence].prompt_done = rows
+        generation.prompt_done = sum(answer.prompt_done for answer in answers)
+        if rows < len(prompts[sequence]):  # its last chunk is told with its first token
+            shown(time.perf_counter())
+
+    def on_token(sequence: int, token: int) -> None:
+        now = time.perf_counter()
+        answer = answers[sequence]
+        if counts[sequence] == 0:
+            firsts.append(now)
+            on_read(sequence, len(prompts[sequence]))
+            if len(firsts) == len(prompts):
+                generation.time_to_first_token = now - start  # every prompt read: the batch starts writing
+        counts[sequence] += 1
+        lasts[sequence] = now
+        answer.tokens = counts[sequence]
+        if token in eos:
+            answer.finish_reason = "stop"
+        else:
+            detokenizers[sequence].add_token(token)
+            answer.finish_reason = "length" if answer.tokens >= max_tokens else None
+        generation.generated_tokens = sum(counts) if len(firsts) == len(prompts) else 0
+        shown(now)
         if cancel is not None and cancel.is_set():
             raise _Cancelled
 
     try:
-        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token)
+        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token,
+                              on_read)  # fmt: skip
     except _Cancelled:
         tokens = None
     parts = []

@@ -26,6 +26,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model
 
+from nightshift.engine.answers import AnswerFigures
 from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError
 from nightshift.engine.io.ceilings import Ceilings
@@ -71,6 +72,14 @@ class GenerationStats:
     last_landed: str = ""  # the drive whose read landed last (the barrier) most often in recent passes
     # With a drafter: drafted/accepted tokens, verify passes, union size per verify, switch-off (engine/speculative.py).
     draft: DraftStats | None = None
+    # A batch of answers (engine/batch.py): each one's own figures, in the batch's order; empty for one answer.
+    answers: list[AnswerFigures] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> GenerationStats:
+        """Back from `asdict` (a host's progress line): the answers as `AnswerFigures` again."""
+        answers = [AnswerFigures(**answer) for answer in values.get("answers", [])]
+        return cls(**{**values, "answers": answers})
 
     @property
     def decode_tokens_per_s(self) -> float:

@@ -272,7 +272,7 @@ def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative |
         parts = batch.parts[span]
         stats = replace(batch.generation, prompt_tokens=sum(p.prompt_tokens for p in parts),
                         prompt_done=sum(p.prompt_tokens for p in parts), generated_tokens=sum(p.tokens for p in parts),
-                        finish_reason=_finish_reason(parts))  # fmt: skip
+                        finish_reason=_finish_reason(parts), answers=batch.generation.answers[span])  # fmt: skip
         narrative = split_narrative(job.text([part.text for part in parts]).strip(), stats)
         narrative.batch = ChatBatch(parts, batch.stats, stats) if job.prompt.narrative == "split" else None
         narrative.shared = replace(shared, own=own)
