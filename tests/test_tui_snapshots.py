@@ -86,9 +86,15 @@ BENCH_RUNS = [
         (3, True, True, 1.21, "win", "19"), (2, True, False, 1.09, "loss", "18"), (1, False, False, 0.97, "baseline", "17"),
     ]
 ]  # fmt: skip
-NEXT = {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None, "daily": "2026-12-01T18:30:00+00:00",
-        "beancount": "2026-12-31T21:00:00+00:00", "camt053": "2026-12-31T21:00:00+00:00",
-        "mt940": "2026-12-31T21:00:00+00:00", "ofx": "2026-12-31T21:00:00+00:00"}  # the 7 bundled reviews
+NEXT = {
+    "month-end": "2026-12-31T22:00:00+00:00",
+    "weekly": None,
+    "daily": "2026-12-01T18:30:00+00:00",
+    "beancount": "2026-12-31T21:00:00+00:00",
+    "camt053": "2026-12-31T21:00:00+00:00",
+    "mt940": "2026-12-31T21:00:00+00:00",
+    "ofx": "2026-12-31T21:00:00+00:00",
+}  # the 7 bundled reviews
 
 
 def service(runs: list[QueueRun], running: bool = True, cancelling: int | None = None) -> ServiceState:
