@@ -19,11 +19,6 @@ per-drive rates come from its progress records, and its end is announced.
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,20 +36,12 @@ from nightshift.app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
 from nightshift.app.tui.format import duration
 from nightshift.app.tui.screens import DashboardScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.plot import History
+from nightshift.app.viewer import open_pdf
 from nightshift.engine import NightshiftError
 
 TICK_S = 0.1
 SERVICE_EVERY = 5
-VIEWER_VARIABLE = "NIGHTSHIFT_PDF_VIEWER"
 ENGINE_RATE_FRESH_S = 3.0  # nightshift's per-drive rate is shown this long after the record it came from
-
-
-def viewer_command() -> list[str] | None:
-    """How to open a PDF: $NIGHTSHIFT_PDF_VIEWER, else `open` (macOS) or `xdg-open`; None when there is none."""
-    if os.environ.get(VIEWER_VARIABLE):
-        return shlex.split(os.environ[VIEWER_VARIABLE])
-    opener = "open" if sys.platform == "darwin" else "xdg-open"
-    return [opener] if shutil.which(opener) else None
 
 
 class Dashboard(App):
@@ -264,21 +251,17 @@ class Dashboard(App):
         self.quitting.wait()
         service.stop()
 
+    @work(thread=True, group="viewer")
     def open_report(self, path: Path) -> None:
+        """Open the PDF off the UI thread (the viewer is watched for a moment to see that it opened)."""
         if not path.is_file():
-            self.notify(f"{path} is no longer there", severity="error")
+            self.call_from_thread(self.notify, f"{path} is no longer there", severity="error")
             return
-        command = viewer_command()
-        if command is None:
-            self.notify(f"no PDF viewer found (set {VIEWER_VARIABLE}); the report is {path}", severity="warning")
-            return
-        try:
-            subprocess.Popen([*command, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
-        except OSError as exc:
-            self.notify(f"cannot run {command[0]}: {exc}", severity="error")
-            return
-        self.notify(f"opened {path.name}")
+        problem = open_pdf(path)
+        if problem is None:
+            self.call_from_thread(self.notify, f"opened {path.name}")
+        else:
+            self.call_from_thread(self.notify, f"nothing opened: {problem}; the report is {path}", severity="warning")
 
     def on_unmount(self) -> None:
         self.quitting.set()

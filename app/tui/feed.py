@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from nightshift.app.daemon.control import Jobs
-from nightshift.app.paths import catalogue_file, drives_file, models_dir
+from nightshift.app.paths import catalogue_file, doc, drives_file, models_dir
 from nightshift.app.review.index import IndexEntry
 from nightshift.engine import (
     CEILINGS_FILE,
@@ -313,7 +313,7 @@ class Feed:
             return
         self.note = "" if self.sources else (
             f"no drives.toml ({drives_file()}) and no model's experts on a drive: import a model "
-            "(`nightshift model import`) or write drives.toml (docs/dashboard.md)")  # fmt: skip
+            f"(`nightshift model import`) or write drives.toml ({doc('dashboard.md')})")  # fmt: skip
         if self.sources:
             self.monitor = DriveMonitor([s.name for s in self.sources], [s.device for s in self.sources],
                                         history_s=5.0).start()  # fmt: skip

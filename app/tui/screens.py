@@ -17,6 +17,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Header, Input, Static
 
 from nightshift.app.daemon.runs import Run as QueueRun
+from nightshift.app.paths import doc
 from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.ages import Ages, age_label, stale_line
 from nightshift.app.tui.feed import ServiceState, Snapshot
@@ -211,7 +212,7 @@ class QueueScreen(DashboardScreen):
              for run in service.jobs.runs], self.size.width)  # fmt: skip
         note = self.query_one("#queue-note", Line)
         if not service.jobs.next_runs:
-            note.set("no reviews: put a schedule file in the schedules folder (see docs/reviews.md)")
+            note.set(f"no reviews: put a schedule file in the schedules folder (see {doc('reviews.md')})")
         elif not service.jobs.runs:
             note.set("no runs yet: select a review above and press n to run it now")
         note.display = not service.jobs.next_runs or not service.jobs.runs

@@ -24,7 +24,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from nightshift.engine.errors import NightshiftError, UnsupportedModelError
+from nightshift.engine.errors import NightshiftError, UnsupportedModelError, did_you_mean
 from nightshift.engine.store.families import build_model, layer_of, switch_sites
 from nightshift.engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
 
@@ -244,20 +244,28 @@ def _cast(array: mx.array, dtype: mx.Dtype) -> mx.array:
     return array.astype(dtype) if mx.issubdtype(array.dtype, mx.floating) else array
 
 
+def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0) -> None:
+    """Refuse what `synthesize` cannot do, before anything is said or written."""
+    if arch not in FAMILIES:
+        raise UnsupportedModelError(f"no synthetic preset for {arch!r}{did_you_mean(arch, FAMILIES)} "
+                                    f"(choose one of {', '.join(sorted(FAMILIES))})")  # fmt: skip
+    if preset not in PRESETS:
+        raise NightshiftError(
+            f"unknown preset {preset!r}{did_you_mean(preset, PRESETS)} (choose one of {', '.join(PRESETS)})"
+        )
+    if skew < 0:
+        raise NightshiftError("--skew must be 0 or more")
+    if Path(out).exists() and any(Path(out).iterdir()):
+        raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
+
+
 def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0.0, layers: int | None = None) -> Path:
     """Write a synthetic checkpoint of family `arch` at `preset` size into `out` (a new directory).
 
     `layers` overrides the preset's number of layers (the first is dense in families that have one).
     """
-    if arch not in FAMILIES:
-        raise UnsupportedModelError(f"no synthetic preset for {arch!r}; choose one of {', '.join(sorted(FAMILIES))}")
-    if preset not in PRESETS:
-        raise NightshiftError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    if skew < 0:
-        raise NightshiftError("--skew must be 0 or more")
+    check_synthesis(arch, preset, out, skew)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
     family = FAMILIES[arch]
     hidden, preset_layers, experts, active, expert_hidden, vocab = PRESETS[preset]
     config = family.config(hidden, layers or preset_layers, experts, active, expert_hidden, vocab)
