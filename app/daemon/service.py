@@ -29,6 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
+from nightshift.app.daemon.notify import announce
 from nightshift.app.daemon.runs import Run, RunQueue
 from nightshift.app.daemon.settings import load_settings
 from nightshift.app.daemon.work import Cancel, Unsettled, batch_key, execute_batch
@@ -302,6 +303,7 @@ class Service:
         for run in finished:
             log.info("run %s: %s %s %s", run.id, run.review, run.state,
                      clip(run.report or run.error or "", 500))  # fmt: skip
+            announce(self.settings.notify, run)  # a report ready or a run failed: the desktop, the user's hook
         return True
 
     def _batch_with(self, first: Run) -> list[Run]:
