@@ -109,8 +109,9 @@ def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_ba
     context = report_context(schedule, checked, narrative)
     assert set(context["comments"]) == set(narrative.comments)
     html = render_html(schedule.report_template, context)
-    assert "narrative split: 4 answers of up to 6 tokens each" in html
-    assert f"width 4, {batch.stats.steps} decode steps: summary {TOKENS} tokens (length)" in html
+    assert "narrative split: 4 answers of up to 6&nbsp;tokens each" in html
+    assert f"Answers: one batch, {batch.stats.steps} decode steps" in html
+    assert f'<td>summary</td><td class="num">{TOKENS}</td><td>at its limit</td>' in html
 
 
 @pytest.mark.parametrize(
