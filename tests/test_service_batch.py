@@ -120,7 +120,7 @@ def test_a_run_that_cannot_share_the_batch_stays_queued_and_one_that_fails_fails
     if shutil.which("pdftotext"):
         text = " ".join(subprocess.run(["pdftotext", a.report, "-"], capture_output=True, text=True).stdout.split())
         assert (
-            f"shared batch generated with run {ids[3]} (b," in text and "2 reviews, 6 answers decoded together" in text
+            f"shared batch generated with run {ids[3]} (b):" in text and "2 reviews, 6 answers decoded together" in text
         )
 
 
