@@ -1,7 +1,8 @@
-"""A dashboard never shows stale figures as live: a feed that stops delivering is marked STALE on screen.
+"""A dashboard never shows stale figures as live, and its keys act as in the tools people like (issue [24]).
 
 The feed here is a real `Snapshot` source that can be made to hang in `collect()` (as a stuck poll
 would); the app's own timer must notice and say so, with the age, and go back to live when the feed does.
+Ctrl+C quits, j and k move in lists.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class StallingFeed:
             self.released.wait()
         self.collected += 1
         now = time.time()
-        service = ServiceState(True, 4242, Jobs([RUN], {"month-end": None}), []) if with_service else None
+        reviews = {"beancount": None, "daily": None, "month-end": None}
+        service = ServiceState(True, 4242, Jobs([RUN], reviews), []) if with_service else None
         return Snapshot([DriveRow("vda", "vda", 12.5, None, "experts of smollm2")], Memory(GiB, 24 * GiB, 16 * GiB),
                         0.02, 10.0, service, None, taken_at=now, drives_at=now)  # fmt: skip
 
@@ -110,6 +112,29 @@ def test_polls_go_on_when_the_event_loop_runs_late(monkeypatch):
         return feed.collected
 
     assert asyncio.run(scenario()) >= 100
+
+
+def test_ctrl_c_quits_and_j_k_move_in_lists():
+    async def scenario() -> tuple[list[str], bool]:
+        feed = StallingFeed()
+        app = Dashboard(feed=feed)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(lambda: feed.collected >= 6 and "service running" in banner(app), "the first refreshes")
+            await pilot.press("2")
+            await until(lambda: app.screen.query("#schedules") and app.screen.query_one("#schedules").row_count == 3,
+                        "the Queue's reviews")  # fmt: skip
+            table = app.screen.query_one("#schedules")
+            table.focus()
+            moved = []
+            for key in ("j", "j", "k"):
+                await pilot.press(key)
+                moved.append(table.selected())
+            await pilot.press("ctrl+c")
+            await until(lambda: not app.is_running, "Ctrl+C to quit")
+            return moved, app.is_running
+
+    moved, running = asyncio.run(scenario())
+    assert moved == ["daily", "month-end", "daily"] and not running
 
 
 def test_ages_are_said_in_words():
