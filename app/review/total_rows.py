@@ -5,8 +5,10 @@ Spreadsheets and some bank exports close a day, a month or the file with a row s
 file's total and becomes a finding of its own. A row is a total when both hold:
 
 - its amount equals the sum of a block of transaction rows that ends just before it, is at least
-  two rows long, and starts at the file's first row, at the row after the previous total, or at a
-  row dated differently from the row before it (a day's, a month's or a statement's first row);
+  two rows long, and starts at the file's first row, at the first row after the latest total row,
+  or at the first row of the latest day or month (in file order: the rows since the date or the
+  month last changed). Total rows are never part of a block, so a grand total over daily subtotals
+  is found too. Four starts at most, so a row that merely equals some run of rows is rare;
 - one of its cells reads as a total: its first or second word is one of `TOTAL_WORDS` (Total,
   Summe, Gesamt, Saldo, Totaal, Somme, Suma... in the languages books come in), or a German
   compound ending in "summe" (Tagessumme, Monatssumme).
@@ -14,8 +16,7 @@ file's total and becomes a finding of its own. A row is a total when both hold:
 Both are needed: "TOTAL ENERGIES 45,00" reads as a total but sums nothing, and a row that happens
 to equal the rows before it says nothing of totals. A total of a single row is not recognised (it
 stays a transaction, and a finding shows it). Total rows are left out of the table, and the
-source's notes (in the report's data files) say which they were; the rows after one start a new
-block.
+source's notes (in the report's data files) say which they were.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ TOTAL_WORDS = frozenset({
     "subtotaal", "somme", "suma", "totale", "subtotale", "totalt", "summa", "yhteensa",
     "razem", "celkem", "osszesen", "toplam", "итого", "всего", "合计", "合計", "小计", "小計", "総計",
 })  # fmt: skip
-STARTS_KEPT = 4096  # block starts remembered since the last total (a file not sorted by date has many)
 LISTED = 5  # total rows named in the source's notes; the rest are counted
 _WORDS = re.compile(r"\w+")
 
@@ -52,28 +52,38 @@ def says_total(cell: str) -> bool:
 class TotalRows:
     """Finds total rows while a CSV is read in file order: ask `is_total` of each row, then `add` the others."""
 
-    running: int = 0  # the sum of the transaction rows since the last total (units at the source's decimals)
-    rows: int = 0  # those rows' count
-    starts: dict[int, tuple[int, int]] = field(default_factory=dict)  # running sum at a block start -> (rows, line)
+    running: int = 0  # the sum of the transaction rows so far (units at the source's decimals)
+    rows: int = 0  # their count
+    # Where each block starts ("file", "total", "day", "month"): the running sum, the rows and the line there.
+    starts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last_day: date | None = None
+    after_total: bool = False
     found: list[tuple[int, str, int, int]] = field(default_factory=list)  # line, its total text, units, first line
 
     def is_total(self, record: list[str], units: int, line: int) -> bool:
         """True (and remembered) when the row totals a block before it and one of its cells says so."""
-        start = self.starts.get(self.running - units)
-        if start is None or self.rows - start[0] < 2:
+        block = next((start for start in self.starts.values()
+                      if self.running - start[0] == units and self.rows - start[1] >= 2), None)  # fmt: skip
+        if block is None:
             return False
         said = next((cell.strip() for cell in record if says_total(cell)), None)
         if said is None:
             return False
-        self.found.append((line, said, units, start[1]))
-        self.running, self.rows, self.starts, self.last_day = 0, 0, {}, None
+        self.found.append((line, said, units, block[2]))
+        self.after_total = True
         return True
 
     def add(self, units: int, day: date, line: int) -> None:
-        """A transaction row: it may start a block (a new date), then counts in every open one."""
-        if day != self.last_day and len(self.starts) < STARTS_KEPT:
-            self.starts.setdefault(self.running, (self.rows, line))
+        """A transaction row: it may start blocks (the file's, after a total, a new day or month), then counts."""
+        here, last = (self.running, self.rows, line), self.last_day
+        if last is None:
+            self.starts["file"] = here
+        if self.after_total:
+            self.starts["total"], self.after_total = here, False
+        if day != last:
+            self.starts["day"] = here
+            if last is None or (day.year, day.month) != (last.year, last.month):
+                self.starts["month"] = here
         self.last_day = day
         self.running += units
         self.rows += 1
@@ -82,8 +92,8 @@ class TotalRows:
         """What the report says of the total rows left out (amounts at the source's `decimals`)."""
         if not self.found:
             return ()
-        listed = "; ".join(f"line {line} ({said!r}, {format_amount(units, decimals)}: the sum of lines "
-                           f"{first}-{line - 1})" for line, said, units, first in self.found[:LISTED])  # fmt: skip
+        listed = "; ".join(f"line {line} ({said!r}, {format_amount(units, decimals)}: the sum of the rows from line "
+                           f"{first})" for line, said, units, first in self.found[:LISTED])  # fmt: skip
         more = f"; and {len(self.found) - LISTED:,} more" if len(self.found) > LISTED else ""
         count = "1 total row" if len(self.found) == 1 else f"{len(self.found):,} total rows"
         return (f"{count} left out, not read as transactions: {listed}{more}",)
