@@ -147,10 +147,11 @@ def parse_when(text: str, timezone: tzinfo, days: BusinessDays = MONDAY_TO_FRIDA
             if days.calendar is not None and not (kind == "business" or (kind == "month" and found.group("business"))):
                 raise _calendar_unused(text, days)
             return WallClock(_trigger(kind, found, timezone, days), timezone)
-    if days.calendar is not None:
-        raise _calendar_unused(text, days)
     if len(spoken.split()) == 5:
-        return WallClock(CronTrigger.from_crontab(spoken, timezone=timezone), timezone)
+        cron = CronTrigger.from_crontab(spoken, timezone=timezone)
+        if days.calendar is not None:
+            raise _calendar_unused(text, days)
+        return WallClock(cron, timezone)
     raise ValueError(
         f'{text!r} is not a schedule nightshift understands; write a crontab line such as "30 18 * * mon-fri" '
         'or a plain form: "every business day at 18:30", "Fridays at 17:00", '
