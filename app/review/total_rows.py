@@ -48,45 +48,56 @@ def says_total(cell: str) -> bool:
     return any(word in TOTAL_WORDS or word.endswith("summe") for word in _words(cell))
 
 
+FILE, AFTER_TOTAL, DAY, MONTH = range(4)  # where a block may start: the file's first row, after the latest total,
+# the latest day's and the latest month's first row
+
+
 @dataclass
 class TotalRows:
     """Finds total rows while a CSV is read in file order: ask `is_total` of each row, then `add` the others."""
 
     running: int = 0  # the sum of the transaction rows so far (units at the source's decimals)
     rows: int = 0  # their count
-    # Where each block starts ("file", "total", "day", "month"): the running sum, the rows and the line there.
-    starts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    starts: list[tuple[int, int, int] | None] = field(default_factory=lambda: [None] * 4)  # (running, rows, line)
+    sums: list[int | None] = field(default_factory=lambda: [None] * 4)  # the starts' running sums, looked up per row
     last_day: date | None = None
     after_total: bool = False
     found: list[tuple[int, str, int, int]] = field(default_factory=list)  # line, its total text, units, first line
 
     def is_total(self, record: list[str], units: int, line: int) -> bool:
         """True (and remembered) when the row totals a block before it and one of its cells says so."""
-        block = next((start for start in self.starts.values()
-                      if self.running - start[0] == units and self.rows - start[1] >= 2), None)  # fmt: skip
-        if block is None:
+        before = self.running - units  # the running sum where a block this row totals would start
+        if before not in self.sums:  # nearly every row: one look, since this runs for every row of the file
             return False
-        said = next((cell.strip() for cell in record if says_total(cell)), None)
-        if said is None:
-            return False
-        self.found.append((line, said, units, block[2]))
-        self.after_total = True
-        return True
+        for start in self.starts:
+            if start is not None and start[0] == before and self.rows - start[1] >= 2:
+                said = next((cell.strip() for cell in record if says_total(cell)), None)
+                if said is None:
+                    return False
+                self.found.append((line, said, units, start[2]))
+                self.after_total = True
+                return True
+        return False
 
     def add(self, units: int, day: date, line: int) -> None:
         """A transaction row: it may start blocks (the file's, after a total, a new day or month), then counts."""
-        here, last = (self.running, self.rows, line), self.last_day
-        if last is None:
-            self.starts["file"] = here
-        if self.after_total:
-            self.starts["total"], self.after_total = here, False
-        if day != last:
-            self.starts["day"] = here
-            if last is None or (day.year, day.month) != (last.year, last.month):
-                self.starts["month"] = here
-        self.last_day = day
+        if day != self.last_day or self.after_total:
+            last = self.last_day
+            if last is None:
+                self._start(FILE, line)
+            if self.after_total:
+                self._start(AFTER_TOTAL, line)
+                self.after_total = False
+            if day != last:
+                self._start(DAY, line)
+                if last is None or (day.year, day.month) != (last.year, last.month):
+                    self._start(MONTH, line)
+            self.last_day = day
         self.running += units
         self.rows += 1
+
+    def _start(self, where: int, line: int) -> None:
+        self.starts[where], self.sums[where] = (self.running, self.rows, line), self.running
 
     def notes(self, decimals: int) -> tuple[str, ...]:
         """What the report says of the total rows left out (amounts at the source's `decimals`)."""
