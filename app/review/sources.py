@@ -545,7 +545,7 @@ class CsvSource(Source):
               kept: tuple[date, date] | None) -> Iterator[Row]:  # fmt: skip
         """Every row parsed and checked (total rows left out); those dated within `kept` (None: all) yielded."""
         text_positions = {key: at for key, at in positions.items() if key in TEXT_COLUMNS}
-        fixed = {} if self.account is None else {"account": self.account}
+        fixed = self.account
         pair, negate = "amount" not in positions, self.sign == "inverted"
         first, last = kept or (date.min, date.max)
         days: dict[str, date] = {}  # a file has few distinct dates; strptime is the slow part of a row
@@ -583,7 +583,10 @@ class CsvSource(Source):
             for watch in watched:
                 watch.see(record, units, number, "" if account_at is None else record[account_at].strip())
             if first <= day <= last:
-                yield number, day, units, {key: record[at].strip() for key, at in text_positions.items()} | fixed
+                texts = {key: record[at].strip() for key, at in text_positions.items()}
+                if fixed is not None:
+                    texts["account"] = fixed
+                yield number, day, units, texts
 
 
 @dataclass
