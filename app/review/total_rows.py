@@ -88,8 +88,8 @@ class TotalRows:
             if self.after_total:
                 self._start(AFTER_TOTAL, line)
                 self.after_total = False
-            if day != last:
-                self._start(DAY, line)
+            if day != last:  # inline: in a file not sorted by date, every row
+                self.starts[DAY], self.sums[DAY] = (self.running, self.rows, line), self.running
                 if last is None or (day.year, day.month) != (last.year, last.month):
                     self._start(MONTH, line)
             self.last_day = day
