@@ -545,7 +545,6 @@ class CsvSource(Source):
               kept: tuple[date, date] | None) -> Iterator[Row]:  # fmt: skip
         """Every row parsed and checked (total rows left out); those dated within `kept` (None: all) yielded."""
         text_positions = {key: at for key, at in positions.items() if key in TEXT_COLUMNS}
-        fixed = self.account
         pair, negate = "amount" not in positions, self.sign == "inverted"
         first, last = kept or (date.min, date.max)
         days: dict[str, date] = {}  # a file has few distinct dates; strptime is the slow part of a row
@@ -584,8 +583,8 @@ class CsvSource(Source):
                 watch.see(record, units, number, "" if account_at is None else record[account_at].strip())
             if first <= day <= last:
                 texts = {key: record[at].strip() for key, at in text_positions.items()}
-                if fixed is not None:
-                    texts["account"] = fixed
+                if self.account is not None:
+                    texts["account"] = self.account
                 yield number, day, units, texts
 
 
