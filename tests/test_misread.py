@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.review.errors import ReviewError, ScheduleError
-from nightshift.app.review.runner import run_checks_for
+from nightshift.app.review.runner import run_checks_for, source_files
 from nightshift.app.review.schedule import load_schedule
 from nightshift.app.review.sources import CsvSource, date_period, parse_day
 from nightshift.app.review.total_rows import says_total
@@ -128,6 +128,14 @@ def test_the_german_month_end_balance_check_runs_with_a_fixed_account(tmp_path):
     assert checked.tables["saldo"].notes == (
         "dates in the format '%m.%Y' name a month: each row is dated on its last day",
     )
+
+
+def test_the_reports_data_files_say_how_the_german_files_were_read(tmp_path):
+    schedule = load_schedule(german_books(tmp_path))
+    files = {file.source: file for file in source_files(run_checks_for(schedule, schedule.as_of))}
+    assert (files["bank"].rows, files["bank"].rows_in_period) == (11, 7)  # 11 read, 2 of them total rows left out
+    assert files["bank"].notes[0].startswith("2 total rows left out, not read as transactions: line 4")
+    assert files["saldo"].notes == ("dates in the format '%m.%Y' name a month: each row is dated on its last day",)
 
 
 def test_without_the_fixed_account_the_balance_check_could_not_run(tmp_path):
