@@ -218,6 +218,11 @@ def test_an_unmapped_running_balance_must_follow_from_the_amounts(tmp_path):
         csv_source(tmp_path, by_account.replace("Account", "Unit")).load(*ANY)  # read as one account: no chain
 
 
+def test_a_short_row_leaves_a_watched_column_empty(tmp_path):
+    text = "Date,Amount,Text,Currency\n2026-10-01,1.00,a,EUR\n2026-10-02,2.00\n"  # the last row stops at Amount
+    assert len(csv_source(tmp_path, text, currency="EUR").load(*ANY)) == 2
+
+
 def test_a_balance_column_in_another_format_is_said_not_checked(tmp_path):
     table = csv_source(tmp_path, BALANCED.replace("90.00", "90.00 H")).load(*ANY)
     assert table.notes == ("column 'Saldo' names a balance, but line 2's '90.00 H' is not an amount in the source's "

@@ -47,8 +47,13 @@ _NOT_WORD = re.compile(r"[\W_]+")
 Where = Callable[[int], str]  # a line number -> "source 'bank', bank.csv line 7"
 
 
+def _cell(record: list[str], at: int) -> str:
+    """The cell at `at`, stripped; empty on a row shorter than the header (only mapped columns must be there)."""
+    return record[at].strip() if at < len(record) else ""
+
+
 def header_kind(header: str) -> str | None:
-    """ "currency", "account" or "balance" for a header that names one ("Währung", "IBAN", "Saldo"), else None."""
+    """What a header names: "currency", "account" or "balance" ("Währung", "IBAN", "Saldo"), else None."""
     plain = "".join(c for c in unicodedata.normalize("NFKD", header) if not unicodedata.combining(c))
     words = " ".join(_NOT_WORD.sub(" ", plain.casefold()).split())
     return next((kind for kind, names in HEADERS.items() if words in names), None)
@@ -67,7 +72,7 @@ class OneValue:
     first: tuple[str, int] | None = None
 
     def see(self, record: list[str], units: int, line: int, account: str) -> None:
-        value = record[self.at].strip()
+        value = _cell(record, self.at)
         if not value:
             return
         if self.currency is not None:
@@ -114,7 +119,7 @@ class RunningBalance:
     unread: tuple[int, str] | None = None  # the line and cell that stopped the watch
 
     def see(self, record: list[str], units: int, line: int, account: str) -> None:
-        text = record[self.at].strip()
+        text = _cell(record, self.at)
         if self.unread is not None:
             return
         if not text:
