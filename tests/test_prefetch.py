@@ -96,14 +96,14 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
 
 def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) -> None:
     """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
-    read_part = reader._read_part
+    read_part = reader.files._read_part
 
     def delayed(buffer, ticket, problems):
         if ticket.drive == drive:
             wait()
         return read_part(buffer, ticket, problems)
 
-    reader._read_part = delayed
+    reader.files._read_part = delayed
 
 
 class HeldBack:

@@ -41,7 +41,8 @@ from nightshift.engine.moe.budget import Budget, Pressure
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.dispatch import Dispatcher, estimates_from
 from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
-from nightshift.engine.moe.reader import ExpertReader, LoadedExpert, ReadCounts, Tensors, as_stored
+from nightshift.engine.moe.reader import ExpertReader
+from nightshift.engine.moe.reads import LoadedExpert, ReadCounts, Tensors, as_stored
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.warm import RoutingProfile, WarmCounts, WarmFill, load_profile, save_profile
 from nightshift.engine.store.manifest import Manifest, MoeLayer
