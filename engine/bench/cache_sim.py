@@ -218,7 +218,7 @@ def record(store: Path, text: str, prompt_tokens: int, tokens: int, temp: float,
         for _ in model.generate_tokens(prompt, max_tokens=tokens, temp=temp, seed=seed):
             pass
         model.stream.call_counts()  # resident calls, if any, into the log
-        return [Call(layer, experts, rows) for layer, experts, rows in model.stream.routing]
+        return [Call(layer, experts, rows) for layer, experts, rows in model.stream.tally.routing]
     finally:
         model.close()
 

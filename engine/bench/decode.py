@@ -38,9 +38,10 @@ from nightshift.engine.instruments.trace import CACHE, PassTrace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.figures import StreamFigures
 from nightshift.engine.moe.load import load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream, StreamFigures
+from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import Manifest, read_manifest
@@ -198,7 +199,7 @@ def streamed_decode(
     passes = [p for p in stream.trace.passes() if p.began >= decode_began[0]]
     wait = sum(p.wait_s for p in passes)
     pass_bytes = [needed_bytes([p], 0.0) for p in passes]
-    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), stream.routing or [], wait, pass_bytes)
+    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), stream.tally.routing or [], wait, pass_bytes)
 
 
 def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] | None = None) -> DecodeTiming:

@@ -243,4 +243,4 @@ def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
         use_gemm_prefill(switch)  # a prompt's experts: dequantized once per pass, one GEMM each (on the CPU)
         setattr(parent, name, StreamingSwitch(switch, layers[site.layer], stream))
     for site, nxt in itertools.pairwise(sites):
-        stream.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)
+        stream.ahead.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)
