@@ -11,6 +11,7 @@ import pytest
 
 from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracle
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.budget import Budget, Pressure, size_budget
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
@@ -118,12 +119,12 @@ def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):  # noqa:
     budget = manifest.expert_bytes // 3
     for policy in CACHE_POLICIES:
         settings = StreamSettings(cache_bytes=budget, cache_policy=policy, warm_start=False)  # a cold cache
-        model = open_model(store, stream=settings)
-        model.stream.record_routing()
+        instruments = Instruments(routing=[])
+        model = open_model(store, stream=settings, instruments=instruments)
         try:
             list(model.generate_tokens(PROMPT[:20], max_tokens=10))
             figures = model.stream.figures()
-            calls = [Call(*entry) for entry in model.stream.tally.routing]
+            calls = [Call(*entry) for entry in instruments.routing]
         finally:
             model.close()
         predicted = replay(calls, sizes, budget, policy)
@@ -179,13 +180,13 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
     rows = json.loads((store / PROFILE_FILE).read_text())["layers"]
     assert {int(k): len(v) for k, v in rows.items()} == {layer.layer: layer.num_experts for layer in manifest.layers}
 
-    model = open_model(store, stream=settings)
+    instruments = Instruments(routing=[])  # the warm start's reads are not calls: only the generation's are logged
+    model = open_model(store, stream=settings, instruments=instruments)
     try:
         model.stream.residency.warm.wait()  # as if the warm start finished before the first token (it runs meanwhile)
-        model.stream.record_routing()
         tokens = [c.token for c in model.generate_tokens(PROMPT[:20], max_tokens=10)]
         figures = model.stream.figures()
-        calls = [Call(*entry) for entry in model.stream.tally.routing]
+        calls = [Call(*entry) for entry in instruments.routing]
     finally:
         model.close()
     assert tokens == cold_tokens

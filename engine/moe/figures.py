@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nightshift.engine.instruments.probes import RoutedCall
 from nightshift.engine.moe.reads import Key, ReadCounts
 from nightshift.engine.moe.warm import WarmCounts
 from nightshift.engine.store.manifest import MoeLayer
@@ -95,11 +96,12 @@ class Tally:
     """What a stream counts of its layer calls: calls, rows and experts (`calls`), lookups per expert (the
     routing profile's, saved at close), the experts read and used, and while prefilling, what the prompt needs."""
 
-    def __init__(self) -> None:
+    def __init__(self, routing: list[RoutedCall] | None = None):
+        """`routing`: a benchmark's log of every call (`Instruments.routing`), or None."""
         self.calls = CallCounts()
         self.lookups: dict[Key, int] = {}
         self.read: set[Key] = set()  # experts read and used: drive reads beyond these are re-reads
-        self.routing: list[tuple[int, tuple[int, ...], int]] | None = None  # see ExpertStream.record_routing
+        self._routing = routing
         self._prefill_needed: set[Key] | None = None
         self._prefill_bytes_at = 0
 
@@ -107,8 +109,8 @@ class Tally:
         """One call's experts into the lookup counts (and the routing log, when recording)."""
         for expert in unique:
             self.lookups[(layer, expert)] = self.lookups.get((layer, expert), 0) + 1
-        if self.routing is not None:
-            self.routing.append((layer, tuple(unique), rows))
+        if self._routing is not None:
+            self._routing.append((layer, tuple(unique), rows))
 
     def need(self, layer: int, unique: list[int]) -> None:
         """A pass's experts toward the prompt's unique bytes, while prefilling."""

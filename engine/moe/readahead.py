@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from nightshift.engine.instruments.probes import ForeseenCall
 from nightshift.engine.instruments.trace import PassTrace
 from nightshift.engine.moe.figures import CallCounts
 from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
@@ -46,15 +47,22 @@ class Guess:
 class ReadAhead:
     """One stream's next-layer guesses, their reads (tail and prefetch) and their recall per layer."""
 
-    def __init__(self, reader: ExpertReader, residency: Residency, calls: CallCounts):
-        """`calls`: the stream's call counts (a recorded run's guesses are found by them, `foresee`)."""
+    def __init__(
+        self,
+        reader: ExpertReader,
+        residency: Residency,
+        calls: CallCounts,
+        foresight: list[ForeseenCall] | None = None,
+    ):
+        """`calls`: the stream's call counts; `foresight`: a benchmark's recorded calls to guess from instead of
+        the routers (`Instruments.foresight`), found by those counts."""
         self.reader = reader
         self.settings = reader.settings
         self.residency = residency
         self.calls = calls
         self.recall: dict[int, Recall] = {}
         self.windows: dict[int, float] = {}  # rows -> seconds, smoothed readback of decode steps that wide
-        self.foresight: list[tuple[int, tuple[int, ...]]] | None = None  # see ExpertStream.foresee
+        self._foresight = foresight
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}
 
@@ -83,9 +91,9 @@ class ReadAhead:
         wanted_here = self.settings.prefetch or (not step and self.settings.prefill_prefetch)
         if nxt is None or not wanted_here or nxt.layer in self.settings.prefetch_off:
             return None
-        if self.foresight is not None:  # this call is counted when it ends: the next one's place is one on
+        if self._foresight is not None:  # this call is counted when it ends: the next one's place is one on
             after = self.calls.calls + 1
-            known = self.foresight[after] if after < len(self.foresight) else None
+            known = self._foresight[after] if after < len(self._foresight) else None
             return Guess(nxt.layer, list(known[1])) if known is not None and known[0] == nxt.layer else None
         if not nxt.resolved:
             nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True

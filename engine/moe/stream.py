@@ -28,6 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.instruments.trace import PassTrace, Trace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.counters import DriveReadCounters
@@ -53,19 +54,30 @@ def decode_step(shape: tuple[int, ...]) -> bool:
 class ExpertStream:
     """One model's streamed experts: reader, residency, read-ahead, tally and trace, and the layer call (`experts`)."""
 
-    def __init__(self, manifest: Manifest, settings: StreamSettings, budget: Budget, ceilings: Ceilings | None = None):
-        """`budget`: the expert cache's, sized by `budget.size_budget` before the trunk was loaded."""
+    def __init__(
+        self,
+        manifest: Manifest,
+        settings: StreamSettings,
+        budget: Budget,
+        ceilings: Ceilings | None = None,
+        instruments: Instruments | None = None,
+    ):
+        """`budget`: the expert cache's, sized by `budget.size_budget` before the trunk was loaded; `instruments`:
+        a benchmark's counters and hooks (engine/instruments/probes.py), None (nothing counted) otherwise."""
         self.manifest = manifest
         self.settings = settings
         self.budget = budget
+        self.instruments = instruments
         drives = list(manifest.drives)
         self.counters = DriveReadCounters(drives)
         self.dispatcher = Dispatcher(estimates_from(ceilings, drives), settings.dispatch)
         self.trace = Trace(keep=100_000 if settings.trace else 4096)
         self.reader = ExpertReader(manifest, settings, self.dispatcher, self.counters, self.trace.now)
-        self.tally = Tally()
+        self.tally = Tally(instruments.routing if instruments else None)
         self.residency = Residency(budget, self.reader, self.tally)
-        self.ahead = ReadAhead(self.reader, self.residency, self.tally.calls)
+        self.ahead = ReadAhead(
+            self.reader, self.residency, self.tally.calls, instruments.foresight if instruments else None
+        )
         self._profile_store: Path | None = None
 
     def experts(
@@ -123,19 +135,6 @@ class ExpertStream:
         profile = load_profile(store)
         if profile is not None and self.settings.warm_start:
             self.residency.warm_from(profile)
-
-    def record_routing(self) -> None:
-        """From now on, log every call's (layer, sorted unique experts, rows) in `self.tally.routing`, in the order
-        the cache is asked (`nightshift bench cache` replays it). Resident calls are logged when counted."""
-        self.tally.routing = []
-
-    def foresee(self, calls: list[tuple[int, tuple[int, ...]]]) -> None:
-        """Guess each next layer's experts from `calls` instead of its router: a recorded run's (layer, experts)
-        in call order from its open on (`record_routing`), found by this stream's own call count. The same
-        prompt decoded greedily asks the same, so every guess is right and a decode measures what prediction
-        could gain at most (`bench cache --foresight`). Resident layers' calls are counted late: meant for
-        budgets under the expert bytes, where no layer is stacked."""
-        self.ahead.foresight = calls
 
     def call_counts(self) -> CallCounts:
         """Streaming layer calls so far, resident ones included (they are counted when asked for)."""
