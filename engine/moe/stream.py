@@ -14,7 +14,8 @@ The parts: `ExpertReader` (engine/moe/reader.py: reads in flight, placed over th
 (engine/moe/readahead.py: next-layer guesses, tail, prefetch, recall), `Tally` (engine/moe/figures.py: calls,
 lookups, experts read, a prompt's needs), the `Trace` of passes (engine/instruments/trace.py). A resident
 layer's call asks `resident` instead and runs as in RAM. A store's routing profile of past runs
-(engine/moe/warm.py) is counted from every call and saved at close.
+(engine/moe/warm.py) is counted from every call and saved at close. A benchmark's `Instruments`
+(engine/instruments/probes.py), when the stream is given any, log the calls' routing and supply foreseen guesses.
 """
 
 from __future__ import annotations
