@@ -28,6 +28,7 @@ from mlx_lm.utils import load_model
 
 from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
@@ -118,6 +119,7 @@ class Model:
         ceilings: Ceilings | None = None,
         drafter: Path | None = None,
         stage: PipelineStage | None = None,
+        instruments: Instruments | None = None,
     ):
         self.path = Path(path)
         self.stream: ExpertStream | None = None
@@ -131,13 +133,15 @@ class Model:
             )
         try:
             if stream is not None:
-                self.model, config, self.stream = load_streaming(self.path, stream, drives, ceilings, stage)
+                self.model, config, self.stream = load_streaming(
+                    self.path, stream, drives, ceilings, stage, instruments
+                )
             elif is_store(self.path):
                 self.model, config = load_store(self.path)
             else:
                 self.model, config = load_model(self.path, get_model_classes=get_classes)
             self.tokenizer = load_tokenizer(self.path, eos_token_ids=config.get("eos_token_id"))
-            use_gemm_prefill(self.model)
+            use_gemm_prefill(self.model, instruments)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
         self.vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
@@ -301,9 +305,11 @@ def open_model(
     ceilings: Ceilings | None = None,
     drafter: Path | None = None,
     stage: PipelineStage | None = None,
+    instruments: Instruments | None = None,
 ) -> Model:
     """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
     (default: the drives its manifest names), starting its read estimates from `ceilings` if given.
     `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding.
-    `stage`: this process is one rank of a pipeline over several hosts (engine/distributed)."""
-    return Model(path, stream, drives, ceilings, drafter, stage)
+    `stage`: this process is one rank of a pipeline over several hosts (engine/distributed).
+    `instruments`: a benchmark's counters and hooks (engine/instruments/probes.py), kept by this model alone."""
+    return Model(path, stream, drives, ceilings, drafter, stage, instruments)

@@ -12,8 +12,8 @@ import pytest
 from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.moe.load import load_streaming
-from nightshift.engine.moe.reader import MIN_PART_SHARE
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.tickets import MIN_PART_SHARE
 from nightshift.engine.store.loader import load_store
 from tests.test_prefetch import delay_reads
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
@@ -36,7 +36,7 @@ def read_layer(
     """One layer's 8 experts demanded at once (`ahead`: read ahead at once, then demanded): bytes per drive, each
     expert's tensors, balanced reads, file bytes."""
     model, _, stream = load_streaming(store, StreamSettings(balance_reads=balance, cache_bytes=0, prefetch=False))
-    stream.reader.devices.update(devices)
+    stream.reader.placer.devices.update(devices)
     try:
         reader = stream.reader
         layer = min(reader.layers)
@@ -79,7 +79,7 @@ def test_eight_reads_over_three_drives_are_read_as_equal_shares(store, ahead):
 
 def test_balanced_reads_keep_greedy_tokens_identical(store):
     model, _, stream = load_streaming(store, StreamSettings(balance_reads=True, cache_bytes=0))
-    stream.reader.devices.update(DEVICES)
+    stream.reader.placer.devices.update(DEVICES)
     try:
         tokens = greedy_tokens(model, 16)
     finally:

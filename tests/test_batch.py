@@ -121,7 +121,7 @@ def test_a_batched_decode_step_overlaps_and_caps_its_read_ahead_like_a_one_row_s
         stream.close()
     four = [p for p in passes if p.rows == 4]
     assert four and sum(p.overlapped for p in four) > 0 and all(p.expert_s > 0 for p in four)
-    assert 4 in stream._windows
+    assert 4 in stream.ahead.windows
     assert read_ahead <= sum(p.predict_s > 0 for p in passes)  # at most one guess read per pass that guessed
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracle
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.budget import Budget, Pressure, size_budget
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
@@ -76,7 +77,7 @@ def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):  #
     try:
         chunks = list(model.generate_tokens(PROMPT, max_tokens=12))
         layers = len(read_manifest(store).layers)
-        assert len(stream.stacks) == layers  # every layer resident: its calls are counted when asked for
+        assert len(stream.residency.stacks) == layers  # every layer resident: its calls are counted when asked for
         stats = chunks[-1].stats
         # the pass mlx-lm queued beyond the last token is nobody's: left out of the generation's figures
         assert 0 < stats.cache_hits < stream.figures().cache_hits
@@ -97,10 +98,12 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):  # noqa: 
         from tests.test_family_conformance import greedy_tokens
 
         tokens = greedy_tokens(model, 8)
-        held = stream.cache.used
-        assert held > 0 and stream.stacks
+        held = stream.residency.cache.used
+        assert held > 0 and stream.residency.stacks
         short = psutil.virtual_memory().available + held // 2  # half of what the cache holds must go
-        stream.pressure = Pressure(Budget(stream.budget.bytes, True, stream.budget.expert_bytes, margin=short))
+        stream.residency.pressure = Pressure(
+            Budget(stream.budget.bytes, True, stream.budget.expert_bytes, margin=short)
+        )
         assert greedy_tokens(model, 8) == tokens  # still the same answer, reading again what it gave back
         figures = stream.figures()
     finally:
@@ -116,12 +119,12 @@ def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):  # noqa:
     budget = manifest.expert_bytes // 3
     for policy in CACHE_POLICIES:
         settings = StreamSettings(cache_bytes=budget, cache_policy=policy, warm_start=False)  # a cold cache
-        model = open_model(store, stream=settings)
-        model.stream.record_routing()
+        instruments = Instruments(routing=[])
+        model = open_model(store, stream=settings, instruments=instruments)
         try:
             list(model.generate_tokens(PROMPT[:20], max_tokens=10))
             figures = model.stream.figures()
-            calls = [Call(*entry) for entry in model.stream.routing]
+            calls = [Call(*entry) for entry in instruments.routing]
         finally:
             model.close()
         predicted = replay(calls, sizes, budget, policy)
@@ -169,7 +172,7 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
     cold = open_model(store, stream=settings)  # no profile yet: nothing to warm
     try:
         cold_tokens = [c.token for c in cold.generate_tokens(PROMPT[:20], max_tokens=10)]
-        assert cold.stream.warm is None
+        assert cold.stream.residency.warm is None
     finally:
         cold.close()
     profile = load_profile(store)
@@ -177,13 +180,13 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
     rows = json.loads((store / PROFILE_FILE).read_text())["layers"]
     assert {int(k): len(v) for k, v in rows.items()} == {layer.layer: layer.num_experts for layer in manifest.layers}
 
-    model = open_model(store, stream=settings)
+    instruments = Instruments(routing=[])  # the warm start's reads are not calls: only the generation's are logged
+    model = open_model(store, stream=settings, instruments=instruments)
     try:
-        model.stream.warm.wait()  # as if the warm start finished before the first token (it runs meanwhile)
-        model.stream.record_routing()
+        model.stream.residency.warm.wait()  # as if the warm start finished before the first token (it runs meanwhile)
         tokens = [c.token for c in model.generate_tokens(PROMPT[:20], max_tokens=10)]
         figures = model.stream.figures()
-        calls = [Call(*entry) for entry in model.stream.routing]
+        calls = [Call(*entry) for entry in instruments.routing]
     finally:
         model.close()
     assert tokens == cold_tokens
@@ -202,7 +205,7 @@ def test_a_warm_start_of_a_model_that_fits_makes_it_resident_without_demand_read
     first.close()
     model = open_model(store, stream=StreamSettings(warm_start=True))
     try:
-        model.stream.warm.wait()
+        model.stream.residency.warm.wait()
         tokens = [c.token for c in model.generate_tokens(PROMPT, max_tokens=12)]
         figures = model.stream.figures()
     finally:
@@ -220,7 +223,7 @@ def test_an_unreadable_profile_is_ignored_and_rewritten(tmp_path_factory, caplog
     (store / PROFILE_FILE).write_text("{not json")
     model = open_model(store, stream=StreamSettings(warm_start=True))
     try:
-        assert model.stream.warm is None and "routing profile" in caplog.text
+        assert model.stream.residency.warm is None and "routing profile" in caplog.text
         list(model.generate_tokens(PROMPT[:8], max_tokens=2))
     finally:
         model.close()

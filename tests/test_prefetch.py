@@ -81,29 +81,29 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
     try:
         layer = stream.manifest.layers[1].layer
         file_bytes = stream.reader.layers[layer].file_bytes
-        assert stream._window_fill(layer, 1) is None  # nothing measured yet: no cap
+        assert stream.ahead.window_fill(layer, 1) is None  # nothing measured yet: no cap
         for est in stream.dispatcher._drives.values():
             est.bandwidth = 2.5 * file_bytes  # per second, on each of the 2 drives
-        stream._windows[1] = 0.8  # seconds of compute before the next layer asks, in one-row steps
-        assert stream._window_fill(layer, 1) == 4  # 0.8 s x 5 files/s
-        stream._windows[1] = 0.01
-        assert stream._window_fill(layer, 1) == 1  # always at least the most confident guess
-        stream._windows[4] = 1.6  # a step of 4 sequences computes longer: its own window
-        assert stream._window_fill(layer, 4) == 8 and stream._window_fill(layer, 2) is None
+        stream.ahead.windows[1] = 0.8  # seconds of compute before the next layer asks, in one-row steps
+        assert stream.ahead.window_fill(layer, 1) == 4  # 0.8 s x 5 files/s
+        stream.ahead.windows[1] = 0.01
+        assert stream.ahead.window_fill(layer, 1) == 1  # always at least the most confident guess
+        stream.ahead.windows[4] = 1.6  # a step of 4 sequences computes longer: its own window
+        assert stream.ahead.window_fill(layer, 4) == 8 and stream.ahead.window_fill(layer, 2) is None
     finally:
         stream.close()
 
 
 def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) -> None:
     """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
-    read_part = reader._read_part
+    read_part = reader.files._read_part
 
     def delayed(buffer, ticket, problems):
         if ticket.drive == drive:
             wait()
         return read_part(buffer, ticket, problems)
 
-    reader._read_part = delayed
+    reader.files._read_part = delayed
 
 
 class HeldBack:

@@ -17,10 +17,11 @@ import pytest
 from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.moe.figures import StreamFigures
 from nightshift.engine.moe.load import load_streaming
-from nightshift.engine.moe.reader import ExpertReadError
+from nightshift.engine.moe.reads import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream, StreamFigures
+from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.moe.streaming import in_slot_order
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
@@ -59,7 +60,7 @@ def streamed(
 ) -> tuple[list[int], ExpertStream]:
     """Greedy tokens from the streamed model and its (closed) stream; `devices` overrides drive -> device."""
     model, _, stream = load_streaming(store, settings)
-    stream.reader.devices.update(devices or {})
+    stream.reader.placer.devices.update(devices or {})
     try:
         return greedy_tokens(model, steps), stream
     finally:

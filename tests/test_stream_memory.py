@@ -35,7 +35,7 @@ def test_decode_peak_memory_stays_within_trunk_cache_and_the_experts_in_use(tmp_
         trunk = mx.get_active_memory()
         time_decode(model, 16, at_first_token=mx.reset_peak_memory)
         peak = mx.get_peak_memory()
-        pool = stream.reader.buffers.bytes
+        pool = stream.reader.files.buffers.bytes
     finally:
         stream.close()
     in_use = 2 * 2 * k * file_bytes  # two layers' experts, each as read and as stacked

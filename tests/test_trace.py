@@ -49,9 +49,9 @@ def test_cache_hits_cost_no_read_and_the_budget_is_kept(store):
     manifest = read_manifest(store)
     budget = manifest.expert_bytes // 2  # room for half of all experts
     _, stream = streamed(store, StreamSettings(cache_bytes=budget, prefetch=False), steps=6)
-    assert stream.cache.used <= budget
+    assert stream.residency.cache.used <= budget
     hits = sum(1 for p in stream.trace.passes() for r in p.reads if r.source == CACHE)
-    assert hits == stream.cache.hits > 0
+    assert hits == stream.residency.cache.hits > 0
 
 
 def test_barrier_counts_follow_the_ring_as_old_passes_drop_out():
