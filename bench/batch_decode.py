@@ -32,8 +32,9 @@ import nightshift.engine  # noqa: F401  (the CPU BLAS before MLX)
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import catalogue_file, drives_file
 from nightshift.engine import Catalogue, StreamSettings, calibration_prompts, load_drives
-from nightshift.engine.batch import BatchStats, batch_tokens
+from nightshift.engine.batch import batch_tokens
 from nightshift.engine.bench.decode import measure_bandwidth, needed_bytes
+from nightshift.engine.generation import BatchStats
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Run
 from nightshift.engine.instruments.trace import PassTrace

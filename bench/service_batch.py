@@ -91,7 +91,8 @@ def step_cost(model, widths: list[int], tokens: int, prompt_tokens: int) -> list
     """Where a batch's time goes: decode steps of 1, 3, 9 ... rows on the same loaded model (calibration prompts
     of `prompt_tokens`, every sequence run to `tokens`), each step's seconds and the experts a layer call read."""
     from nightshift.engine import calibration_prompts
-    from nightshift.engine.batch import BatchStats, batch_tokens
+    from nightshift.engine.batch import batch_tokens
+    from nightshift.engine.generation import BatchStats
 
     prompts = calibration_prompts(model.tokenizer, length=prompt_tokens)
     costs = []

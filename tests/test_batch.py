@@ -17,7 +17,8 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from nightshift.engine import StreamSettings
-from nightshift.engine.batch import BatchStats, batch_tokens, shared_prefix
+from nightshift.engine.batch import batch_tokens, shared_prefix
+from nightshift.engine.generation import BatchStats
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.prefill import prefill
 from nightshift.engine.store.loader import load_store

@@ -18,7 +18,6 @@ from nightshift.app.review.report import render_html
 from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
 from nightshift.engine import GenerationStats, open_model
-from nightshift.engine.batch import generate_batch
 from tests.test_review_run import user_schedule
 
 TOKENS = 6
@@ -41,8 +40,7 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
     prompt = split_prompt(schedule, checked, width=4)
     assert len(prompt.conversations) == 4  # the summary and F1-F3
     seen = []
-    batch = generate_batch(
-        model,
+    batch = model.generate_batch(
         prompt.conversations,
         TOKENS,
         progress=lambda s, texts: seen.append((s.generated_tokens, s.finish_reason, texts)),
@@ -59,8 +57,8 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
 def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):
     schedule, checked = month_end
     cancel = threading.Event()
-    batch = generate_batch(open_model(tiny_model), split_prompt(schedule, checked, width=3).conversations, 50,
-                           cancel=cancel, progress=lambda stats, texts: stats.generated_tokens == 5 and cancel.set())  # fmt: skip
+    batch = open_model(tiny_model).generate_batch(split_prompt(schedule, checked, width=3).conversations, 50,
+                                                  cancel=cancel, progress=lambda stats, texts: stats.generated_tokens == 5 and cancel.set())  # fmt: skip
     assert batch.generation.finish_reason == "cancelled" and batch.generation.generated_tokens == 5
     assert {part.finish_reason for part in batch.parts} == {"cancelled"}
     assert sum(part.tokens for part in batch.parts) == 5
