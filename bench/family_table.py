@@ -177,7 +177,8 @@ def scaled_config(family: str, layers: int, scale: int) -> dict:
 RSS_CHILD = """
 import re, sys
 from pathlib import Path
-from nightshift.engine import Drive, import_checkpoint
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import import_checkpoint
 def peak_kb():
     return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
 before = peak_kb()

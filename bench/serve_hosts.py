@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine import StreamSettings, open_model
 from nightshift.engine.distributed.hosts import load_hosts
 from nightshift.engine.distributed.model import ClusterModel
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
 
 CHATS = [

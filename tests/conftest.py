@@ -26,10 +26,11 @@ from nightshift.app.default_model import (
     require_default_model,
 )
 from nightshift.app.paths import cache_dir, data_dir
-from nightshift.engine import NightshiftError, convert_gguf
 from nightshift.engine.bench.rig import STATE_FILE, RigState, rig_down
+from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.tuning import TUNING_FILE
 from nightshift.engine.moe.warm import PROFILE_FILE
+from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.manifest import read_manifest, write_manifest
 from tests.gguf_files import write_tiny_llama
 from tests.rig_helpers import RigPlace, leftovers

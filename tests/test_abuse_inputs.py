@@ -22,7 +22,7 @@ from nightshift.app.review.narrative import build_prompt, write_narrative
 from nightshift.app.review.runner import run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
 from nightshift.app.review.sources import SqliteSource
-from nightshift.engine import open_model
+from nightshift.engine.runtime import open_model
 
 BANK = (BUNDLED_DIR / "sample-data" / "bank-statement.csv").read_text(encoding="utf-8-sig")
 OCTOBER = date(2026, 10, 30)

@@ -16,10 +16,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from nightshift.engine import StreamSettings
 from nightshift.engine.batch import batch_tokens, shared_prefix
 from nightshift.engine.generation import BatchStats
 from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.prefill import prefill
 from nightshift.engine.store.loader import load_store
 from tests.test_prefetch import delay_reads

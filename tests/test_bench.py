@@ -10,7 +10,7 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.app.commands.bench import add_stream_arguments, settings_from
-from nightshift.engine import StreamSettings
+from nightshift.engine.moe.settings import StreamSettings
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 
 

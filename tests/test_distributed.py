@@ -18,7 +18,6 @@ import psutil
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import Drive, ImportOptions, StreamSettings, import_checkpoint, open_model, synthesize
 from nightshift.engine.distributed.experts import ExpertShare, owner
 from nightshift.engine.distributed.hosts import PipelineError, load_hosts
 from nightshift.engine.distributed.launch import Timeouts, free_port, generate_over_hosts
@@ -30,7 +29,12 @@ from nightshift.engine.distributed.placement import (
     write_plan,
 )
 from nightshift.engine.distributed.stage import PipelineStage, RankOf, family_split, layer_ranges
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.manifest import read_manifest, write_manifest
+from nightshift.engine.store.synth import synthesize
 from nightshift.engine.store.upkeep import place_store
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]

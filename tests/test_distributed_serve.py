@@ -21,9 +21,11 @@ from nightshift.app.cli import main
 from nightshift.app.daemon.control import request
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from nightshift.engine import Drive, ImportOptions, import_checkpoint, synthesize
 from nightshift.engine.distributed.hosts import PipelineError
 from nightshift.engine.distributed.model import Cluster
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.synth import synthesize
 from tests.test_distributed import hosts_file, place_by_hosts
 from tests.test_review_run import serve as serve_with
 from tests.test_review_run import states, user_schedule, wait_for

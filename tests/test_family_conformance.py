@@ -20,9 +20,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
-from nightshift.engine import Drive, ImportOptions, NightshiftError, import_checkpoint
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 from tests.moe_families import (
     LAYOUTS,

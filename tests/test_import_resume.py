@@ -11,7 +11,11 @@ import time
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import ModelFormatError, open_model, read_manifest, synthesize, verify_store
+from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.manifest import read_manifest
+from nightshift.engine.store.synth import synthesize
+from nightshift.engine.store.upkeep import verify_store
 
 
 @pytest.mark.slow

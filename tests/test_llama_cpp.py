@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from mlx_lm import stream_generate
 
-from nightshift.engine import open_model
 from nightshift.engine.bench.peer import llama_cpp_python
+from nightshift.engine.runtime import open_model
 from tests.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

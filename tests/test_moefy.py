@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import NightshiftError, UnsupportedModelError, convert_gguf, open_model
+from nightshift.engine.errors import NightshiftError, UnsupportedModelError
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.moefy import (
     CALIBRATION_TEXT,
     EVALUATION_TEXT,
@@ -278,7 +280,7 @@ def test_down_slices_hold_the_quantized_values_exactly(tiny_dense, tiny_moe):
 
 def test_a_moefied_model_loads_without_a_transformers_warning(tiny_moe):
     """transformers is told what llama_moe is (engine/models), so loading the tokenizer warns no one about it."""
-    code = "import sys; from nightshift.engine import open_model; open_model(sys.argv[1]).close()"
+    code = "import sys; from nightshift.engine.runtime import open_model; open_model(sys.argv[1]).close()"
     result = subprocess.run([sys.executable, "-c", code, str(tiny_moe)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "llama_moe" not in result.stderr

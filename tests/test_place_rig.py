@@ -6,18 +6,15 @@ import mlx.core as mx
 import pytest
 
 from bench.trunk_bits import PROMPT
-from nightshift.engine import (
-    NoSpaceError,
-    import_checkpoint,
-    load_drives,
-    place_store,
-    read_manifest,
-    synthesize,
-    verify_store,
-)
 from nightshift.engine.bench.rig import RigSpec, rig_up
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.drives import load_drives
+from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.placement import drive_device
+from nightshift.engine.store.synth import synthesize
+from nightshift.engine.store.upkeep import place_store, verify_store
 from tests.rig_helpers import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint
 

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from bench.trunk_bits import greedy_tokens
-from nightshift.engine import ExpertReadError, import_checkpoint, load_drives
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
+from nightshift.engine.io.drives import load_drives
 from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.reader import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
 from tests.rig_helpers import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint

@@ -20,11 +20,14 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from nightshift.app.cli import main
-from nightshift.engine import DraftError, NightshiftError, StreamSettings, make_drafter, open_model
+from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import DraftStats
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.row_attention import attention_row_by_row
-from nightshift.engine.speculative import MIN_ROUNDS, BreakEven
+from nightshift.engine.runtime import open_model
+from nightshift.engine.speculative import MIN_ROUNDS, BreakEven, DraftError
+from nightshift.engine.store.drafter import make_drafter
 from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.synth import write_tokenizer

@@ -16,18 +16,15 @@ import pytest
 from mlx_lm.utils import load_model
 
 from bench.trunk_bits import PROMPT, greedy_tokens
-from nightshift.engine import (
-    SYNTH_FAMILIES,
-    Drive,
-    ImportOptions,
-    import_checkpoint,
-    open_model,
-    read_manifest,
-    synthesize,
-)
+from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import read_header
+from nightshift.engine.store.synth import FAMILIES as SYNTH_FAMILIES
+from nightshift.engine.store.synth import synthesize
 
 FAMILIES = list(SYNTH_FAMILIES)
 

@@ -211,8 +211,8 @@ def test_overlap_counts_only_experts_run_while_reads_were_landing(stores):
 def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):
     import threading
 
-    from nightshift.engine import StreamSettings as PublicSettings
-    from nightshift.engine import open_model
+    from nightshift.engine.moe.settings import StreamSettings as PublicSettings
+    from nightshift.engine.runtime import open_model
 
     model = open_model(stores["qwen3_moe"], stream=PublicSettings())
     cancel = threading.Event()

@@ -23,7 +23,7 @@ from nightshift.app.paths import catalogue_file
 from nightshift.app.tui.app import VIEWER_VARIABLE, Dashboard
 from nightshift.app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.text import Table
-from nightshift.engine import Catalogue, Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive, format_drives

@@ -13,7 +13,10 @@ import pytest
 
 from nightshift.app.tui.app import Dashboard
 from nightshift.app.tui.screens import LiveScreen, QueueScreen
-from nightshift.engine import StreamSettings, open_model, read_manifest, resolve_device
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.manifest import read_manifest
 from tests.test_review_run import serve, user_schedule
 from tests.test_store_equivalence import import_tiny, tiny_checkpoint
 from tests.test_tui import select, until

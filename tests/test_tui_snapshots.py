@@ -27,7 +27,7 @@ from nightshift.app.daemon.runs import Run as QueueRun
 from nightshift.app.review.index import IndexEntry
 from nightshift.app.tui.app import Dashboard
 from nightshift.app.tui.feed import CatalogueView, DriveRow, Memory, ServiceState, Snapshot
-from nightshift.engine import Run
+from nightshift.engine.instruments.catalogue import Run
 
 GiB = 1 << 30
 ZONE = "Asia/Kolkata"  # no daylight saving time: the rendering does not change with the date

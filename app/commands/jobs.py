@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nightshift.app.daemon.control import Jobs
     from nightshift.app.daemon.runs import Run, RunProgress
-    from nightshift.engine import GenerationStats
+    from nightshift.engine.runtime import GenerationStats
 
 
 def progress_line(figures: GenerationStats | RunProgress) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 from nightshift.app.daemon.runs import Run
 from nightshift.app.paths import control_socket, ensure_data_dir
 from nightshift.app.review.index import IndexEntry
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 log = logging.getLogger("nightshift.control")
 Handler = Callable[[dict[str, Any]], dict[str, Any]]

@@ -35,8 +35,8 @@ from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Cancel, Table
 from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
-from nightshift.engine import sha256_of
 from nightshift.engine.generation import ChatBatch, GenerationStats, LanguageModel
+from nightshift.engine.store.gguf_import import sha256_of
 
 Say = Callable[[str], None]
 

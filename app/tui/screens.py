@@ -25,7 +25,8 @@ from nightshift.app.tui.widgets.hosts import HostsPanel
 from nightshift.app.tui.widgets.job import JobPanel
 from nightshift.app.tui.widgets.keys import KeyBar
 from nightshift.app.tui.widgets.text import Fit, Line, Table
-from nightshift.engine import Run, compare_runs
+from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import compare as compare_runs
 
 if TYPE_CHECKING:
     from nightshift.app.tui.app import Dashboard
