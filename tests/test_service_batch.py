@@ -28,7 +28,7 @@ from nightshift.app.daemon.work import execute
 from nightshift.app.review.narrative import CONTROL, SharedBatch, split_narrative
 from nightshift.app.review.report import render_html
 from nightshift.app.review.schedule import load_schedules
-from nightshift.engine.runtime import GenerationStats
+from nightshift.engine.generation import GenerationStats
 from tests.test_review_run import serve, states, user_schedule, wait_for
 from tests.test_sched_service import wall  # noqa: F401 (a fixture)
 from tests.test_split_narrative import month_end, report_context  # noqa: F401 (month_end: a fixture)

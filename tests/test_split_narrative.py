@@ -17,7 +17,8 @@ from nightshift.app.review.narrative import CONTROL, build_prompt, joined, split
 from nightshift.app.review.report import render_html
 from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
-from nightshift.engine.runtime import GenerationStats, open_model
+from nightshift.engine.generation import GenerationStats
+from nightshift.engine.runtime import open_model
 from tests.test_review_run import user_schedule
 
 TOKENS = 6

@@ -15,7 +15,7 @@ from nightshift.engine.errors import NightshiftError
 
 if TYPE_CHECKING:
     from nightshift.app.daemon.runs import RunProgress
-    from nightshift.engine.runtime import GenerationStats
+    from nightshift.engine.generation import GenerationStats
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0

@@ -121,8 +121,7 @@ def _ceilings() -> dict[str, float]:
 
 def service_state() -> ServiceState:
     """Ask the service; with none answering, read the data dir the same way `nightshift jobs` does."""
-    from nightshift.app.commands.jobs import jobs_without_service
-    from nightshift.app.daemon.control import jobs, reports, service_pid
+    from nightshift.app.daemon.control import jobs, jobs_without_service, reports, service_pid
     from nightshift.app.review.index import read_index
 
     try:
