@@ -17,7 +17,15 @@ import pytest
 from nightshift.app.cli import COMMANDS, build_parser
 
 HEAVY = ("mlx", "mlx_lm", "transformers", "textual", "weasyprint", "numpy")
-LIGHT = [["--help"], ["review", "list"], ["jobs"], ["reports", "list"], ["model", "list"], ["runs", "list"]]
+LIGHT = [
+    ["--help"],
+    ["review", "list"],
+    ["jobs"],
+    ["reports", "list"],
+    ["model", "list"],
+    ["runs", "list"],
+    ["generate", "--help"],
+]
 
 # Runs the command, then prints its exit status and the top-level packages it loaded as the last line.
 PROBE = """
