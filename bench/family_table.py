@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.family_table SCRATCH_DIR [--out TABLE.md] [--catalogue PATH] [--families a,b]
         [--rss-layers 4,32] [--rss-scale 4]
 
-For every MoE family of the installed mlx-lm (tests/moe_families.py): a tiny random checkpoint in mlx-lm's
+For every MoE family of the installed mlx-lm (tests/helpers/moe_families.py): a tiny random checkpoint in mlx-lm's
 converted layout and in the release layout, both again with every boolean option of the family switched on
 (tied embeddings, norm_head, biases, ...), and mlx-lm `convert` 4-bit and mxfp4 conversions of it, each
 imported and compared with `mlx_lm.load` (tensors bit for bit, 24 greedy tokens streamed and in RAM). Each cell
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from nightshift.engine.instruments.catalogue import Catalogue, Run
-from tests.moe_families import (
+from tests.helpers.moe_families import (
     EXPERT_FIELDS,
     HIDDEN_FIELDS,
     INTERMEDIATE_FIELDS,

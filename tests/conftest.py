@@ -32,8 +32,8 @@ from nightshift.engine.moe.tuning import TUNING_FILE
 from nightshift.engine.moe.warm import PROFILE_FILE
 from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.manifest import read_manifest, write_manifest
-from tests.gguf_files import write_tiny_llama
-from tests.rig_helpers import RigPlace, leftovers
+from tests.helpers.gguf_files import write_tiny_llama
+from tests.helpers.rig import RigPlace, leftovers
 
 # The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere; tests only read from it.
 REAL_DATA_DIR = data_dir()

@@ -15,7 +15,7 @@ from nightshift.engine.cpu_blas import BUNDLED, _candidates
 from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.gguf_import import convert_gguf
-from tests.gguf_files import write_tiny_llama
+from tests.helpers.gguf_files import write_tiny_llama
 
 
 def _blas_in_a_fresh_process(**env: str) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nightshift.engine.runtime import open_model
-from tests.llama_reference import Float64Llama
+from tests.helpers.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """Every MoE family of the installed mlx-lm, in both layouts people download, imports exactly or is refused by name.
 
-Generated from mlx-lm itself (tests/moe_families.py): for each family a tiny random checkpoint from its own
+Generated from mlx-lm itself (tests/helpers/moe_families.py): for each family a tiny random checkpoint from its own
 Model class, written with mlx-lm's converted names and with the upstream release names (and once more with every
 boolean option of the family switched on: tied embeddings, norm_head, biases, ...), is imported; then every
 trunk and expert tensor of the store must equal what `mlx_lm.utils.load_model` holds for the same checkpoint
@@ -26,7 +26,7 @@ from nightshift.engine.models import get_classes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
-from tests.moe_families import (
+from tests.helpers.moe_families import (
     LAYOUTS,
     FamilyError,
     build,

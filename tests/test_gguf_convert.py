@@ -14,7 +14,7 @@ from mlx_lm.utils import load_model
 from nightshift.engine.errors import ModelFormatError, UnsupportedModelError
 from nightshift.engine.store.gguf_import import GGUFFile, convert_gguf
 from nightshift.engine.store.gguf_quant import convert_quantized
-from tests.gguf_files import TINY, dequantize_blocks, write_tiny_llama
+from tests.helpers.gguf_files import TINY, dequantize_blocks, write_tiny_llama
 
 
 @pytest.fixture(scope="module")

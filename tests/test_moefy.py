@@ -28,7 +28,7 @@ from nightshift.engine.store.moefy import (
     group_neurons,
     moefy,
 )
-from tests.gguf_files import TINY, write_tiny_llama
+from tests.helpers.gguf_files import TINY, write_tiny_llama
 
 EXPERTS = 8
 # Enough tokens for the tiny model's 128 neurons and 64-wide routers, few enough to keep the tests quick.

@@ -15,7 +15,7 @@ from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.placement import drive_device
 from nightshift.engine.store.synth import synthesize
 from nightshift.engine.store.upkeep import place_store, verify_store
-from tests.rig_helpers import requires_rig
+from tests.helpers.rig import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]

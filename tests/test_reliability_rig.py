@@ -21,7 +21,7 @@ from nightshift.engine.moe.reader import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
-from tests.rig_helpers import requires_rig
+from tests.helpers.rig import requires_rig
 from tests.test_store_equivalence import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]

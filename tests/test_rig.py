@@ -26,7 +26,7 @@ from nightshift.engine.bench.rig import (
 )
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.drives import load_drives
-from tests.rig_helpers import leftovers, requires_rig
+from tests.helpers.rig import leftovers, requires_rig
 
 pytestmark = [pytest.mark.rig, requires_rig]
 
