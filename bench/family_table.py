@@ -38,6 +38,7 @@ from tests.helpers.moe_families import (
     QUANTIZATIONS,
     FamilyError,
     build,
+    check_import,
     moe_families,
     option_flags,
     quantized_checkpoint,
@@ -47,7 +48,6 @@ from tests.helpers.moe_families import (
     tiny_config,
     write_checkpoint,
 )
-from tests.test_family_conformance import check_import
 
 OPTIONS = "options on"  # the same checks with every boolean option of the family switched on
 COLUMNS = [*LAYOUTS, *(f"{layout}, {OPTIONS}" for layout in LAYOUTS), *QUANTIZATIONS, OPTIONS, "release experts as"]

@@ -15,8 +15,7 @@ from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reader import MIN_PART_SHARE
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.loader import load_store
-from tests.test_prefetch import delay_reads
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import delay_reads, import_tiny, tiny_checkpoint
 
 DEVICES = {"d0": 1, "d1": 2, "d2": 3}  # the three drives share this machine's disk: call them three devices
 

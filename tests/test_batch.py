@@ -22,8 +22,7 @@ from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.prefill import prefill
 from nightshift.engine.store.loader import load_store
-from tests.test_prefetch import delay_reads
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import delay_reads, import_tiny, tiny_checkpoint
 
 STEPS = 16
 # Prompts of different lengths (token ids; the tiny models' vocabularies are larger than 250).

@@ -11,7 +11,7 @@ import pytest
 from nightshift.app.cli import main
 from nightshift.app.commands.bench import add_stream_arguments, settings_from
 from nightshift.engine.moe.settings import StreamSettings
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

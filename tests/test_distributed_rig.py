@@ -12,8 +12,8 @@ from nightshift.engine.distributed.launch import free_port, generate_over_hosts
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.synth import synthesize
+from tests.helpers.hosts import LAYERS, PROMPT, TOKENS, place_by_hosts, single_process
 from tests.helpers.rig import requires_rig
-from tests.test_distributed import LAYERS, PROMPT, TOKENS, place_by_hosts, single_process
 
 pytestmark = [pytest.mark.rig, pytest.mark.slow, requires_rig]
 

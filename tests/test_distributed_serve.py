@@ -26,9 +26,10 @@ from nightshift.engine.distributed.model import Cluster
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.synth import synthesize
-from tests.test_distributed import hosts_file, place_by_hosts
-from tests.test_review_run import serve as serve_with
-from tests.test_review_run import states, user_schedule, wait_for
+from tests.helpers.hosts import hosts_file, place_by_hosts
+from tests.helpers.service import serve as serve_with
+from tests.helpers.service import states, user_schedule
+from tests.helpers.waits import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +198,7 @@ def test_the_hosts_panel_shows_every_hosts_drives_and_hides_without_hosts():
 def test_the_dashboard_shows_every_hosts_drives_while_a_run_reads_them(home, store):
     from nightshift.app.tui.app import Dashboard
     from nightshift.app.tui.widgets.hosts import HostsPanel
-    from tests.test_tui import until
+    from tests.helpers.waits import until
 
     user_schedule(home, store, "long", max_tokens=4000)
     service = serve(home, store.parent / "hosts.json")

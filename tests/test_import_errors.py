@@ -17,7 +17,7 @@ from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import copied_tensor, read_header, write_safetensors
 from nightshift.engine.store.upkeep import verify_store
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

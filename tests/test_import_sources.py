@@ -17,7 +17,7 @@ from nightshift.engine.io.drives import Drive
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint, plan_import
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.source import resolve_source
-from tests.test_store_equivalence import tiny_checkpoint
+from tests.helpers.stores import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

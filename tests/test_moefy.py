@@ -17,7 +17,6 @@ import pytest
 from nightshift.app.cli import main
 from nightshift.engine.errors import NightshiftError, UnsupportedModelError
 from nightshift.engine.runtime import open_model
-from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.moefy import (
     CALIBRATION_TEXT,
     EVALUATION_TEXT,
@@ -26,24 +25,9 @@ from nightshift.engine.store.moefy import (
     _unit_means,
     fit_linear_router,
     group_neurons,
-    moefy,
 )
-from tests.helpers.gguf_files import TINY, write_tiny_llama
-
-EXPERTS = 8
-# Enough tokens for the tiny model's 128 neurons and 64-wide routers, few enough to keep the tests quick.
-SHORT_CALIBRATION = CALIBRATION_TEXT.read_text()[:2500]
-
-
-def tiny_moefy(dense, out, experts=EXPERTS, k=EXPERTS):
-    return moefy(dense, out, experts=experts, k=k, calibration=SHORT_CALIBRATION, say=lambda message: None)
-
-
-@pytest.fixture(scope="module")
-def tiny_dense(tmp_path_factory):
-    """A tiny dense llama model directory (Q4_1 linears, like the default model)."""
-    root = tmp_path_factory.mktemp("tiny")
-    return convert_gguf(write_tiny_llama(root / "tiny.gguf"), root / "dense")
+from tests.helpers.gguf_files import TINY
+from tests.helpers.stores import EXPERTS, SHORT_CALIBRATION, tiny_moefy
 
 
 @pytest.fixture(scope="module")

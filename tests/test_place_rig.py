@@ -16,7 +16,7 @@ from nightshift.engine.store.placement import drive_device
 from nightshift.engine.store.synth import synthesize
 from nightshift.engine.store.upkeep import place_store, verify_store
 from tests.helpers.rig import requires_rig
-from tests.test_store_equivalence import tiny_checkpoint
+from tests.helpers.stores import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]
 

@@ -6,7 +6,6 @@ Every stream here has no RAM cache: a store this small would otherwise become re
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -14,9 +13,8 @@ from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
-from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.settings import StreamSettings
-from tests.test_stream import streamed_tokens, tiny_store
+from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
 
 
 @pytest.fixture(scope="module")
@@ -92,18 +90,6 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
         assert stream._window_fill(layer, 4) == 8 and stream._window_fill(layer, 2) is None
     finally:
         stream.close()
-
-
-def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) -> None:
-    """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
-    read_part = reader._read_part
-
-    def delayed(buffer, ticket, problems):
-        if ticket.drive == drive:
-            wait()
-        return read_part(buffer, ticket, problems)
-
-    reader._read_part = delayed
 
 
 class HeldBack:

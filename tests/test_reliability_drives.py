@@ -13,8 +13,8 @@ from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_review_run import user_schedule
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.service import user_schedule
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 
 @pytest.fixture

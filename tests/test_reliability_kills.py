@@ -23,7 +23,8 @@ import pytest
 
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from tests.test_review_run import serve, user_schedule, wait_for
+from tests.helpers.service import serve, user_schedule
+from tests.helpers.waits import wait_for
 
 pytestmark = pytest.mark.slow
 DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)

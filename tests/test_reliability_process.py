@@ -16,7 +16,8 @@ import pytest
 from nightshift.app.cli import main
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from tests.test_review_run import serve, states, user_schedule, wait_for
+from tests.helpers.service import serve, states, user_schedule
+from tests.helpers.waits import wait_for
 
 ROOT = os.geteuid() == 0
 

@@ -22,7 +22,7 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
 from tests.helpers.rig import requires_rig
-from tests.test_store_equivalence import tiny_checkpoint
+from tests.helpers.stores import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]
 STALLED_BPS = 65536  # 64 kB/s, 1/3000 of its healthy rate: a drive that has all but stopped

@@ -8,8 +8,6 @@ import logging
 import os
 import socket
 import stat
-import subprocess
-import sys
 import threading
 import time
 from contextlib import closing, suppress
@@ -23,13 +21,7 @@ from nightshift.app.daemon.runs import ERROR_KEPT, RunQueue, process_start
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import REASON_KEPT, add_failure, read_index
 from nightshift.app.review.schedule import BUNDLED_DIR
-
-
-def dead_pid() -> int:
-    """The pid of a process that has ended (and been reaped)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+from tests.helpers.service import dead_pid
 
 
 def wait_for(condition, seconds: float = 20.0) -> None:

@@ -29,10 +29,10 @@ from nightshift.app.review.narrative import CONTROL, SharedBatch, split_narrativ
 from nightshift.app.review.report import render_html
 from nightshift.app.review.schedule import load_schedules
 from nightshift.engine.generation import GenerationStats
-from tests.test_review_run import serve, states, user_schedule, wait_for
-from tests.test_sched_service import wall  # noqa: F401 (a fixture)
-from tests.test_split_narrative import month_end, report_context  # noqa: F401 (month_end: a fixture)
-from tests.test_tui_snapshots import EARLIER, RUNNING, STATES, frozen_app, service, settled, user_zone  # noqa: F401
+from tests.helpers.dashboard import EARLIER, RUNNING, STATES, frozen_app, service, settled
+from tests.helpers.reviews import report_context
+from tests.helpers.service import serve, states, user_schedule
+from tests.helpers.waits import wait_for
 
 TOKENS = 6
 
@@ -192,7 +192,7 @@ def test_service_settings_default_without_a_file(home):
     assert (load_settings().batch_window, load_settings().batch_width) == (60.0, 4)
 
 
-def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end):  # noqa: F811
+def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end):
     schedule, checked = month_end
     stats = GenerationStats(prompt_tokens=40, generated_tokens=12, time_to_first_token=30.0, elapsed=40.0)
     narrative = split_narrative("The month closed.\nF1: one payment is missing.", stats)
@@ -204,7 +204,7 @@ def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end
     assert "prefill 11.0 tok/s, decode 0.9 tok/s (this review's answers, in a batch with other reviews)" in html
 
 
-def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):  # noqa: F811
+def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):
     batched = replace(RUNNING.progress, batch=[7, 8, 9], batch_sequences=9)
     runs = [replace(RUNNING, id=run_id, review=name, progress=batched)
             for run_id, name in ((7, "month-end"), (8, "daily"), (9, "weekly"))]  # fmt: skip
@@ -224,7 +224,7 @@ def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):  
     assert queue.count("batch of runs 7, 8, 9 (9 sequences)") == 3
 
 
-def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, tiny_model, wall):  # noqa: F811
+def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, tiny_model, wall):
     """A run taken up at 18:29:40 waits for one due at 18:30 (inside the 60 s window), then starts at once."""
     for name in ("a", "b"):
         path = review(home, tiny_model, name)

@@ -15,19 +15,14 @@ import pytest
 from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.narrative import CONTROL, build_prompt, joined, split_narrative, write_narrative
 from nightshift.app.review.report import render_html
-from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
-from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
+from nightshift.app.review.runner import Checked
+from nightshift.app.review.schedule import load_schedule
 from nightshift.engine.generation import GenerationStats
 from nightshift.engine.runtime import open_model
-from tests.test_review_run import user_schedule
+from tests.helpers.reviews import report_context
+from tests.helpers.service import user_schedule
 
 TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def month_end() -> tuple:
-    schedule = load_schedule(BUNDLED_DIR / "month-end.toml")
-    return schedule, run_checks_for(schedule, schedule.as_of)
 
 
 def split_prompt(schedule, checked: Checked, width: int):
@@ -85,13 +80,6 @@ def test_a_finding_s_paragraph_is_checked_against_that_finding_s_figures(month_e
     assert 'class="unverified" title="not a figure of what it is about">1,918.40<' in context["comments"][3]
     assert 'class="verified">1,480.00<' in context["comments"][3]
     assert context["unverified"] == ["1,918.40"]  # F3's line, not the summary's (a general clause) or F1's
-
-
-def report_context(schedule, checked, narrative) -> dict:
-    from datetime import datetime
-
-    provenance = _provenance(schedule, checked, "tiny", narrative)
-    return build_report_context(schedule, checked, "", narrative, provenance, datetime.now())
 
 
 def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_batch(tiny_model, home, month_end):

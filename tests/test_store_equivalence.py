@@ -24,20 +24,9 @@ from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import read_header
 from nightshift.engine.store.synth import FAMILIES as SYNTH_FAMILIES
-from nightshift.engine.store.synth import synthesize
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 FAMILIES = list(SYNTH_FAMILIES)
-
-
-def tiny_checkpoint(root: Path, arch: str, skew: float = 0.0) -> Path:
-    return synthesize(arch, "tiny", root / f"{arch}-src", seed=1, skew=skew)
-
-
-def import_tiny(root: Path, src: Path, name: str, trunk_bits: int = 16, drives: int = 2) -> Path:
-    store = root / name
-    roots = [Drive(f"d{i}", root / f"{name}-drive{i}") for i in range(drives)]
-    import_checkpoint(src, store, roots, ImportOptions(trunk_bits=trunk_bits))
-    return store
 
 
 @pytest.fixture(scope="module")

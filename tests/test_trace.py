@@ -9,7 +9,7 @@ import pytest
 from nightshift.engine.instruments.trace import CACHE, DEMAND, PREFETCH, ExpertRead, Trace
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_stream import streamed, tiny_store
+from tests.helpers.stores import streamed, tiny_store
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,45 +21,20 @@ from nightshift.app.daemon.lock import InstanceLock, ServiceRunningError
 from nightshift.app.paths import catalogue_file
 from nightshift.app.tui.app import VIEWER_VARIABLE, Dashboard
 from nightshift.app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
-from nightshift.app.tui.widgets.text import Table
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive, format_drives
-from tests.test_review_run import serve, user_schedule
+from tests.helpers.dashboard import cells, select, text
+from tests.helpers.service import serve, user_schedule
+from tests.helpers.waits import until
 
 MiB = 1 << 20
-
-
-async def until(pilot, condition, seconds: float = 120.0, what: str = "") -> None:
-    """Let the app run until `condition()` holds."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        await pilot.pause(0.1)
-
-
-def text(app: Dashboard, selector: str) -> str:
-    return app.screen.query_one(selector).text  # a Line, or a Fit (the rendering that fits)
-
-
-def cells(app: Dashboard, selector: str) -> list[list[str]]:
-    table = app.screen.query_one(selector, Table)
-    return [list(map(str, cells)) for _, cells in table.shown]
 
 
 def run_state(app: Dashboard, review: str) -> str | None:
     runs = [run for run in (app.service.jobs.runs if app.service else []) if run.review == review]
     return runs[0].state if runs else None
-
-
-async def select(pilot, selector: str, key: str) -> None:
-    """Put the cursor of table `selector` on the row `key` and focus it."""
-    table = pilot.app.screen.query_one(selector, Table)
-    table.focus()
-    await until(pilot, lambda: key in [k for k, _ in table.shown], 30, f"row {key} in {selector}")
-    table.move_cursor(row=[k for k, _ in table.shown].index(key), animate=False)
-    await pilot.pause()
 
 
 @pytest.fixture

@@ -17,9 +17,10 @@ from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_review_run import serve, user_schedule
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
-from tests.test_tui import select, until
+from tests.helpers.dashboard import select
+from tests.helpers.service import serve, user_schedule
+from tests.helpers.stores import import_tiny, tiny_checkpoint
+from tests.helpers.waits import until
 
 MiB = 1 << 20
 

@@ -21,7 +21,7 @@ from nightshift.engine.moe.tuning import (
     tuning_path,
     write_tuning,
 )
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 CHOSEN = {**tuned_values(StreamSettings()), "prefetch": False, "demand_threads": 2, "prefetch_off": [3]}
 
