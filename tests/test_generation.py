@@ -5,21 +5,17 @@ checked by the type checker (.ci/typecheck), not here."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import GenerationStats, ReadFigures, token_chunks
-from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import Model, open_model
-from nightshift.engine.store.importer import ImportOptions, import_checkpoint
-from nightshift.engine.store.synth import synthesize
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model) -> Model:
+def tiny_in_ram(tiny_model) -> Model:
     return open_model(tiny_model)
 
 
@@ -29,41 +25,33 @@ def chunks_of(model: Model, tokens: list[int], max_tokens: int, cancel: threadin
     return list(token_chunks(timed, model.tokenizer, stats, max_tokens, cancel, lambda s: None)), stats
 
 
-def test_a_stream_ends_at_its_token_limit_at_an_end_token_or_at_a_cancel(model):
-    plain = [t for t in range(100, 200) if t not in model.tokenizer.eos_token_ids][:6]
-    chunks, stats = chunks_of(model, plain, max_tokens=4)
+def test_a_stream_ends_at_its_token_limit_at_an_end_token_or_at_a_cancel(tiny_in_ram):
+    plain = [t for t in range(100, 200) if t not in tiny_in_ram.tokenizer.eos_token_ids][:6]
+    chunks, stats = chunks_of(tiny_in_ram, plain, max_tokens=4)
     assert [c.token for c in chunks] == plain[:4] and stats.finish_reason == "length"
     assert stats.generated_tokens == 4 and stats.time_to_first_token == 0.1 and stats.prompt_done == 3
-    end = next(iter(model.tokenizer.eos_token_ids))
-    chunks, stats = chunks_of(model, [*plain[:2], end, *plain[2:]], max_tokens=10)
+    end = next(iter(tiny_in_ram.tokenizer.eos_token_ids))
+    chunks, stats = chunks_of(tiny_in_ram, [*plain[:2], end, *plain[2:]], max_tokens=10)
     assert [c.token for c in chunks] == [*plain[:2], end] and stats.finish_reason == "stop"
-    assert "".join(c.text for c in chunks) == model.tokenizer.decode(plain[:2])  # the end token adds no text
+    assert "".join(c.text for c in chunks) == tiny_in_ram.tokenizer.decode(plain[:2])  # the end token adds no text
     cancel = threading.Event()
     cancel.set()
-    chunks, stats = chunks_of(model, plain, max_tokens=10, cancel=cancel)
+    chunks, stats = chunks_of(tiny_in_ram, plain, max_tokens=10, cancel=cancel)
     assert len(chunks) == 1 and stats.finish_reason == "cancelled"  # looked at after each token
 
 
-def test_a_stream_asked_for_no_token_is_refused(model):
+def test_a_stream_asked_for_no_token_is_refused(tiny_in_ram):
     with pytest.raises(NightshiftError, match="at least 1 token"):
-        chunks_of(model, [100], max_tokens=0)
+        chunks_of(tiny_in_ram, [100], max_tokens=0)
 
 
-def test_a_model_held_in_ram_has_read_nothing(model):
-    list(model.generate_tokens([1, 2, 3], max_tokens=2))
-    assert model.figures() == ReadFigures()
+def test_a_model_held_in_ram_has_read_nothing(tiny_in_ram):
+    list(tiny_in_ram.generate_tokens([1, 2, 3], max_tokens=2))
+    assert tiny_in_ram.figures() == ReadFigures()
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("generation")
-    source = synthesize("qwen3_moe", "tiny", root / "src", seed=1, layers=2)
-    import_checkpoint(source, root / "store", [Drive(f"d{i}", root / f"drive{i}") for i in range(2)], ImportOptions())
-    return root / "store"
-
-
-def test_a_streamed_model_s_figures_are_the_sum_of_its_generations_reads(store):
-    streamed = open_model(store, stream=StreamSettings(cache_bytes=0))
+def test_a_streamed_model_s_figures_are_the_sum_of_its_generations_reads(stores):
+    streamed = open_model(stores["qwen3_moe"], stream=StreamSettings(cache_bytes=0))
     try:
         opened = streamed.figures()
         first = list(streamed.generate_tokens([1, 2, 3, 4], max_tokens=3))[-1].stats

@@ -18,7 +18,7 @@ from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def mixtral_store(tmp_path_factory):
     return tiny_store(tmp_path_factory, "mixtral")
 
 
@@ -26,9 +26,9 @@ def figures(store, settings):
     return streamed_tokens(store, settings, steps=8)
 
 
-def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
-    tokens, on = figures(store, StreamSettings(cache_bytes=0, prefetch=True))
-    same, off = figures(store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=False))
+def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(mixtral_store):
+    tokens, on = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True))
+    same, off = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=False))
     assert tokens == same
     reads = on.reads
     assert reads.joined_prefetch > 0 and reads.prefetch_reads > 0
@@ -42,22 +42,22 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
     assert off.reads.prefetch_reads == 0 and off.recall_per_layer == {}
 
 
-def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):
-    _, prefill_only = figures(store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=True))
+def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(mixtral_store):
+    _, prefill_only = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=True))
     reads = prefill_only.reads
     assert reads.prefetch_reads > 0 and reads.joined_prefetch > 0
     # the prompt's one pass per predicting layer (2 of 3 MoE layers) predicts at most all 8 experts each
     assert reads.prefetch_reads <= 2 * 8
 
 
-def test_prefetch_can_be_turned_off_for_one_layer(store):
-    _, some = figures(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_off=frozenset({2})))
+def test_prefetch_can_be_turned_off_for_one_layer(mixtral_store):
+    _, some = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_off=frozenset({2})))
     assert set(some.recall_per_layer) == {1}
 
 
-def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(store):
-    _, all_k = figures(store, StreamSettings(cache_bytes=0, prefetch=True))
-    _, one = figures(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_limit=1))
+def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(mixtral_store):
+    _, all_k = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True))
+    _, one = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_limit=1))
     assert 0 < one.reads.prefetch_reads < all_k.reads.prefetch_reads
     predicting_calls = one.calls.calls * 2 // 3  # 3 MoE layers: the first two predict the next one
     assert one.reads.prefetch_reads <= predicting_calls  # at most one read ahead per predicting call
@@ -74,8 +74,8 @@ def test_predict_orders_the_union_of_rows_by_confidence():
     assert ranked[:2] == [3, 2] and set(ranked) <= {0, 1, 2, 3} and 1 in ranked
 
 
-def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(store):
-    _, _, stream = load_streaming(store, StreamSettings(cache_bytes=0, prefetch=True))
+def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(mixtral_store):
+    _, _, stream = load_streaming(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True))
     try:
         layer = stream.manifest.layers[1].layer
         file_bytes = stream.reader.layers[layer].file_bytes
@@ -170,13 +170,13 @@ def test_no_guess_starts_when_it_would_end_long_after_the_layers_last_read(tmp_p
         probe.close()
 
 
-def test_tail_read_ahead_keeps_greedy_tokens(store):
+def test_tail_read_ahead_keeps_greedy_tokens(mixtral_store):
     """With d1 slower, d0 is done with its share of a decode layer first and reads guesses in the tail: the
     tokens are those of the same stream without the tail (the default has it on, so both are named)."""
 
     def tokens(prefetch_tail: bool) -> tuple[list[int], int]:
         model, _, stream = load_streaming(
-            store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=prefetch_tail)
+            mixtral_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=prefetch_tail)
         )
         delay_reads(stream.reader, "d1", lambda: time.sleep(0.01))
         try:
@@ -189,11 +189,11 @@ def test_tail_read_ahead_keeps_greedy_tokens(store):
     assert with_tail == without
 
 
-def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_for(store):
+def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_for(mixtral_store):
     settings = StreamSettings(cache_bytes=0, prefetch=True, prefetch_fill=False)
-    recorded = streamed_decode(store, settings, 6, routing=True)
+    recorded = streamed_decode(mixtral_store, settings, 6, routing=True)
     known = [(layer, experts) for layer, experts, _ in recorded.routing]
-    foreseen = streamed_decode(store, settings, 6, foresight=known)
+    foreseen = streamed_decode(mixtral_store, settings, 6, foresight=known)
     assert foreseen.timing.tokens == recorded.timing.tokens
     f = foreseen.figures
     assert f.recall_needed > 0 and f.recall_hits == f.recall_needed  # every predicted layer's experts guessed
