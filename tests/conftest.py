@@ -41,6 +41,7 @@ from tests.helpers.clock import ZONE, Clock
 from tests.helpers.gguf_files import write_tiny_llama
 from tests.helpers.rig import RigPlace, leftovers
 from tests.helpers.stores import PROMPT, QUICK, import_tiny, tiny_checkpoint, tokens_and_stats
+from tests.helpers.waits import wait_for
 
 # The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere; tests only read from it.
 REAL_DATA_DIR = data_dir()
@@ -185,9 +186,7 @@ def rig_place(tmp_path):
             if state.cgroup and Path(state.cgroup).exists():
                 for pid in state.throttle().pids():
                     os.kill(pid, signal.SIGKILL)  # only this test's processes are in its cgroup
-                deadline = time.monotonic() + 5
-                while state.throttle().pids() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_for(lambda: not state.throttle().pids(), 30, "the killed processes to leave the cgroup", 0.05)
             rig_down(place.rig_dir)
         assert leftovers(*place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
 

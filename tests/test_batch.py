@@ -110,7 +110,7 @@ def test_a_batched_decode_step_overlaps_and_caps_its_read_ahead_like_a_one_row_s
     d1 reads slowly), the step's compute window is measured for its width, and its read-ahead is capped by it
     (drives that deliver nothing in the window: one guess per pass, not the union of the rows' guesses)."""
     model, _, stream = load_streaming(skewed_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=False))
-    delay_reads(stream.reader, "d1", lambda: time.sleep(0.005))
+    delay_reads(stream.reader, "d1", lambda: time.sleep(0.005))  # a slow drive: the sleep is its slowness
     stream.dispatcher.bandwidth = lambda drives: 0.0
     try:
         prompts = [[p[0]] for p in PROMPTS[:4]]  # one token each: every pass is a decode step

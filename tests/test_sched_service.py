@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from contextlib import closing
 from datetime import UTC, date, datetime, timedelta
 
@@ -19,6 +18,7 @@ from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, r
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
 from tests.helpers.clock import Clock
 from tests.helpers.service import dead_pid
+from tests.helpers.waits import wait_for
 
 UTC = UTC
 
@@ -90,9 +90,7 @@ def test_a_clock_jump_is_noticed_without_being_told(home, wall, bundled, monkeyp
     service = start(bundled, ["month-end"])
     try:
         wall.set(datetime(2026, 10, 30, 22, 0, 30, tzinfo=UTC))  # as after a suspend: nobody wakes the scheduler
-        deadline = time.monotonic() + 10
-        while not queued() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(queued, 10, "the run the jump made due", 0.05)
     finally:
         service.stop()
     assert queued() == ["2026-10-30 22:00"]

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.cli import main
+from nightshift.app.daemon.control import request
 from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.daemon.settings import SettingsError, load_settings
@@ -166,7 +166,7 @@ def test_a_kill_mid_batch_queues_each_run_again_once(home, tiny_model):
     service = serve(home)
     try:
         wait_for(lambda: len(states(home)) == 6 and all(s != "running" and s != "queued" for _, _, s in states(home)))
-        time.sleep(1)  # nothing more is queued
+        assert request("jobs")["ok"]  # the service looks for runs whose process ended while it answers: none again
         assert [(review, state) for _, review, state in states(home)] == [
             ("a", "interrupted"), ("b", "interrupted"), ("c", "interrupted"), ("a", "done"), ("b", "done"), ("c", "done")
         ]  # fmt: skip
@@ -239,9 +239,18 @@ def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, ti
         queue = RunQueue()
         first = queue.claim(queue.enqueue("a"), os.getpid())
         taken: list = []
+        looks = threading.Semaphore(0)
+        due_within = service._due_within
+
+        def looked(key: tuple, seconds: float) -> bool:
+            due = due_within(key, seconds)
+            looks.release()
+            return due
+
+        service._due_within = looked  # counts the worker's looks at what falls due
         worker = threading.Thread(target=lambda: taken.extend(service._batch_with(first)))
         worker.start()
-        time.sleep(1.0)
+        assert looks.acquire(timeout=30) and looks.acquire(timeout=30)  # b due within the window: it looked again
         assert worker.is_alive() and not taken  # b is due within the window: waited for
         wall.set(datetime(2026, 10, 28, 18, 30, tzinfo=UTC))
         service.scheduler.check_now()

@@ -94,8 +94,9 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("n")
             await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
-            await pilot.pause(1.0)
-            assert run_state(app, "long") == "running"
+            said_no = app.service
+            await until(pilot, lambda: app.service is not said_no, 30, "the queue read after the answer")
+            assert run_state(app, "long") == "running" and app.service.jobs.cancelling is None
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("y")
@@ -152,14 +153,14 @@ def test_without_a_service_it_offers_to_start_the_scheduler_under_the_same_lock(
             await until(pilot, lambda: app.service is not None, 30, "the first refresh")
             assert "no service running" in text(app, "#banner") and "s starts the scheduler" in text(app, "#banner")
             await pilot.press("2", "n")  # an action that needs the service says how to get one
-            await pilot.pause(0.2)
+            await app.workers.wait_for_complete([w for w in app.workers if w.group == "service"])  # the asking done
             await pilot.press("s")
             await until(pilot, lambda: app.service.running, 30, "the in-process scheduler")
             assert "in this dashboard" in text(app, "#banner")
             with pytest.raises(ServiceRunningError):
                 InstanceLock().acquire()  # a second dashboard or `nightshift serve` cannot run jobs too
             await pilot.press("s")  # a second start is refused
-            await pilot.pause(0.2)
+            await pilot.pause()  # the refusal is said on the key, before the next frame
         assert app.own_service is not None and not (home / "nightshift.sock").exists()
 
     asyncio.run(drive())

@@ -96,10 +96,15 @@ def test_with_no_drives_toml_a_review_on_the_default_model_shows_its_drive_and_i
                 await until(pilot, lambda: isinstance(app.screen, LiveScreen), 30, "Live")
                 panel = app.screen.query_one("DrivePanel")
                 ours, own = [], []
-                while app.service.jobs.current is not None:
+
+                def watched_to_its_end(ours: list = ours, own: list = own) -> bool:  # the rates shown while it lasts
+                    if app.service.jobs.current is None:
+                        return True
                     ours.append(app.engine_rates.get("store", 0.0))
                     own.append(app.snapshot.service_read_mb_per_s or 0.0)
-                    await pilot.pause(0.1)
+                    return False
+
+                await until(pilot, watched_to_its_end, 300, "the run to end")
                 await until(pilot, lambda: app.service.jobs.runs[0].state == "done", 60, "the run to end")
                 run = app.service.jobs.runs[0]
                 card = app.screen.query_one("JobPanel").figures.text

@@ -6,11 +6,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nightshift.app.daemon.control import request
 from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.waits import wait_for
 
 
 def user_schedule(
@@ -34,11 +34,12 @@ def serve(home: Path, *options: str) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve", *options],
                                env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while (request("ping") or {}).get("pid") != process.pid:
+
+    def answers() -> bool:
         assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline, "the service did not answer on its socket"
-        time.sleep(0.1)
+        return (request("ping") or {}).get("pid") == process.pid
+
+    wait_for(answers, 120, "the service to answer on its socket", every=0.1)
     return process
 
 
