@@ -23,7 +23,7 @@ from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.synth import synthesize
-from tests.test_store_equivalence import import_tiny
+from tests.helpers.stores import import_tiny
 
 IN, OUT, EXPERTS = 512, 384, 12  # a 4-bit expert's weight: 96 KiB, over MIN_PART_BYTES
 

@@ -5,46 +5,22 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from contextlib import closing
 from datetime import UTC, date, datetime, timedelta
 
-import apscheduler.schedulers.base
 import pytest
 
-from nightshift.app.daemon import clock, control
+from nightshift.app.daemon import control
 from nightshift.app.daemon.lock import ServiceRunningError
 from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
-from tests.test_reliability_service import dead_pid
+from tests.helpers.clock import Clock
+from tests.helpers.service import dead_pid
+from tests.helpers.waits import wait_for
 
 UTC = UTC
-
-
-class Clock:
-    """Wall time that moves only when a test says so; APScheduler and the service both read it."""
-
-    def __init__(self, start: datetime):
-        self.time = start
-
-    def set(self, when: datetime) -> None:
-        self.time = when
-
-
-@pytest.fixture
-def wall(monkeypatch):
-    wall = Clock(datetime(2026, 10, 28, 12, 0, tzinfo=UTC))
-
-    class FrozenDatetime(datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return wall.time.astimezone(tz) if tz else wall.time.replace(tzinfo=None)
-
-    monkeypatch.setattr(apscheduler.schedulers.base, "datetime", FrozenDatetime)
-    monkeypatch.setattr(clock, "now", lambda: wall.time)
-    return wall
 
 
 @pytest.fixture
@@ -114,9 +90,7 @@ def test_a_clock_jump_is_noticed_without_being_told(home, wall, bundled, monkeyp
     service = start(bundled, ["month-end"])
     try:
         wall.set(datetime(2026, 10, 30, 22, 0, 30, tzinfo=UTC))  # as after a suspend: nobody wakes the scheduler
-        deadline = time.monotonic() + 10
-        while not queued() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(queued, 10, "the run the jump made due", 0.05)
     finally:
         service.stop()
     assert queued() == ["2026-10-30 22:00"]

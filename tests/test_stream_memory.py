@@ -11,10 +11,13 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from nightshift.engine import Drive, ImportOptions, import_checkpoint, read_manifest, synthesize
 from nightshift.engine.bench.decode import time_decode
+from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.manifest import read_manifest
+from nightshift.engine.store.synth import synthesize
 
 MB = 1_000_000
 ACTIVATIONS = 8 * MB

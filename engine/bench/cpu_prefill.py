@@ -13,11 +13,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from nightshift.engine import BLAS_IN_USE, open_model
+from nightshift.engine.cpu_blas import BLAS_IN_USE
 from nightshift.engine.cpu_prefill import MIN_ROWS, use_gemm_prefill, use_quantized_kernel
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.instruments.probes import Instruments
+from nightshift.engine.runtime import open_model
 
 TEXT = "The bank statement shows a payment of 1,480.00 that the ledger does not. "
 

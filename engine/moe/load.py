@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,9 +18,7 @@ from nightshift.engine.moe.streaming import install
 from nightshift.engine.store.families import build_model, quantize_as_stored
 from nightshift.engine.store.manifest import Manifest, read_manifest
 from nightshift.engine.store.safetensors_io import read_header, read_tensor
-
-if TYPE_CHECKING:
-    from nightshift.engine.distributed.stage import PipelineStage
+from nightshift.engine.store.share import StoreShare
 
 
 def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
@@ -53,7 +50,7 @@ def load_streaming(
     settings: StreamSettings | None = None,
     drives: list[Drive] | None = None,
     ceilings: Ceilings | None = None,
-    stage: PipelineStage | None = None,
+    stage: StoreShare | None = None,
     instruments: Instruments | None = None,
 ) -> tuple[nn.Module, dict, ExpertStream]:
     """The model of the store at `store` with streaming expert layers, its config, and the stream behind them.
