@@ -30,7 +30,7 @@ from nightshift.app.default_model import (
 )
 from nightshift.app.paths import cache_dir, data_dir
 from nightshift.app.review.runner import run_checks_for
-from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
 from nightshift.engine.bench.rig import STATE_FILE, RigState, rig_down
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.tuning import TUNING_FILE
@@ -254,6 +254,14 @@ def tiny_dense(tmp_path_factory):
 def month_end() -> tuple:
     schedule = load_schedule(BUNDLED_DIR / "month-end.toml")
     return schedule, run_checks_for(schedule, schedule.as_of)
+
+
+@pytest.fixture
+def bundled(home):
+    """The bundled schedules, loaded in the test's data dir."""
+    schedules, errors = load_schedules()
+    assert not errors
+    return schedules
 
 
 @pytest.fixture

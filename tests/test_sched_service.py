@@ -15,38 +15,11 @@ from nightshift.app.daemon.lock import ServiceRunningError
 from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
-from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
-from tests.helpers.clock import Clock
-from tests.helpers.service import dead_pid
+from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.service import dead_pid, queued, start, step
 from tests.helpers.waits import wait_for
 
 UTC = UTC
-
-
-@pytest.fixture
-def bundled(home):
-    schedules, errors = load_schedules()
-    assert not errors
-    return schedules
-
-
-def start(schedules, names) -> Service:
-    service = Service({name: schedules[name] for name in names}, work=False)
-    service.start()
-    service.scheduler.check_now()
-    return service
-
-
-def queued(review: str | None = None) -> list[str]:
-    """Due times (UTC, ISO) of the queued scheduled runs, oldest first."""
-    runs = sorted(RunQueue().recent(100), key=lambda run: run.id)
-    return [run.due.astimezone(UTC).strftime("%Y-%m-%d %H:%M") for run in runs if review in (None, run.review)]
-
-
-def step(service: Service, wall: Clock, until: datetime, every: timedelta) -> None:
-    while wall.time < until:
-        wall.set(min(wall.time + every, until))
-        service.scheduler.check_now()
 
 
 def test_month_end_across_a_month_boundary(home, wall, bundled):

@@ -6,10 +6,14 @@ import os
 import sqlite3
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nightshift.app.daemon.control import request
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.service import Service
 from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.clock import Clock
 from tests.helpers.waits import wait_for
 
 
@@ -53,3 +57,24 @@ def dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
+
+
+def start(schedules, names) -> Service:
+    """A service (not working) on the schedules `names`, its scheduler checked once."""
+    service = Service({name: schedules[name] for name in names}, work=False)
+    service.start()
+    service.scheduler.check_now()
+    return service
+
+
+def queued(review: str | None = None) -> list[str]:
+    """Due times (UTC, ISO) of the queued scheduled runs, oldest first."""
+    runs = sorted(RunQueue().recent(100), key=lambda run: run.id)
+    return [run.due.astimezone(UTC).strftime("%Y-%m-%d %H:%M") for run in runs if review in (None, run.review)]
+
+
+def step(service: Service, wall: Clock, until: datetime, every: timedelta) -> None:
+    """Move the frozen wall clock to `until` in steps of `every`, the scheduler checked at each."""
+    while wall.time < until:
+        wall.set(min(wall.time + every, until))
+        service.scheduler.check_now()
