@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from nightshift.engine import AnswerFigures
+    from nightshift.engine.generation import AnswerFigures
 
 
 class Figures(Protocol):

@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from nightshift.app.commands import say
 from nightshift.app.paths import data_dir, doc, ensure_data_dir
-from nightshift.engine import NightshiftError, did_you_mean
+from nightshift.engine.errors import NightshiftError, did_you_mean
 
 # Command -> its one-line help, in the order `--help` lists them. Each is app/commands/<command>.py,
 # whose `register(parser)` fills in its description, arguments and actions.

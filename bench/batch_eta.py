@@ -28,8 +28,8 @@ from nightshift.app.review.narrative import write_narrative
 from nightshift.app.review.runner import prepare_review
 from nightshift.app.review.schedule import find_schedule
 from nightshift.app.tui.widgets.job import bar_total, eta
-from nightshift.engine import Catalogue, GenerationStats
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.generation import GenerationStats
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 EVERY_S = 1.0  # as the service stores a running run's progress
 

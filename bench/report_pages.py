@@ -37,7 +37,7 @@ def main() -> None:
     from nightshift.app.review.narrative import split_narrative
     from nightshift.app.review.runner import run_checks_for, write_report
     from nightshift.app.review.schedule import load_schedules
-    from nightshift.engine import GenerationStats
+    from nightshift.engine.generation import GenerationStats
 
     recorded = pickle.loads(args.narrative.read_bytes()) if args.narrative else None
     schedules, _ = load_schedules()

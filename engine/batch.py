@@ -18,46 +18,37 @@ kernel does not, the two agree until a near-tie of the top logits, which that te
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from nightshift.engine.answers import AnswerFigures
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import (
+    DEFAULT_CHUNK,
+    AnswerFigures,
+    BatchProgress,
+    BatchStats,
+    BatchText,
+    ChatBatch,
+    GenerationStats,
+)
 from nightshift.engine.moe.stream import ExpertStream
-from nightshift.engine.prefill import DEFAULT_CHUNK, prefill
-from nightshift.engine.runtime import GenerationStats, Message, Model
+from nightshift.engine.prefill import prefill
 
 
-@dataclass
-class BatchStats:
-    """What one batch did: its width, tokens per sequence, times, and the streamed reads per decode step."""
+def _unheard(sequence: int, rows: int) -> None:
+    """No one listening to a batch's prompt reads."""
 
-    width: int
-    tokens: list[int] = field(default_factory=list)  # generated per sequence
-    prefill_seconds: float = 0.0
-    shared_prefix: int = 0  # prompt tokens every sequence starts with, read once for all
-    decode_seconds: float = 0.0
-    steps: int = 0  # decode passes (each with one row per live sequence)
-    rows: int = 0  # rows those passes carried, summed
-    layer_calls: int = 0  # streaming layer calls during decode
-    experts_read: int = 0  # unique experts those calls selected, summed (each read once per call)
 
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """All sequences' tokens after their first, over the decode time."""
-        after_first = sum(max(t - 1, 0) for t in self.tokens)
-        return after_first / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def experts_per_layer_call(self) -> float:
-        """Mean union of experts one layer read per decode step: top-k for one row, less than B x top-k shared."""
-        return self.experts_read / self.layer_calls if self.layer_calls else 0.0
+def _told_after(told: Callable[[int, int], None], sequence: int, shared: int, rows: int, _: int) -> None:
+    """A prompt's own rows read, told with the shared beginning before them."""
+    told(sequence, shared + rows)
 
 
 def batch_tokens(
@@ -85,13 +76,18 @@ def batch_tokens(
     start = time.perf_counter()
     stats.shared_prefix = shared = shared_prefix(prompts, prefill_chunk)
     read_once = make_prompt_cache(model)
+    told = on_read if on_read is not None else _unheard
     if shared:
-        everyone = (lambda rows, _: [on_read(i, rows) for i in range(len(prompts))]) if on_read is not None else None
+
+        def everyone(rows: int, _: int) -> None:
+            for i in range(len(prompts)):
+                told(i, rows)
+
         prefill(model, prompts[0][:shared], read_once, prefill_chunk, everyone)
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
-        own = (lambda rows, _, i=i: on_read(i, shared + rows)) if on_read is not None else None
+        own = functools.partial(_told_after, told, i, shared)
         first = int(mx.argmax(prefill(model, prompt[shared:], cache, prefill_chunk, own)).item())
         caches.append(cache)
         out.append([first])
@@ -159,65 +155,40 @@ def _merged(caches: list[list], live: list[int]) -> list:
     return merged
 
 
-@dataclass
-class BatchText:
-    """One sequence of a chat batch: its text, why it ended, and its own share of the batch's time."""
-
-    text: str
-    prompt_tokens: int
-    tokens: int  # generated, an end token included (as a single generation counts it)
-    finish_reason: str  # stop (an end token), length (max_tokens) or cancelled
-    prefill_seconds: float  # reading its own prompt
-    decode_seconds: float  # from the batch's first decode step to its own last token
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Its tokens after the first over the decode time it was in the batch: its rate while sharing it."""
-        return (self.tokens - 1) / self.decode_seconds if self.tokens > 1 and self.decode_seconds > 0 else 0.0
-
-
-@dataclass
-class ChatBatch:
-    """A chat batch's texts, the batch's own figures, and the whole as one generation's statistics."""
-
-    parts: list[BatchText]
-    stats: BatchStats
-    generation: GenerationStats  # summed over the parts; the first token: when every prompt had been read
-
-
 class _Cancelled(Exception):
     """Raised from inside the decode loop to leave it between tokens."""
 
 
-def generate_batch(
-    model: Model,
-    conversations: list[list[Message]],
+def chat_batch(
+    model: nn.Module,
+    tokenizer: Any,
+    stream: ExpertStream | None,
+    prompts: list[list[int]],
     max_tokens: int,
     prefill_chunk: int = DEFAULT_CHUNK,
     cancel: threading.Event | None = None,
-    progress: Callable[[GenerationStats, list[str]], None] | None = None,
+    progress: BatchProgress | None = None,
+    reads: Callable[[GenerationStats], None] | None = None,
 ) -> ChatBatch:
-    """Greedy answers to several chats, decoded together (`batch_tokens`) and detokenized one by one.
+    """Greedy answers to several chat prompts, decoded together (`batch_tokens`) and detokenized one by one
+    (`runtime.Model.generate_batch`).
 
     `progress` sees the summed statistics and every text so far before the first prompt is read, after
     each chunk of a prompt read, after each token and at the end; its tokens count from when every prompt
     has been read (until then a progress line says the prompt is being read), so their first tokens count
     then, together. The statistics' `answers` hold each answer's own figures (its prompt read, its tokens,
-    how it ended): the batch's real plan. `cancel` is looked at after each token, and a cancelled batch
-    returns what was written with finish reason "cancelled".
+    how it ended): the batch's real plan. `reads` brings the statistics' reads up to date before each
+    progress call. `cancel` is looked at after each token, and a cancelled batch returns what was written
+    with finish reason "cancelled".
     """
-    if not isinstance(model, Model):  # a store over several hosts (engine/distributed): the batch is decoded there
-        return model.generate_batch(conversations, max_tokens, prefill_chunk, cancel, progress)
-    prompts = [model.chat_tokens(messages) for messages in conversations]
-    eos = set(model.tokenizer.eos_token_ids)
-    detokenizers = [model.tokenizer.detokenizer for _ in prompts]
+    eos = set(tokenizer.eos_token_ids)
+    detokenizers = [tokenizer.detokenizer for _ in prompts]
     answers = [AnswerFigures(len(prompt), max_tokens) for prompt in prompts]
     generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts), answers=answers)
     stats = BatchStats(width=len(prompts))
     firsts: list[float] = []
     lasts = [0.0] * len(prompts)
     counts = [0] * len(prompts)
-    before = model.stream.figures() if model.stream is not None else None
     start = time.perf_counter()
     if progress is not None:
         progress(generation, ["" for _ in prompts])  # the prompts are being read: minutes on a slow machine
@@ -225,7 +196,8 @@ def generate_batch(
     def shown(now: float) -> None:
         generation.elapsed = now - start
         generation.peak_memory_bytes = mx.get_peak_memory()
-        model._stream_figures(generation, before)  # the stream's counters since this batch began (a shared model)
+        if reads is not None:
+            reads(generation)
         if progress is not None:
             progress(generation, [d.text for d in detokenizers])
 
@@ -257,8 +229,7 @@ def generate_batch(
             raise _Cancelled
 
     try:
-        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token,
-                              on_read)  # fmt: skip
+        tokens = batch_tokens(model, prompts, max_tokens, stream, eos, prefill_chunk, stats, on_token, on_read)
     except _Cancelled:
         tokens = None
     parts = []

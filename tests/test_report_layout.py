@@ -30,8 +30,8 @@ import pytest
 from nightshift.app.review.narrative import split_narrative
 from nightshift.app.review.runner import build_report_context, run_checks_for, write_report
 from nightshift.app.review.schedule import load_schedules
-from nightshift.engine import AnswerFigures, GenerationStats
 from nightshift.engine.batch import BatchStats, BatchText, ChatBatch
+from nightshift.engine.generation import AnswerFigures, GenerationStats
 
 pytestmark = pytest.mark.skipif(not shutil.which("pdftoppm"), reason="poppler-utils (pdftoppm, pdftotext) missing")
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 T = TypeVar("T")
 

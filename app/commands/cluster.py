@@ -11,7 +11,7 @@ from nightshift.app.commands import say
 from nightshift.app.commands.generate import _positive_int, memory_budget
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import doc
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
-from nightshift.engine import NightshiftError, did_you_mean
+from nightshift.engine.errors import NightshiftError, did_you_mean
 
 if TYPE_CHECKING:
     from nightshift.app.review.index import IndexEntry

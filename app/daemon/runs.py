@@ -26,7 +26,8 @@ import psutil
 from nightshift.app.daemon import clock
 from nightshift.app.paths import private_file, run_queue
 from nightshift.app.review.index import clip
-from nightshift.engine import AnswerFigures, NightshiftError
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import AnswerFigures
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 

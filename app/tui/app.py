@@ -37,7 +37,7 @@ from nightshift.app.tui.format import duration
 from nightshift.app.tui.screens import DashboardScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.plot import History
 from nightshift.app.viewer import open_pdf
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 TICK_S = 0.1
 SERVICE_EVERY = 5
