@@ -16,10 +16,11 @@ is read from those figures, not asserted on time.
 
 With `--dashboard MINUTES` it soaks the dashboard instead (issue [24]): a real `nightshift serve` on a fresh
 data dir runs the daily review with MODEL_DIR (the default model for a real load) again and again, and the
-dashboard (its real feed, headless through Textual's test driver at 160x50) is attached the whole time. Every
-half second it records how old each part of what the dashboard shows is (app/tui/ages.py: the latest snapshot,
-the drive samples, the queue) and whether the screen said STALE. Prints the oldest figure seen while the service
-ran, how many samples were past 5 s, and one JSON line.
+dashboard (its real feed, headless through Textual's test driver at 160x50; MODEL_DIR linked into the data dir's
+models folder, so the device of a streamed store's experts is a drive row, as out of the box) is attached the
+whole time. Every half second it records how old each part of what the dashboard shows is (app/tui/ages.py: the
+latest snapshot, the drive samples, the queue) and whether the screen said STALE. Prints the oldest figure seen
+while the service ran, how many samples were past 5 s, and one JSON line.
 """
 
 from __future__ import annotations
@@ -168,6 +169,8 @@ def dashboard_soak(model: Path, minutes: float, max_tokens: int) -> dict[str, ob
     from nightshift.app.tui.app import Dashboard
 
     write_schedule(data_dir(), model, max_tokens)
+    (data_dir() / "models").mkdir(parents=True, exist_ok=True)
+    (data_dir() / "models" / model.name).symlink_to(model)  # in the models folder: the dashboard shows its drive
     service = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 120
