@@ -235,7 +235,7 @@ def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):
     import subprocess
     import sys
 
-    from nightshift.engine.bench.cgroups import CgroupError, MemoryGroup, command_in
+    from nightshift.engine.rig.cgroups import CgroupError, MemoryGroup, command_in
 
     if os.geteuid() != 0:
         pytest.skip("needs root (memory cgroups)")

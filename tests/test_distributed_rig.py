@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nightshift.engine.bench.rig import RigSpec, inside_rig, rig_up
+from nightshift.engine.rig.drives import RigSpec, inside_rig, rig_up
 from nightshift.engine.distributed.hosts import load_hosts
 from nightshift.engine.distributed.launch import free_port, generate_over_hosts
 from nightshift.engine.io.drives import Drive

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from bench.trunk_bits import PROMPT
-from nightshift.engine.bench.rig import RigSpec, rig_up
+from nightshift.engine.rig.drives import RigSpec, rig_up
 from nightshift.engine.errors import NoSpaceError
 from nightshift.engine.io.drives import load_drives
 from nightshift.engine.store.importer import import_checkpoint

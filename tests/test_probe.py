@@ -11,8 +11,8 @@ import tempfile
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine.bench.fio import compare_with_fio
-from nightshift.engine.bench.probe import PROBE_FILE, probe_drive
+from nightshift.engine.rig.fio import compare_with_fio
+from nightshift.engine.io.probe import PROBE_FILE, probe_drive
 from nightshift.engine.errors import NoSpaceError
 from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
 from nightshift.engine.io.counters import DriveReadCounters

@@ -14,7 +14,7 @@ import pytest
 
 from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
-from nightshift.engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
+from nightshift.engine.rig.drives import RigSpec, RigState, inside_rig, rig_up
 from nightshift.engine.io.drives import load_drives
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reads import ExpertReadError

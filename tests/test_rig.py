@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine.bench.rig import (
+from nightshift.engine.rig.drives import (
     RigError,
     RigSpec,
     RigState,

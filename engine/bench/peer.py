@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nightshift.engine.bench.cgroups import MemoryGroup, command_in
+from nightshift.engine.rig.cgroups import MemoryGroup, command_in
 from nightshift.engine.errors import NightshiftError
 
 SIDE = Path(__file__).with_name("peer_side.py")

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from nightshift.engine.bench.cgroups import (
+from nightshift.engine.rig.cgroups import (
     CgroupError,
     ReadThrottle,
     command_in,

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightshift.engine.bench.probe import measure, probe_file
+from nightshift.engine.io.probe import measure, probe_file
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.io.direct import open_direct
 from nightshift.engine.io.drives import Drive
