@@ -15,14 +15,14 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightshift.engine.io.probe import measure, probe_file
-from nightshift.engine.rig.drives import RigState, inside_rig
 from nightshift.engine.instruments.monitor import Cadence, DriveMonitor, DriveRates
 from nightshift.engine.io.ceilings import ProbeCell
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.direct import open_direct
 from nightshift.engine.io.drives import Drive, load_drives
+from nightshift.engine.io.probe import measure, probe_file
+from nightshift.engine.rig.drives import RigState, inside_rig
 
 MiB = 1 << 20
 

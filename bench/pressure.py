@@ -24,9 +24,9 @@ from pathlib import Path
 
 import psutil
 
-from nightshift.engine.rig.cgroups import MemoryGroup
 from nightshift.engine.moe.budget import memory_now
 from nightshift.engine.moe.settings import StreamSettings, parse_budget
+from nightshift.engine.rig.cgroups import MemoryGroup
 
 HOG = "import sys, time; b = b'\\x01' * int(sys.argv[1]); time.sleep(float(sys.argv[2]))"
 

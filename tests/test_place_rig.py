@@ -6,9 +6,9 @@ import mlx.core as mx
 import pytest
 
 from bench.trunk_bits import PROMPT
-from nightshift.engine.rig.drives import RigSpec, rig_up
 from nightshift.engine.errors import NoSpaceError
 from nightshift.engine.io.drives import load_drives
+from nightshift.engine.rig.drives import RigSpec, rig_up
 from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest

@@ -28,9 +28,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from nightshift.engine.io.probe import probe_drive
     from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings
     from nightshift.engine.io.drives import load_drives
+    from nightshift.engine.io.probe import probe_drive
 
     if args.seconds <= 0 or args.file_mib < 1:
         raise NightshiftError("--seconds and --file-mib must be positive")

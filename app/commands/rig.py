@@ -75,8 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from nightshift.engine.rig.fio import compare_with_fio
     from nightshift.engine.rig.drives import RigState, inside_rig
+    from nightshift.engine.rig.fio import compare_with_fio
 
     state = RigState.load(rig_dir())
     limit = state.spec.read_bps

@@ -20,6 +20,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
+from nightshift.engine.io.devices import mount_of, parse_mountinfo
+from nightshift.engine.io.drives import Drive, format_drives
 from nightshift.engine.rig.cgroups import (
     CgroupError,
     ReadThrottle,
@@ -29,10 +33,6 @@ from nightshift.engine.rig.cgroups import (
     remove_throttle,
     throttle_root,
 )
-from nightshift.engine.errors import NightshiftError
-from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
-from nightshift.engine.io.devices import mount_of, parse_mountinfo
-from nightshift.engine.io.drives import Drive, format_drives
 
 STATE_FILE = "rig.json"
 MB = 1_000_000
