@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.app.commands.bench import add_stream_arguments, settings_from
+from nightshift.app.commands.stream_flags import add_stream_arguments, settings_from
 from nightshift.engine.moe.settings import StreamSettings
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
