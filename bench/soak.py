@@ -1,6 +1,6 @@
 """Soak benchmark: many scheduled runs back to back through the real service, with the clock stepped.
 
-    .venv/bin/python bench/soak.py --model MODEL_DIR --runs 200
+    .venv/bin/python -m bench.soak --model MODEL_DIR --runs 200
 
 Starts the scheduler service (scheduler, worker, control socket) in this
 process on a fresh data dir, with one schedule: the bundled daily review over
@@ -12,7 +12,7 @@ the process's resident memory and open file descriptors. Prints a table and
 one JSON line of figures to record: whether memory and descriptors stay flat
 is read from those figures, not asserted on time.
 
-    .venv/bin/python bench/soak.py --model MODEL_DIR --dashboard 30 [--max-tokens N]
+    .venv/bin/python -m bench.soak --model MODEL_DIR --dashboard 30 [--max-tokens N]
 
 With `--dashboard MINUTES` it soaks the dashboard instead (issue [24]): a real `nightshift serve` on a fresh
 data dir runs the daily review with MODEL_DIR (the default model for a real load) again and again, and the
