@@ -100,7 +100,7 @@ def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
         figures = {
             "wall_s": wall,
             "peak_rss_bytes": usage.ru_maxrss * 1024,
-            "read_bytes": usage.ru_inblock * 512,
+            "process_read_bytes": usage.ru_inblock * 512,
             "group_peak_bytes": group.figure("peak"),
             "oom_kills": group.oom_kills(),
             "returncode": proc.returncode,
@@ -117,7 +117,7 @@ def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
 
 
 def rates(figures: dict, prompt: int, tokens: int) -> dict:
-    """Prompt and decode tok/s and bytes read per generated token, where the side finished."""
+    """Prompt and decode tok/s, what the prompt read and what each decoded token read, where the side finished."""
     if "tokens" not in figures:
         return {}
     made = sum(len(t) for t in figures["tokens"])
@@ -125,7 +125,8 @@ def rates(figures: dict, prompt: int, tokens: int) -> dict:
     return {
         "prompt_tok_s": prompt * len(figures["tokens"]) / figures["prompt_s"] if figures["prompt_s"] else 0.0,
         "decode_tok_s": after_first / figures["decode_s"] if figures["decode_s"] else 0.0,
-        "read_mb_per_token": figures["read_bytes"] / 1e6 / max(made, 1),
+        "prompt_read_mb": figures["prompt_read_bytes"] / 1e6,
+        "decode_read_mb_per_token": figures["decode_read_bytes"] / 1e6 / after_first,
     }
 
 
@@ -166,7 +167,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {load[0]:.2f}")
     header = f"{'share':>6} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'peak RSS MB':>11}"
-    print(header + f" {'MB read/tok':>11} {'hit rate':>8}  tokens / error")
+    print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
     for index, share in enumerate(float(s) for s in args.shares.split(",")):
         budget = int(share * total)
         job = {"budget": budget, "prompt": prompt, "tokens": args.tokens, "threads": args.threads, "width": 1}
@@ -196,7 +197,7 @@ def main() -> None:
             print(
                 f"{share:>6.2f} {engine.name:>10} {(limit or 0) / 1e6:>9.0f} {figures.get('prompt_tok_s', 0):>10.2f} "
                 f"{figures.get('decode_tok_s', 0):>10.3f} {figures['peak_rss_bytes'] / 1e6:>11.0f} "
-                f"{figures.get('read_mb_per_token', 0):>11.1f} {'' if rate is None else f'{rate:.3f}':>8}  "
+                f"{figures.get('prompt_read_mb', 0):>9.1f} {figures.get('decode_read_mb_per_token', 0):>8.1f} {'' if rate is None else f'{rate:.3f}':>8}  "
                 f"{said} (run {run_id})",
                 flush=True,
             )
