@@ -36,6 +36,7 @@ from nightshift.engine.bench.peer import drop_page_cache
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 SIDES = Path(__file__).with_name("peers")
+TRACED = ("nightshift", "nunspark")  # the sides that can write the experts each layer call asked for
 PEERS_HOME = Path(os.environ.get("NIGHTSHIFT_PEERS", "/work/peers"))
 PROMPT_TEXT = (
     "The month-end close reconciles the ledger with the bank statements: every payment is matched to an invoice, "
@@ -150,6 +151,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
+    parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
     args = parser.parse_args()
 
     nightshift = Engine("nightshift", Path(sys.executable), args.store)
@@ -162,6 +164,8 @@ def main() -> None:
         print(f"skipped: {why}")
     peers = [p for p in peers if p.missing() is None]
     catalogue = Catalogue(args.catalogue or catalogue_file())
+    if args.traces:
+        args.traces.mkdir(parents=True, exist_ok=True)
     total = expert_bytes(args.store)
     prompt = prompt_ids(args.store, args.prompt_tokens)
     load = os.getloadavg()
@@ -174,7 +178,8 @@ def main() -> None:
         order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
         limit = None
         for engine in [nightshift, *order]:
-            figures = run_side(engine, {**job, "model": str(engine.model)}, limit)
+            trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
+            figures = run_side(engine, {**job, "model": str(engine.model), "trace": trace and str(trace)}, limit)
             if engine is nightshift:
                 limit = figures["group_peak_bytes"]
             figures.update(rates(figures, len(prompt), args.tokens))

@@ -1,19 +1,24 @@
 """nightshift's side of bench/streaming_peers.py (run with the project's python): the store streamed through the
-public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise), greedy, the prompt's token ids."""
+public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise), greedy, the prompt's token ids.
+With a `trace` path in the job, every streaming layer call's (layer, experts, rows) is written there as JSON lines,
+in the order the cache was asked (the format `nightshift bench cache --routing` and bench/peer_traces.py replay)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from side import Clock, report, work
 
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import open_model
 
 
 def main() -> None:
     job = work()
-    model = open_model(Path(job["model"]), StreamSettings(cache_bytes=job["budget"]))
+    instruments = Instruments(routing=[] if job.get("trace") else None)
+    model = open_model(Path(job["model"]), StreamSettings(cache_bytes=job["budget"]), instruments=instruments)
     try:
         clock = Clock()
         tokens, stats = [], None
@@ -22,6 +27,11 @@ def main() -> None:
             clock.token()
             stats = chunk.stats
         assert stats is not None
+        if job.get("trace"):
+            calls = (
+                {"layer": layer, "experts": list(experts), "rows": rows} for layer, experts, rows in instruments.routing
+            )
+            Path(job["trace"]).write_text("".join(json.dumps(call) + "\n" for call in calls))
         report(clock, [tokens], {"hits": stats.cache_hits, "misses": stats.cache_misses,
                                  "read_bytes": sum(stats.drive_bytes.values()), "cache_used": stats.cache_used,
                                  "prefetch_recall": stats.prefetch_recall})  # fmt: skip

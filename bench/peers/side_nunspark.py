@@ -1,6 +1,7 @@
 """nunspark's side of bench/streaming_peers.py (run with the nunspark venv's python): its packed model streamed with a
 RAM budget of `budget` bytes for its expert-piece cache (the whole budget over its `expert_cache_frac`), its temporal
-expert prefetch on (its default), greedy, the prompt's token ids as given (no chat template)."""
+expert prefetch on (its default), greedy, the prompt's token ids as given (no chat template). With a `trace` path in
+the job, its own expert trace (`--expert-trace`: per MoE layer call, the experts fired) is written there."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def main() -> None:
     root = Path(job["model"])
     budget = int(job["budget"] / EXPERT_CACHE_FRAC) if job["budget"] else 1  # 0: its smallest budget
     engine = StreamingEngine(root, Manifest.load(root / "manifest.json"), budget_bytes=budget,
-                             expert_cache_frac=EXPERT_CACHE_FRAC)  # fmt: skip
+                             expert_cache_frac=EXPERT_CACHE_FRAC, expert_trace=job.get("trace"))  # fmt: skip
     try:
         clock = Clock()
         tokens = []
