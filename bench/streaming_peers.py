@@ -71,12 +71,13 @@ def expert_bytes(store: Path) -> int:
     return sum(layer["file_bytes"] * layer["num_experts"] for layer in manifest["layers"])
 
 
-def prompt_ids(store: Path, count: int) -> list[int]:
-    """The first `count` token ids of the bench text, by the store's tokenizer (every copy has the same one)."""
+def prompt_ids(store: Path, count: int, width: int = 1) -> list[list[int]]:
+    """`width` prompts of `count` token ids of the bench text, by the store's tokenizer (every copy has the same
+    one): the first from its start, each next from two tokens further on."""
     ids = Tokenizer.from_file(str(store / "tokenizer.json")).encode(PROMPT_TEXT).ids
-    if len(ids) < count:
-        raise SystemExit(f"--prompt-tokens {count}: the bench text has {len(ids)} tokens; ask for fewer")
-    return ids[:count]
+    if len(ids) < count + 2 * (width - 1):
+        raise SystemExit(f"--prompt-tokens {count} at width {width}: the bench text has {len(ids)} tokens; ask less")
+    return [ids[2 * i : 2 * i + count] for i in range(width)]
 
 
 def model_files(model: Path) -> list[Path]:
@@ -126,6 +127,7 @@ def rates(figures: dict, prompt: int, tokens: int) -> dict:
     return {
         "prompt_tok_s": prompt * len(figures["tokens"]) / figures["prompt_s"] if figures["prompt_s"] else 0.0,
         "decode_tok_s": after_first / figures["decode_s"] if figures["decode_s"] else 0.0,
+        "aggregate_tok_s": made / (figures["prompt_s"] + figures["decode_s"]),
         "prompt_read_mb": figures["prompt_read_bytes"] / 1e6,
         "decode_read_mb_per_token": figures["decode_read_bytes"] / 1e6 / after_first,
     }
@@ -140,6 +142,31 @@ def hit_rate(name: str, counters: dict) -> float | None:
     return hits / (hits + misses) if hits + misses else None
 
 
+def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogue: Catalogue, load: tuple) -> dict:
+    """One engine's run of `job` under `limit`: measured, recorded in the catalogue, printed as a row."""
+    figures = run_side(engine, {**job, "model": str(engine.model)}, limit)
+    prompt = len(job["prompts"][0])
+    figures.update(rates(figures, prompt, job["tokens"]))
+    rate = hit_rate(engine.name, figures.get("counters", {}))
+    config = {"engine": engine.name, "share": share, "budget_bytes": job["budget"], "limit_bytes": limit,
+              "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"]}  # fmt: skip
+    verdict = "fail" if "error" in figures else "measured"
+    run = Run("streaming-peers", engine.model.name, config, {**figures, "hit_rate": rate, "load": load},
+              verdict, command=" ".join(sys.argv), note=figures.get("error", ""))  # fmt: skip
+    run_id = catalogue.record(run)
+    said = figures.get("error") or figures["tokens"][0]
+    rate_text = "" if rate is None else f"{rate:.3f}"
+    print(
+        f"{share:>6.2f} {job['width']:>3} {engine.name:>10} {(limit or 0) / 1e6:>9.0f} "
+        f"{figures.get('prompt_tok_s', 0):>10.2f} {figures.get('decode_tok_s', 0):>10.3f} "
+        f"{figures.get('aggregate_tok_s', 0):>9.3f} {figures['peak_rss_bytes'] / 1e6:>11.0f} "
+        f"{figures.get('prompt_read_mb', 0):>9.1f} {figures.get('decode_read_mb_per_token', 0):>8.1f} "
+        f"{rate_text:>8}  {said} (run {run_id})",
+        flush=True,
+    )
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("store", type=Path, help="the nightshift store (its expert bytes set the budgets)")
@@ -151,6 +178,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
+    parser.add_argument("--width", type=int, default=0, help="also decode this many prompts together (0: not)")
     parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
     args = parser.parse_args()
 
@@ -167,45 +195,31 @@ def main() -> None:
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
     total = expert_bytes(args.store)
-    prompt = prompt_ids(args.store, args.prompt_tokens)
+    prompt = prompt_ids(args.store, args.prompt_tokens)[0]
     load = os.getloadavg()
     print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {load[0]:.2f}")
-    header = f"{'share':>6} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'peak RSS MB':>11}"
+    header = f"{'share':>6} {'w':>3} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'all t/s':>9} {'peak RSS MB':>11}"
     print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
-    for index, share in enumerate(float(s) for s in args.shares.split(",")):
+    shares = [float(s) for s in args.shares.split(",")]
+    for index, share in enumerate(shares):
         budget = int(share * total)
-        job = {"budget": budget, "prompt": prompt, "tokens": args.tokens, "threads": args.threads, "width": 1}
+        job = {"budget": budget, "prompts": [prompt], "prompt": prompt, "tokens": args.tokens,
+               "threads": args.threads, "width": 1}  # fmt: skip
         order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
         limit = None
         for engine in [nightshift, *order]:
             trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
-            figures = run_side(engine, {**job, "model": str(engine.model), "trace": trace and str(trace)}, limit)
-            if engine is nightshift:
-                limit = figures["group_peak_bytes"]
-            figures.update(rates(figures, len(prompt), args.tokens))
-            rate = hit_rate(engine.name, figures.get("counters", {}))
-            config = {"engine": engine.name, "share": share, "budget_bytes": budget, "limit_bytes": limit,
-                      "prompt_tokens": len(prompt), "tokens": args.tokens, "threads": args.threads}  # fmt: skip
-            verdict = "fail" if "error" in figures else "measured"
-            run_id = catalogue.record(
-                Run(
-                    "streaming-peers",
-                    args.store.name,
-                    config,
-                    {**figures, "hit_rate": rate, "load": load},
-                    verdict,
-                    command=" ".join(sys.argv),
-                    note=figures.get("error", ""),
-                )
-            )
-            said = figures.get("error") or figures["tokens"][0]
-            print(
-                f"{share:>6.2f} {engine.name:>10} {(limit or 0) / 1e6:>9.0f} {figures.get('prompt_tok_s', 0):>10.2f} "
-                f"{figures.get('decode_tok_s', 0):>10.3f} {figures['peak_rss_bytes'] / 1e6:>11.0f} "
-                f"{figures.get('prompt_read_mb', 0):>9.1f} {figures.get('decode_read_mb_per_token', 0):>8.1f} {'' if rate is None else f'{rate:.3f}':>8}  "
-                f"{said} (run {run_id})",
-                flush=True,
-            )
+            figures = measure(engine, {**job, "trace": trace and str(trace)}, share, limit, catalogue, load)
+            limit = figures["group_peak_bytes"] if engine is nightshift else limit
+    if args.width > 1:  # the batched pair: nightshift's width against nunspark's batched decode, at the middle budget
+        share = shares[len(shares) // 2]
+        prompts = prompt_ids(args.store, args.prompt_tokens, args.width)
+        job = {"budget": int(share * total), "prompts": prompts, "prompt": prompts[0], "tokens": args.tokens,
+               "threads": args.threads, "width": args.width}  # fmt: skip
+        limit = None
+        for engine in [nightshift, *(p for p in peers if p.name == "nunspark")]:
+            figures = measure(engine, job, share, limit, catalogue, load)
+            limit = figures["group_peak_bytes"] if engine is nightshift else limit
     print(f"recorded in {catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")
 
 

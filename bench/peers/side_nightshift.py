@@ -1,5 +1,6 @@
 """nightshift's side of bench/streaming_peers.py (run with the project's python): the store streamed through the
-public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise), greedy, the prompt's token ids.
+public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise), greedy, the prompt's token ids;
+at a width over 1, the job's `prompts` decoded together (engine/batch.py, as the service batches reviews).
 With a `trace` path in the job, every streaming layer call's (layer, experts, rows) is written there as JSON lines,
 in the order the cache was asked (the format `nightshift bench cache --routing` and bench/peer_traces.py replay)."""
 
@@ -10,9 +11,10 @@ from pathlib import Path
 
 from side import Clock, report, work
 
+from nightshift.engine.batch import batch_tokens
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.runtime import open_model
+from nightshift.engine.runtime import Model, open_model
 
 
 def main() -> None:
@@ -20,6 +22,8 @@ def main() -> None:
     instruments = Instruments(routing=[] if job.get("trace") else None)
     model = open_model(Path(job["model"]), StreamSettings(cache_bytes=job["budget"]), instruments=instruments)
     try:
+        if job["width"] > 1:
+            return batch(model, job)
         clock = Clock()
         tokens, stats = [], None
         for chunk in model.generate_tokens(job["prompt"], max_tokens=job["tokens"]):
@@ -37,6 +41,16 @@ def main() -> None:
                                  "prefetch_recall": stats.prefetch_recall})  # fmt: skip
     finally:
         model.close()
+
+
+def batch(model: Model, job: dict) -> None:
+    """The job's `prompts` decoded together (width = how many), as the service batches reviews due together."""
+    before = model.figures()
+    clock = Clock()
+    tokens = batch_tokens(model.model, job["prompts"], job["tokens"], model.stream, on_token=lambda s, t: clock.token())
+    after = model.figures(settled=True)
+    hits, misses = after.cache_hits - before.cache_hits, after.cache_misses - before.cache_misses
+    report(clock, tokens, {"hits": hits, "misses": misses})
 
 
 if __name__ == "__main__":
