@@ -157,7 +157,7 @@ def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogu
     said = figures.get("error") or figures["tokens"][0]
     rate_text = "" if rate is None else f"{rate:.3f}"
     print(
-        f"{share:>6.2f} {job['width']:>3} {engine.name:>10} {(limit or 0) / 1e6:>9.0f} "
+        f"{share:>6.2f} {job['width']:>3} {engine.name:>10} {(limit or figures['group_peak_bytes']) / 1e6:>9.0f} "
         f"{figures.get('prompt_tok_s', 0):>10.2f} {figures.get('decode_tok_s', 0):>10.3f} "
         f"{figures.get('aggregate_tok_s', 0):>9.3f} {figures['peak_rss_bytes'] / 1e6:>11.0f} "
         f"{figures.get('prompt_read_mb', 0):>9.1f} {figures.get('decode_read_mb_per_token', 0):>8.1f} "
