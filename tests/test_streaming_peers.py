@@ -32,24 +32,24 @@ traces = _load("peer_traces")
 
 
 @pytest.fixture(scope="module")
-def qwen_store(tmp_path_factory) -> Path:
+def peer_store(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("peers")
     return import_tiny(root, tiny_checkpoint(root, "qwen3_moe"), "qwen-store")
 
 
-def test_every_engine_reads_the_same_prompts_each_two_tokens_further_on(qwen_store):
-    [single] = peers.prompt_ids(qwen_store, 12)
-    batch = peers.prompt_ids(qwen_store, 12, width=4)
+def test_every_engine_reads_the_same_prompts_each_two_tokens_further_on(peer_store):
+    [single] = peers.prompt_ids(peer_store, 12)
+    batch = peers.prompt_ids(peer_store, 12, width=4)
     assert len(single) == 12 and batch[0] == single
     assert all(len(p) == 12 for p in batch) and batch[1][:10] == batch[0][2:] and batch[3][:6] == batch[0][6:]
     with pytest.raises(SystemExit, match="ask less"):
-        peers.prompt_ids(qwen_store, 10_000)
+        peers.prompt_ids(peer_store, 10_000)
 
 
-def test_the_budgets_are_shares_of_the_stores_expert_bytes(qwen_store):
-    manifest = json.loads((qwen_store / "manifest.json").read_text())
+def test_the_budgets_are_shares_of_the_stores_expert_bytes(peer_store):
+    manifest = json.loads((peer_store / "manifest.json").read_text())
     layers = manifest["layers"]
-    assert peers.expert_bytes(qwen_store) == sum(layer["file_bytes"] * layer["num_experts"] for layer in layers) > 0
+    assert peers.expert_bytes(peer_store) == sum(layer["file_bytes"] * layer["num_experts"] for layer in layers) > 0
 
 
 def test_a_missing_peer_is_named_with_the_command_that_builds_it(tmp_path):
@@ -77,13 +77,13 @@ def test_nightshift_and_nunspark_traces_replay_as_the_same_calls(tmp_path):
 
 
 @pytest.mark.slow
-def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, qwen_store):
+def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, peer_store):
     """nightshift always; each peer whose venv bench/peers/setup_*.sh built (NIGHTSHIFT_PEERS), on its own copy."""
     if os.geteuid() != 0:
         pytest.skip("needs root (a memory cgroup per engine)")
-    src = qwen_store.parent / "qwen3_moe-src"
+    src = peer_store.parent / "qwen3_moe-src"
     catalogue = tmp_path / "runs.sqlite"
-    argv = [sys.executable, str(REPO / "bench" / "streaming_peers.py"), str(qwen_store), "--ftllm", str(src),
+    argv = [sys.executable, str(REPO / "bench" / "streaming_peers.py"), str(peer_store), "--ftllm", str(src),
             "--shares", "0.5", "--tokens", "3", "--prompt-tokens", "6", "--threads", "1",
             "--catalogue", str(catalogue), "--traces", str(tmp_path / "traces")]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
