@@ -4,7 +4,7 @@ For each budget (a share of the store's expert bytes) nightshift runs first, in 
 its whole process is measured: the group's peak (its own memory and any page cache it caused) is then the memory
 limit of every peer's process at that budget, and each peer's own expert cache is given the same bytes nightshift's
 cache had. Every engine is its own process in its own interpreter (bench/peers/side_*.py; each peer in the venv its
-bench/peers/setup_*.sh builds), reads its own copy of the same checkpoint, decodes the same prompt ids greedily for
+`bash bench/peers/setup.sh PEER` builds), reads its own copy of the same checkpoint, decodes the same prompt ids greedily for
 the same number of tokens, and prints its tokens, times and its own counters. The bench adds what the kernel counts
 for the process (os.wait4: peak RSS, blocks read from storage) and the cgroup (peak, OOM kills). The page cache of
 each engine's files is dropped before its run, so none starts warm; nightshift reads with O_DIRECT.
@@ -59,7 +59,7 @@ class Engine:
     def missing(self) -> str | None:
         """Why this engine cannot run here (with the command that fixes it), or None."""
         if not self.python.exists():
-            return f"{self.name}: no {self.python}; build it with `bash bench/peers/setup_{self.name}.sh`"
+            return f"{self.name}: no {self.python}; build it with `bash bench/peers/setup.sh {self.name}`"
         if not self.model.exists():
             return f"{self.name}: no model copy at {self.model}"
         return None

@@ -54,7 +54,7 @@ def test_the_budgets_are_shares_of_the_stores_expert_bytes(peer_store):
 
 def test_a_missing_peer_is_named_with_the_command_that_builds_it(tmp_path):
     engine = peers.Engine("nunspark", tmp_path / "venv" / "bin" / "python", tmp_path)
-    assert "bash bench/peers/setup_nunspark.sh" in engine.missing()
+    assert "bash bench/peers/setup.sh nunspark" in engine.missing()
     engine = peers.Engine("nunspark", Path(sys.executable), tmp_path / "nowhere")
     assert "no model copy" in engine.missing()
 
@@ -78,7 +78,7 @@ def test_nightshift_and_nunspark_traces_replay_as_the_same_calls(tmp_path):
 
 @pytest.mark.slow
 def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, peer_store):
-    """nightshift always; each peer whose venv bench/peers/setup_*.sh built (NIGHTSHIFT_PEERS), on its own copy."""
+    """nightshift always; each peer whose venv bench/peers/setup.sh built (NIGHTSHIFT_PEERS), on its own copy."""
     if os.geteuid() != 0:
         pytest.skip("needs root (a memory cgroup per engine)")
     src = peer_store.parent / "qwen3_moe-src"
