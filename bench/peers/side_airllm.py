@@ -1,5 +1,6 @@
 """AirLLM's side of bench/streaming_peers.py (run with the AirLLM venv's python): the HF checkpoint split into its
-per-layer shards (once, beside the model, before the clock starts), run on the CPU in float32 (the checkpoint's
+per-layer shards (once, into the model's folder `airllm-split`, before the clock starts; the bench drops those
+files from the page cache with the rest), run on the CPU in float32 (the checkpoint's
 precision) with its next-layer prefetch and per-expert loading; no expert cache, so `budget` has no knob here and
 only the process's memory limit applies. Greedy through transformers' generate, timed per token by a streamer."""
 
@@ -30,7 +31,7 @@ def main() -> None:
     job = work()
     torch.set_num_threads(job["threads"])
     model = AutoModel.from_pretrained(job["model"], device="cpu", dtype=torch.float32,
-                                      layer_shards_saving_path=job["model"] + "-airllm")  # fmt: skip
+                                      layer_shards_saving_path=job["model"] + "/airllm-split")  # fmt: skip
     prompt = torch.tensor([job["prompt"]])
     clock = Clock()
     out = model.generate(prompt, max_new_tokens=job["tokens"], do_sample=False, use_cache=True,
