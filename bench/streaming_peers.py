@@ -112,7 +112,9 @@ def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
             figures.update(json.loads(lines[-1]))
         else:
             tail = [line.strip() for line in (complaint or said).splitlines() if line.strip()]
-            figures["error"] = tail[-1] if tail else f"exit {proc.returncode}, nothing said"
+            last = tail[-1] if tail else f"exit {proc.returncode}, nothing said"
+            killed = f"killed at the memory limit ({limit / 1e6:.0f} MB; OOM kills {figures['oom_kills']}); "
+            figures["error"] = (killed if figures["oom_kills"] and limit else "") + f"its last line: {last}"
         return figures
     finally:
         group.remove()
