@@ -6,7 +6,7 @@ replayed through the same simulator (engine/bench/cache_sim.py) at each budget: 
 LRU (what nunspark's piece cache and a page cache do), the static oracle and Belady. So "nightshift's policy on
 nunspark's trace" and "Belady on nightshift's trace" are on one footing.
 
-    python bench/peer_traces.py STORE TRACE... [--shares 0.1,0.25,0.5] [--catalogue PATH]
+    python -m bench.peer_traces STORE TRACE... [--shares 0.1,0.25,0.5] [--catalogue PATH]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the same number of tokens, and prints its tokens, times and its own counters. Th
 for the process (os.wait4: peak RSS, blocks read from storage) and the cgroup (peak, OOM kills). The page cache of
 each engine's files is dropped before its run, so none starts warm; nightshift reads with O_DIRECT.
 
-    python bench/streaming_peers.py STORE --ftllm HF_DIR --nunspark PACKED_DIR --airllm HF_DIR [--shares 0.1,0.25,0.5]
+    python -m bench.streaming_peers STORE --ftllm HF_DIR --nunspark PACKED_DIR --airllm HF_DIR [--shares 0.1,0.25,0.5]
 
 Each run is recorded in the run catalogue (kind `streaming-peers`), a peer's failure (killed at the limit, an error)
 included with its last line. A peer whose venv is missing is skipped, with the command that builds it. Root only
@@ -31,9 +31,9 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine.bench.cgroups import MemoryGroup, command_in
 from nightshift.engine.bench.peer import drop_page_cache
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.rig.cgroups import MemoryGroup, command_in
 
 SIDES = Path(__file__).with_name("peers")
 TRACED = ("nightshift", "nunspark")  # the sides that can write the experts each layer call asked for

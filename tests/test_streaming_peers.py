@@ -4,7 +4,6 @@ peer whose venv is built (slow; root for the memory cgroups)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,22 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import peer_traces as traces
+from bench import streaming_peers as peers
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    """A bench script as a module (bench/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-peers = _load("streaming_peers")
-traces = _load("peer_traces")
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +71,10 @@ def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, pe
         pytest.skip("needs root (a memory cgroup per engine)")
     src = peer_store.parent / "qwen3_moe-src"
     catalogue = tmp_path / "runs.sqlite"
-    argv = [sys.executable, str(REPO / "bench" / "streaming_peers.py"), str(peer_store), "--ftllm", str(src),
+    argv = [sys.executable, "-m", "bench.streaming_peers", str(peer_store), "--ftllm", str(src),
             "--shares", "0.5", "--tokens", "3", "--prompt-tokens", "6", "--threads", "1",
             "--catalogue", str(catalogue), "--traces", str(tmp_path / "traces")]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr
     from nightshift.engine.instruments.catalogue import Catalogue
 

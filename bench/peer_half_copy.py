@@ -1,7 +1,7 @@
 """A float16 copy of an HF safetensors checkpoint, for the peers that read HF safetensors (fastllm computes in
 float16 by default: from a float32 source it reads twice the bytes per expert and converts each one it reads).
 
-    python bench/peers/half_copy.py SRC_DIR OUT_DIR      (the project's python: it uses mlx to read and write)
+    python -m bench.peer_half_copy SRC_DIR OUT_DIR
 """
 
 from __future__ import annotations

@@ -1,23 +1,20 @@
 """The greedy tokens bench/streaming_peers.py's engines are held to: mlx-lm on each copy it can load (the 4-bit MLX
 copy nunspark packs, the float32 source fastllm and AirLLM read) and the nightshift store in RAM, on the same prompt.
 
-    python bench/peers/reference_tokens.py STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16]   (the project's python)
+    python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
+from bench.streaming_peers import prompt_ids
 from nightshift.engine.runtime import open_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from streaming_peers import prompt_ids  # bench/ holds scripts, not a package
 
 
 def main() -> None:
