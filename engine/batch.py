@@ -30,7 +30,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import DEFAULT_CHUNK, prefill
-from nightshift.engine.runtime import GenerationStats, Message, Model
+from nightshift.engine.runtime import GenerationStats, LogitsProcessor, Message, Model
 
 
 @dataclass
@@ -68,10 +68,12 @@ def batch_tokens(
     prefill_chunk: int = DEFAULT_CHUNK,
     stats: BatchStats | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    logits_processors: list[list[LogitsProcessor]] | None = None,
 ) -> list[list[int]]:
     """Greedy tokens for every prompt, decoded together; each list ends at its first end token or `max_tokens`.
 
     `on_token(sequence, token)` sees every token as it comes (the first ones after each prompt is read).
+    `logits_processors`, one list per prompt, shape that sequence's logits given its own tokens so far, as alone.
     """
     if not prompts or any(not p for p in prompts):
         raise NightshiftError("a batch needs at least one prompt, and every prompt at least one token")
@@ -86,7 +88,8 @@ def batch_tokens(
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
-        first = int(mx.argmax(prefill(model, prompt[shared:], cache, prefill_chunk)).item())
+        logits = prefill(model, prompt[shared:], cache, prefill_chunk)[None]
+        first = int(mx.argmax(_processed(logits, [], logits_processors[i] if logits_processors else [])).item())
         caches.append(cache)
         out.append([first])
         if on_token is not None:
@@ -100,6 +103,9 @@ def batch_tokens(
     while live:
         rows = mx.array([[out[i][-1]] for i in live])
         logits = model(rows, cache=batch)[:, -1, :]
+        if logits_processors:
+            logits = mx.concatenate([_processed(logits[k : k + 1], out[i], logits_processors[i])
+                                     for k, i in enumerate(live)])  # fmt: skip
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         chosen = mx.argmax(logprobs, axis=-1).tolist()
         stats.steps += 1
@@ -120,6 +126,13 @@ def batch_tokens(
         stats.layer_calls, stats.experts_read = after.calls - before.calls, after.unique - before.unique
     stats.tokens = [len(tokens) for tokens in out]
     return out
+
+
+def _processed(logits: mx.array, tokens: list[int], processors: list[LogitsProcessor]) -> mx.array:
+    """One row's logits (1, vocab) through the processors, given that sequence's tokens so far."""
+    for processor in processors:
+        logits = processor(mx.array(tokens, dtype=mx.int32), logits)
+    return logits
 
 
 def shared_prefix(prompts: list[list[int]], chunk: int) -> int:
@@ -190,6 +203,7 @@ def generate_batch(
     prefill_chunk: int = DEFAULT_CHUNK,
     cancel: threading.Event | None = None,
     progress: Callable[[GenerationStats, list[str]], None] | None = None,
+    logits_processors: list[list[LogitsProcessor]] | None = None,
 ) -> ChatBatch:
     """Greedy answers to several chats, decoded together (`batch_tokens`) and detokenized one by one.
 
@@ -197,8 +211,11 @@ def generate_batch(
     each token and at the end; its tokens count from when every prompt has been read (until then a progress
     line says the prompt is being read), so their first tokens count then, together. `cancel` is looked at
     after each token, and a cancelled batch returns what was written with finish reason "cancelled".
+    `logits_processors`: one list per conversation (`batch_tokens`).
     """
     if not isinstance(model, Model):  # a store over several hosts (engine/distributed): the batch is decoded there
+        if logits_processors:
+            raise NightshiftError("logits processors are not sent to other hosts: decode without them there")
         return model.generate_batch(conversations, max_tokens, prefill_chunk, cancel, progress)
     prompts = [model.chat_tokens(messages) for messages in conversations]
     eos = set(model.tokenizer.eos_token_ids)
@@ -234,7 +251,8 @@ def generate_batch(
             raise _Cancelled
 
     try:
-        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token)
+        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token,
+                              logits_processors)  # fmt: skip
     except _Cancelled:
         tokens = None
     parts = []

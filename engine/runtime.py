@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from nightshift.engine.distributed.stage import PipelineStage
 
 Message = dict[str, str]
+# mlx-lm's logits processor: (tokens generated so far, logits of shape (1, vocab)) -> logits.
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
 @dataclass
@@ -170,8 +172,12 @@ class Model:
         draft_depth: int | None = None,
         draft_switch_off: bool = True,
         on_prefill: Callable[[GenerationStats], None] | None = None,
+        logits_processors: list[LogitsProcessor] | None = None,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
+
+        `logits_processors` (mlx-lm's: a repetition penalty, a mask) shape every token's logits, the first
+        one's too; they see the tokens generated so far, not the prompt. Not with a drafter.
 
         `on_prefill` sees the statistics after each prefilled chunk (`prompt_done` of `prompt_tokens`):
         on a slow machine reading the prompt takes most of a generation's time.
@@ -192,6 +198,8 @@ class Model:
             stats.draft = DraftStats(depth=depth)
         elif draft_depth:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
+        if logits_processors and stats.draft is not None:
+            raise NightshiftError("logits processors do not apply to drafted tokens: open the model without a drafter")
         detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
         before = self.stream.figures() if self.stream is not None else None  # this generation's figures: deltas
@@ -203,7 +211,14 @@ class Model:
                 on_prefill(stats)
 
         for token in self._token_ids(
-            prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats, draft_switch_off, prefilled
+            prompt,
+            max_tokens,
+            make_sampler(temp=temp),
+            prefill_chunk,
+            stats,
+            draft_switch_off,
+            prefilled,
+            logits_processors or [],
         ):
             now = time.perf_counter() - start
             if stats.generated_tokens == 0:
@@ -234,22 +249,25 @@ class Model:
         stats: GenerationStats,
         draft_switch_off: bool = True,
         prefilled: Callable[[int, int], None] | None = None,
+        processors: list[LogitsProcessor] = (),
     ) -> Iterator[int]:
         """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
         cache = make_prompt_cache(self.model)
         logprobs, reads = counted_prefill(self.model, prompt, cache, prefill_chunk, self.stream, prefilled)
         if reads is not None:
             stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
-        first = sampler(logprobs[None]).item()
+        logits = logprobs[None]
+        for processor in processors:
+            logits = processor(mx.array([], dtype=mx.int32), logits)
+        first = sampler(logits).item()
         yield first
         if max_tokens > 1 and stats.draft is not None and stats.draft.depth > 0:
             yield from self._drafted(
                 prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft, draft_switch_off
             )
         elif max_tokens > 1:
-            steps = generate_step(
-                mx.array([first]), self.model, prompt_cache=cache, sampler=sampler, max_tokens=max_tokens - 1
-            )
+            steps = generate_step(mx.array([first]), self.model, prompt_cache=cache, sampler=sampler,
+                                  max_tokens=max_tokens - 1, logits_processors=list(processors))  # fmt: skip
             yield from (int(token) for token, _ in steps)
 
     def _drafted(
