@@ -8,8 +8,9 @@ split into sentences and each sentence is refused for the first of these it show
 - cut: the answer ended at the token limit and this, its last sentence, has no end;
 - not a sentence: a table row, a heading, a fragment of fewer than three words;
 - loop: the same three words twice in it, or over 60 words;
-- filler: words about the text itself (summary, sentence, "here is"...), or mostly words of the
-  prompt's instructions (an echo);
+- filler: words about the text itself (summary, sentence, "here is"...), or mostly the words of what
+  the model was shown for it (an echo: the prompt's instructions, its list, the finding's own facts,
+  which the plain sentence states better);
 - repeat: mostly the words of a sentence already kept (anywhere in the narrative);
 - figures: a figure not placed in its role (verify.placed: misattributed, unplaced, placeholder);
 - no finding / other finding: a finding's sentence must name that finding (a name only it has, such as
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,8 @@ META = re.compile(
     re.IGNORECASE,
 )
 WORD = re.compile(r"[^\W_]+|\{[a-z_]+\}", re.IGNORECASE)
-MOST = 0.6  # share of a sentence's word triples seen before that makes it a repeat or an echo
+MOST = 0.6  # share of a sentence's word triples in sentences kept before that makes it a repeat
+ECHO = 0.5  # share of its word triples in what the model was shown that makes it an echo
 LONGEST = 60  # words: a longer sentence is a run-on
 
 
@@ -158,13 +160,12 @@ KIND_WORDS = {
 class Gate:
     """Gates one review's answers: `subjects[n - 1]` is finding n's, `summary` the summary's."""
 
-    def __init__(self, subjects: list[Subject], summary: Subject, instructions: Iterable[str]):
-        """`instructions`: what the model was told to do (the prompt's system message and requests), which a
+    def __init__(self, subjects: list[Subject], summary: Subject, asked: Callable[[int | None], str]):
+        """`asked(finding)`: what the model was shown when it wrote about `finding` (None: the summary), which a
         sentence must not echo."""
-        self.subjects, self.summary = subjects, summary
+        self.subjects, self.summary, self.asked = subjects, summary, asked
         self.cues = [cues(subject.roles) for subject in subjects]
         self.summary_cues = cues(summary.roles)
-        self.instructions = set().union(*(_triples(text) for text in instructions))
         self.seen: set[tuple[str, ...]] = set()
 
     def gate(self, answers: list[Answer], findings_shown: Iterable[int]) -> Gated:
@@ -191,11 +192,12 @@ class Gate:
 
     def _sentences(self, answer: Answer, out: Gated) -> list[Sentence]:
         pieces = [piece.strip() for piece in SENTENCE_END.split(MARKUP.sub("", answer.text)) if piece.strip()]
+        shown = _triples(self.asked(answer.finding))
         kept = []
         for at, piece in enumerate(pieces):
             out.written += 1
             cut = answer.cut and at == len(pieces) - 1 and not re.search(r"[.!?][\"')\]]*$", piece)
-            problem = ("cut", "") if cut else self._problem(piece, answer.finding)
+            problem = ("cut", "") if cut else self._problem(piece, answer.finding, shown)
             if isinstance(problem, tuple):
                 out.refused.append(Refusal(answer.finding, piece, *problem))
                 continue
@@ -203,16 +205,19 @@ class Gate:
             kept.append(Sentence(problem if re.search(r"[.!?]$", problem) else problem + ".", False))
         return kept
 
-    def _problem(self, sentence: str, finding: int | None) -> tuple[str, str] | str:
-        """Why `sentence` is refused (reason, detail), or the sentence with its figures as placeholders."""
+    def _problem(self, sentence: str, finding: int | None, shown: set[tuple[str, ...]]) -> tuple[str, str] | str:
+        """Why `sentence` is refused (reason, detail), or the sentence with its figures as placeholders;
+        `shown`: the word triples of what the model was shown."""
         words = [word.lower() for word in WORD.findall(sentence)]
         triples = _triples(sentence)
         if len(words) < 3 or sentence.count("|") >= 2:
             return "not a sentence", ""
         if len(triples) < len(words) - 2 or len(words) > LONGEST:
             return "loop", ""
-        if META.search(sentence) or (triples and len(triples & self.instructions) >= MOST * len(triples)):
+        if META.search(sentence):
             return "filler", ""
+        if triples and len(triples & shown) >= ECHO * len(triples):
+            return "filler", "an echo of the prompt"
         if triples and len(triples & self.seen) >= MOST * len(triples):
             return "repeat", ""
         subject = self.summary if finding is None else self.subjects[finding - 1]

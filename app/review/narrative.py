@@ -32,9 +32,13 @@ if TYPE_CHECKING:
     from nightshift.engine.batch import ChatBatch
 
 PROMPTS_DIR = bundled("templates") / "prompts"
+FACTS_DIR = PROMPTS_DIR  # where facts.j2 is, whatever folder the prompt templates are read from
 FACTS = "facts.j2"  # each finding's plain sentence and the summary's, figures as placeholders
 # "F3: ..." at the start of a line: the model's line on finding 3.
 TAG_LINE = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]", re.IGNORECASE)
+# Prompt rows read per pass in a split narrative: its messages share their start (the system message, the
+# review's name), which the batch reads once in whole passes (engine/batch.py `shared_prefix`).
+NARRATIVE_CHUNK = 16
 EXTRA_HIGH = 10  # high findings not given to the model that still get their plain sentence; the rest are counted
 # Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the
 # PDF would show each as an empty box (WeasyPrint's .notdef glyph).
@@ -72,11 +76,11 @@ class Prompt:
         """Every chat a split narrative answers in one batch: the summary's, then each finding's."""
         return [self.messages, *(self._chat(part) for part in self.parts)]
 
-    @property
-    def instructions(self) -> list[str]:
-        """What the model was told to do, which its sentences must not echo: the system message and the last
-        paragraph of each user message (the template puts its request there)."""
-        return [self.system, *(text.rsplit("\n\n", 1)[-1] for text in (self.user, *self.parts))]
+    def asked(self, finding: int | None) -> str:
+        """What the model saw when it wrote the answer on `finding` (None: the summary), which its sentences
+        must not echo: the system message and that answer's user message."""
+        part = self.parts[finding - 1] if self.narrative == "split" and finding is not None else self.user
+        return f"{self.system}\n{part}"
 
     def _chat(self, user: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
@@ -156,7 +160,9 @@ class NarrativeJob:
 
 
 def _environment() -> Environment:
-    return Environment(loader=FileSystemLoader(PROMPTS_DIR), undefined=StrictUndefined, autoescape=False)
+    """The prompt templates; facts.j2 always found (a template of one's own imports or is handed it)."""
+    loader = FileSystemLoader([PROMPTS_DIR, FACTS_DIR])
+    return Environment(loader=loader, undefined=StrictUndefined, autoescape=False)
 
 
 def build_prompt(template: str, title: str, window_label: str, result: CheckResult, limit: int,
@@ -263,8 +269,8 @@ def _write_split(model: Model, prompt: Prompt, max_tokens: int, temp: float, pro
                           'or `narrative = "single"` in the schedule\'s [model]')  # fmt: skip
     shown = (lambda stats, texts: progress(stats, joined(texts))) if progress is not None else None
     processors = _decoding(model, [prompt])[0].get("logits_processors")
-    batch = generate_batch(model, prompt.conversations, max_tokens, cancel=cancel, progress=shown,
-                           logits_processors=None if processors is None else [processors] * len(prompt.conversations))  # fmt: skip
+    batch = generate_batch(model, prompt.conversations, max_tokens, NARRATIVE_CHUNK, cancel, shown,
+                           None if processors is None else [processors] * len(prompt.conversations))  # fmt: skip
     narrative = split_answers(batch.parts, batch.generation)
     narrative.batch = batch
     return narrative
@@ -303,8 +309,8 @@ def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative |
     options = _decoding(model, [job.prompt for job in jobs])
     processors = None if not options[0] else [
         options[n]["logits_processors"] for n, job in enumerate(jobs) for _ in job.conversations]  # fmt: skip
-    batch = generate_batch(model, conversations, jobs[0].max_tokens, cancel=everyone_left, progress=shown,
-                           logits_processors=processors)  # fmt: skip
+    batch = generate_batch(model, conversations, jobs[0].max_tokens, NARRATIVE_CHUNK, everyone_left, shown,
+                           processors)  # fmt: skip
     rates = [_rate(batch.parts[span]) for span in spans]
     shared = SharedBatch(tuple(job.member for job in jobs), len(conversations), batch.stats.steps,
                          batch.stats.decode_tokens_per_s, tuple(rates),
@@ -414,7 +420,7 @@ def shown_narrative(narrative: Narrative, prompt: Prompt | None, findings: list[
     common = {"period": period, "previous": previous}
     finding_subjects = subjects([(f.figures.kind, {**common, **f.figures.roles}) for f in findings],
                                 [str(facts.facts(f)) for f in findings])  # fmt: skip
-    gate = Gate(finding_subjects, summary, prompt.instructions if prompt is not None else [])
+    gate = Gate(finding_subjects, summary, prompt.asked if prompt is not None else lambda finding: "")
     gated = gate.gate(narrative.answers if prompt is not None else [], shown)
     coverage = str(facts.coverage(roles))
     gated.summary += [Sentence(coverage, True)] if coverage else []

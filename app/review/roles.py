@@ -41,9 +41,15 @@ CUES: dict[str, tuple[str, ...]] = {
 Roles = Mapping[str, Any]
 
 
-def is_figure(value: Any) -> bool:
-    """Whether a role's value is a figure (an amount, percentage, count or date) rather than a name."""
-    return isinstance(value, Decimal | int | date) and not isinstance(value, bool)
+def kind_of(value: Any) -> str:
+    """What a role's value is: an amount, a percent, a count, a date, or a name (a reference, a source)."""
+    if isinstance(value, Percent):
+        return "percent"
+    if isinstance(value, Decimal):
+        return "amount"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "count"
+    return "date" if isinstance(value, date) else "name"
 
 
 def written(value: Any) -> str:
@@ -67,11 +73,11 @@ def cues(roles: Roles) -> dict[str, str]:
     """Word stem -> the role it names, for this finding: the fixed cues and its sources' and groups' names.
 
     A source that holds an amount of the finding names that amount ("bank" the bank's amount); a source
-    the finding says lacks the row (`other` of an unmatched row) names no figure, so a figure after it
-    is in the wrong place.
+    the finding says lacks the row (`other` of an unmatched row) names `missing`, an amount the finding
+    does not have, so an amount after it is in the wrong place.
     """
     named = {stem(word): role for role, words in CUES.items() if role in roles for word in words}
-    by_source = {"left": "left_amount", "right": "right_amount", "source": _source_figure(roles), "other": "other"}
+    by_source = {"left": "left_amount", "right": "right_amount", "source": _source_figure(roles), "other": "missing"}
     if "other_total" in roles:
         by_source["other"] = "other_total"
     for role, target in by_source.items():
@@ -85,16 +91,16 @@ def _source_figure(roles: Roles) -> str | None:
 
 
 def fill(text: str, roles: Roles) -> Markup:
-    """`text` as HTML with every placeholder replaced by its role's value; figures marked as placed.
+    """`text` as HTML with every placeholder replaced by its role's value, marked as placed (figures underlined).
 
     Every placeholder must name a role (the gate has refused any other sentence)."""
     pieces, last = [], 0
     for match in PLACEHOLDER.finditer(text):
-        value = roles[match.group(1)]
-        pieces.append(escape(text[last : match.start()]))
-        shown = escape(written(value))
-        pieces.append(Markup(f'<span class="verified" title="placed from the finding: {match.group(1)}">{shown}</span>')
-                      if is_figure(value) else shown)  # fmt: skip
+        role = match.group(1)
+        shown = escape(written(roles[role]))
+        marked = "verified" if kind_of(roles[role]) != "name" else "name"
+        pieces += [escape(text[last : match.start()]),
+                   Markup(f'<span class="{marked}" title="placed from the finding: {role}">{shown}</span>')]  # fmt: skip
         last = match.end()
     pieces.append(escape(text[last:]))
     return Markup("").join(pieces)

@@ -22,6 +22,7 @@ from nightshift.app.review.errors import ReviewError, ReviewInterrupted
 from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import (
     FACTS,
+    FACTS_DIR,
     PROMPTS_DIR,
     Narrative,
     Progress,
@@ -181,7 +182,7 @@ def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrati
     files = source_files(checked)
     templates = [
         TemplateFile(f"prompts/{schedule.prompt_template}", _file_digest(PROMPTS_DIR / schedule.prompt_template)),
-        TemplateFile(f"prompts/{FACTS}", _file_digest(PROMPTS_DIR / FACTS)),
+        TemplateFile(f"prompts/{FACTS}", _file_digest(FACTS_DIR / FACTS)),
         TemplateFile(f"reports/{schedule.report_template}", _file_digest(REPORTS_DIR / schedule.report_template)),
         TemplateFile("reports/report.css", _file_digest(REPORTS_DIR / "report.css")),
     ]  # fmt: skip

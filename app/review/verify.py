@@ -30,7 +30,7 @@ from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
 from nightshift.app.review.checks import Percent
-from nightshift.app.review.roles import PLACEHOLDER, WORDS, is_figure, stem
+from nightshift.app.review.roles import PLACEHOLDER, WORDS, kind_of, stem, written
 
 MONTH_NAMES = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
                "november", "december")  # fmt: skip
@@ -216,7 +216,9 @@ def placed(
     `roles` are the figures the sentence may state (its finding's, or the summary's), `cues` the words that
     name them (roles.cues), `tags` how many findings there are (F1..F`tags` may be named as such).
     """
-    sentence = _names_as_placeholders(sentence, roles)
+    sentence = re.sub(
+        r"[$€£]\s?(?=[{\[])", "", _names_as_placeholders(sentence, roles)
+    )  # the template writes amounts bare
     out, last = [], 0
     for clause, start in _clauses(sentence):
         rebuilt, problem = _placed_clause(clause, roles, cues, tags)
@@ -251,7 +253,11 @@ def _clauses(sentence: str) -> Iterator[tuple[str, int]]:
 def _placed_clause(
     clause: str, roles: Mapping[str, Any], cues: Mapping[str, str], tags: int
 ) -> tuple[str, Problem | None]:
-    """One clause rebuilt: each figure bound to the role of the last cue before it (once), else by its value."""
+    """One clause rebuilt: each figure bound to the role of the last cue before it, else by its value.
+
+    A cue binds the next figure of its role's kind ("the closing balance on {closing_date} is {closing}":
+    `closing` passes the date by and binds the amount); a figure of that kind in another role is misattributed.
+    """
     holders = [(m.start(), m.end(), "holder", m) for m in PLACEHOLDER.finditer(clause)]
     taken = [(start, end) for start, end, _, _ in holders]
     numbers = [(t.start, t.end, "number", t) for t in _tokens(clause)
@@ -271,20 +277,22 @@ def _placed_clause(
             role = item.group(1)
             if role not in roles:
                 return clause, Problem("placeholder", f"{item.group()} names no figure of what it is about")
-            if pending is not None and pending != role and is_figure(roles[role]):
-                return clause, Problem("misattributed", f"{item.group()} where the sentence names {pending}")
-            pending = None if is_figure(roles[role]) else pending
+            candidates, shown = [role], item.group()
+        elif item.kind == "ident" and TAG.match(item.text) and 1 <= int(TAG.match(item.text).group(1)) <= tags:
             continue
-        if item.kind == "ident" and TAG.match(item.text) and 1 <= int(TAG.match(item.text).group(1)) <= tags:
-            continue
-        candidates = [role for role, value in roles.items() if matches(item, value)]
-        if pending is not None and pending not in candidates:
-            reason = "misattributed" if candidates else "unplaced"
-            return clause, Problem(reason, f"{item.text} where the sentence names {pending}")
-        if not candidates:
-            return clause, Problem("unplaced", f"{item.text} is no figure of what it is about")
-        replaced.append((start, end, pending or candidates[0]))
-        pending = None
+        else:
+            candidates = sorted((role for role, value in roles.items() if matches(item, value)),
+                                key=lambda role: written(roles[role]) != item.text.lstrip("+"))  # fmt: skip
+            if not candidates:
+                return clause, Problem("unplaced", f"{item.text} is no figure of what it is about")
+            shown = item.text
+        figure_kind = kind_of(roles[candidates[0]])
+        if pending is not None and figure_kind != "name" and kind_of(roles.get(pending, Decimal(0))) == figure_kind:
+            if pending not in candidates:
+                return clause, Problem("misattributed", f"{shown} where the sentence names {pending}")
+            candidates, pending = [pending], None
+        if kind == "number":
+            replaced.append((start, end, candidates[0]))
     for start, end, role in reversed(replaced):
         clause = clause[:start] + "{" + role + "}" + clause[end:]
     return clause, None
