@@ -16,7 +16,7 @@ import pytest
 
 from nightshift.app.review.checks import Figures, Finding, Percent
 from nightshift.app.review.gate import Answer, Gate, subjects
-from nightshift.app.review.narrative import EXTRA_HIGH, Prompt, split_answers, shown_narrative
+from nightshift.app.review.narrative import EXTRA_HIGH, Prompt, shown_narrative, split_answers
 from nightshift.app.review.report import render_html
 from nightshift.app.review.roles import cues, fill, filled
 from nightshift.app.review.runner import _provenance, build_report_context, run_checks_for
@@ -146,7 +146,10 @@ def test_a_cut_answer_keeps_its_whole_sentences_and_a_repeat_is_refused():
     ]
     gated = gate_for(FINDINGS).gate(answers, [3, 4])
     assert [(r.finding, r.reason) for r in gated.refused] == [(4, "cut"), (3, "repeat")]
-    assert [s.text for s in gated.lines[4]] == ["Plain sentence of F4.", "The bank took {amount} for Kontoführungsgebühren."]
+    assert [s.text for s in gated.lines[4]] == [
+        "Plain sentence of F4.",
+        "The bank took {amount} for Kontoführungsgebühren.",
+    ]
     assert [s.text for s in gated.lines[3]] == ["Plain sentence of F3.", "Check the Reisekosten change of {change}."]
     assert gated.written == 4 and gated.kept == 2
 
@@ -204,4 +207,7 @@ def test_every_high_finding_is_in_a_line_or_counted_with_where_to_find_it(month_
     assert list(shown.lines) == list(range(1, 4 + EXTRA_HIGH))  # the 3 given and EXTRA_HIGH more
     assert shown.left_out == list(range(4 + EXTRA_HIGH, len(many) + 1))
     said = re.sub(r"<[^>]+>", "", str(shown.summary[-1]))
-    assert said == f"{len(shown.left_out)} high finding(s) are not in this summary: see F{4 + EXTRA_HIGH} to F{len(many)} in the findings table."
+    assert (
+        said
+        == f"{len(shown.left_out)} high finding(s) are not in this summary: see F{4 + EXTRA_HIGH} to F{len(many)} in the findings table."
+    )

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.review.errors import ReviewError, ScheduleError
-from nightshift.app.review.narrative import CONTROL, build_prompt, joined, split_narrative, write_narrative
+from nightshift.app.review.narrative import CONTROL, Prompt, build_prompt, split_answers, write_narrative
 from nightshift.app.review.report import render_html
 from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
 from nightshift.engine import GenerationStats, open_model
-from nightshift.engine.batch import generate_batch
+from nightshift.engine.batch import BatchText, generate_batch
 from tests.test_review_run import user_schedule
 
 TOKENS = 6
@@ -66,48 +66,47 @@ def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):
     assert sum(part.tokens for part in batch.parts) == 5
 
 
-def test_a_finding_s_paragraph_is_checked_against_that_finding_s_figures(month_end):
+def test_each_answer_is_its_finding_s_and_its_figures_are_checked_against_that_finding(month_end):
     schedule, checked = month_end
-    # F1 is INV-5010 (1,918.40); F3 the insurance debit (-1,480.00). The third paragraph states F1's amount.
-    texts = [
-        "Eight issues, 1,918.40 twice.",
-        "F1: Check 1,918.40\nagainst the bank.",
-        "",
-        "Book 1,918.40 and 1,480.00.",
-    ]
-    narrative = split_narrative(joined(texts), GenerationStats())
+    # F1 is INV-5010 (1,918.40); F3 the insurance debit (-1,480.00). The third answer states F1's amount.
+    texts = ["Eight issues need a look, the insurance first.", "F1: Check 1,918.40\nagainst the bank.", "",
+             "Book 1,918.40 for the insurance. Then book the Northwind Insurance debit of 1,480.00."]  # fmt: skip
+    narrative = split_answers([BatchText(text, 5, 5, "stop", 0.1, 0.1) for text in texts], GenerationStats())
     assert narrative.text.splitlines()[1:] == [
         "F1: Check 1,918.40 against the bank.",
-        "F3: Book 1,918.40 and 1,480.00.",
+        "F3: Book 1,918.40 for the insurance. Then book the Northwind Insurance debit of 1,480.00.",
     ]
-    assert set(narrative.comments) == {1, 3}  # the empty paragraph (F2) is left out
-    context = report_context(schedule, checked, narrative)
-    assert 'class="verified">1,918.40<' in context["comments"][1]
-    assert 'class="unverified" title="not a figure of what it is about">1,918.40<' in context["comments"][3]
-    assert 'class="verified">1,480.00<' in context["comments"][3]
-    assert context["unverified"] == ["1,918.40"]  # F3's line, not the summary's (a general clause) or F1's
+    assert [answer.finding for answer in narrative.answers] == [None, 1, 2, 3]
+    shown = report_context(schedule, checked, narrative)["narrative"]
+    assert [(r.finding, r.reason) for r in shown.gated.refused] == [(2, "empty"), (3, "unplaced")]
+    assert shown.comments[1] == ['Check <span class="verified" title="placed from the finding: amount">1,918.40</span> '
+                                 "against the bank."]  # fmt: skip
+    assert "-1,480.00</span>." in shown.comments[3][0] and len(shown.comments[3]) == 1
+    assert shown.lines[2][0].startswith("<em>")  # no answer: the plain sentence
 
 
-def report_context(schedule, checked, narrative) -> dict:
+def report_context(schedule, checked, narrative, prompt=None) -> dict:
     from datetime import datetime
 
     provenance = _provenance(schedule, checked, "tiny", narrative)
-    return build_report_context(schedule, checked, "", narrative, provenance, datetime.now())
+    prompt = prompt or Prompt("system", "summary", len(checked.result.findings), ("a", "b", "c"), "split")
+    return build_report_context(schedule, checked, prompt, narrative, provenance, datetime.now())
 
 
-def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_batch(tiny_model, home, month_end):
+def test_a_split_review_on_the_tiny_model_gates_each_answer_and_shows_the_batch(tiny_model, home, month_end):
     schedule = load_schedule(user_schedule(home, tiny_model, max_tokens=TOKENS))
     schedule.generation.narrative, schedule.generation.part_tokens, schedule.generation.batch_width = "split", TOKENS, 4
     checked = month_end[1]
     prompt = split_prompt(schedule, checked, width=4)
     narrative = write_narrative(open_model(tiny_model), prompt, TOKENS, 0.0, 0)
     batch = narrative.batch
-    for number, part in enumerate(batch.parts[1:], 1):  # each paragraph on its own finding's line
-        paragraph = " ".join(CONTROL.sub("", part.text).split())
-        assert narrative.comments.get(number, "") == paragraph
-        assert (f"F{number}: {paragraph}" in narrative.text.splitlines()) == bool(paragraph)
-    context = report_context(schedule, checked, narrative)
-    assert set(context["comments"]) == set(narrative.comments)
+    assert [(a.finding, a.text, a.cut) for a in narrative.answers] == [
+        (n or None, CONTROL.sub("", part.text).strip(), part.finish_reason == "length")
+        for n, part in enumerate(batch.parts)]  # fmt: skip
+    assert not any(ch.isdigit() for part in batch.parts for ch in part.text)  # digits blocked while decoding
+    context = report_context(schedule, checked, narrative, prompt)
+    shown = context["narrative"]
+    assert set(shown.lines) == set(range(1, prompt.findings_given + 1))  # every finding given has a line
     html = render_html(schedule.report_template, context)
     assert "narrative split: 4 answers of up to 6 tokens each" in html
     assert f"width 4, {batch.stats.steps} decode steps: summary {TOKENS} tokens (length)" in html

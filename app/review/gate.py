@@ -45,7 +45,11 @@ REASONS = {  # why a sentence was refused, as the report says it
     "other finding": "about another finding",
     "empty": "no answer",
 }
-MARKUP = re.compile(r"\*\*|__|`|^\s*(?:#+|[-*\u2022>]|\(?[a-zA-Z0-9]\)|\d+\.)\s+", re.MULTILINE)
+# A line that starts a list item, a heading, a quote or a table row: a break, where another line break is a space.
+LINE_START = re.compile(r"\n(?=\s*(?:#|[-*\u2022>|]|\(?[a-zA-Z0-9]\)\s|\d+\.\s|\**F\d+\**\s*[:.)-]))|\n\s*\n")
+MARKUP = re.compile(
+    r"\*\*|__|`|^\s*(?:(?:#+|[-*\u2022>]|\(?[a-zA-Z0-9]\)|\d+\.)\s+|\**F\d+\**\s*[:.)-]\s*)", re.MULTILINE
+)
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+")
 META = re.compile(
     r"\b(?:summary|summari[sz]e|sentences?|paragraphs?|bullet|as an ai|language model|i hope|i am|i'm|i will|"
@@ -191,7 +195,9 @@ class Gate:
         return out
 
     def _sentences(self, answer: Answer, out: Gated) -> list[Sentence]:
-        pieces = [piece.strip() for piece in SENTENCE_END.split(MARKUP.sub("", answer.text)) if piece.strip()]
+        lines = LINE_START.sub("\n\n", answer.text).split("\n\n")
+        text = "\n".join(" ".join(line.split()) for line in lines)
+        pieces = [piece.strip() for piece in SENTENCE_END.split(MARKUP.sub("", text)) if piece.strip()]
         shown = _triples(self.asked(answer.finding))
         kept = []
         for at, piece in enumerate(pieces):
