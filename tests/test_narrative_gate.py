@@ -211,3 +211,34 @@ def test_every_high_finding_is_in_a_line_or_counted_with_where_to_find_it(month_
         said
         == f"{len(shown.left_out)} high finding(s) are not in this summary: see F{4 + EXTRA_HIGH} to F{len(many)} in the findings table."
     )
+
+
+def test_digits_are_blocked_while_decoding_alone_and_in_a_batch_alike(tiny_model, month_end):
+    """The logits processors pass through the engine: each batch row is what it is alone, digits never chosen
+    (the first token too), except right after a line's `F` (a single narrative's F3: tag)."""
+    import mlx.core as mx
+
+    from nightshift.app.review.decoding import narrative_processors, numeral_tokens
+    from nightshift.app.review.narrative import NARRATIVE_CHUNK, build_prompt
+    from nightshift.engine import open_model
+    from nightshift.engine.batch import generate_batch
+
+    schedule, checked = month_end
+    model = open_model(tiny_model)
+    prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result, 10,
+                          "split", 3, repetition_penalty=1.3)  # fmt: skip
+    processors = narrative_processors(model, prompt.repetition_penalty)
+    assert len(processors) == 2 and numeral_tokens(model)
+    batch = generate_batch(model, prompt.conversations, 12, NARRATIVE_CHUNK,
+                           logits_processors=[processors] * len(prompt.conversations))  # fmt: skip
+    alone = ["".join(chunk.text for chunk in model.generate(chat, max_tokens=12, prefill_chunk=NARRATIVE_CHUNK,
+                                                            logits_processors=processors))
+             for chat in prompt.conversations]  # fmt: skip
+    assert [part.text for part in batch.parts] == alone
+    assert not any(ch.isnumeric() for text in alone for ch in text)
+    no_numerals = processors[0]
+    logits = mx.zeros((1, model.vocab_size))
+    digit = numeral_tokens(model)[0]
+    assert no_numerals(mx.array(model.tokenizer.encode("Check it"), dtype=mx.int32), logits)[0, digit].item() < -1e30
+    tag = mx.array(model.tokenizer.encode("Done.\nF"), dtype=mx.int32)
+    assert no_numerals(tag, logits)[0, digit].item() == 0

@@ -36,8 +36,9 @@ FACTS_DIR = PROMPTS_DIR  # where facts.j2 is, whatever folder the prompt templat
 FACTS = "facts.j2"  # each finding's plain sentence and the summary's, figures as placeholders
 # "F3: ..." at the start of a line: the model's line on finding 3.
 TAG_LINE = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]", re.IGNORECASE)
-# Prompt rows read per pass in a split narrative: its messages share their start (the system message, the
-# review's name), which the batch reads once in whole passes (engine/batch.py `shared_prefix`).
+# Prompt rows read per pass: a split narrative's messages share their start (the system message, the review's
+# name), which the batch reads once in whole passes (engine/batch.py `shared_prefix`); a single one reads its
+# prompt the same way, so that a review's text alone is its text in a shared batch.
 NARRATIVE_CHUNK = 16
 EXTRA_HIGH = 10  # high findings not given to the model that still get their plain sentence; the rest are counted
 # Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the
@@ -240,7 +241,8 @@ def write_narrative(
         progress(stats, "")  # the prompt is being read: on a slow machine, minutes before the first token
     on_prefill = (lambda read: progress(read, "")) if progress is not None else None  # a chunk of the prompt read
     chunks = model.generate_tokens(prompts[0], max_tokens=max_tokens, temp=temp, seed=seed, cancel=cancel,
-                                   on_prefill=on_prefill, **_decoding(model, [prompt])[0])  # fmt: skip
+                                   prefill_chunk=NARRATIVE_CHUNK, on_prefill=on_prefill,
+                                   **_decoding(model, [prompt])[0])  # fmt: skip
     for chunk in chunks:
         text.append(chunk.text)
         stats = chunk.stats

@@ -184,6 +184,8 @@ def matches(token: Token, value: Any) -> bool:
     """Whether the number `token` states `value`, of the same kind (and sign, where one is written)."""
     if isinstance(value, Percent):
         return token.kind == "percent" and _percent_matches(token.value, token.decimals, token.sign, value)
+    if token.kind in ("month", "week"):  # the period's label, October 2026 or 2026-W44
+        return isinstance(value, str) and " ".join(token.text.split()).lower() == value.lower()
     if isinstance(value, bool) or token.kind not in ("amount", "date", "daymonth", "ident"):
         return False
     if isinstance(value, int):
@@ -234,8 +236,10 @@ def placed(
 
 
 def _names_as_placeholders(sentence: str, roles: Mapping[str, Any]) -> str:
-    """Names with digits written out (INV-5010, October 2026) as their placeholders, the longest first."""
-    names = sorted(((role, value) for role, value in roles.items() if isinstance(value, str) and re.search(r"\d", value)),
+    """Names with digits that are not one token (a description "Invoice 4711 ACME") written out as their
+    placeholders, the longest first; INV-5010 or October 2026 are read as tokens (`matches`)."""
+    names = sorted(((role, value) for role, value in roles.items() if isinstance(value, str)
+                    and re.search(r"\d", value) and [t.text for t in _tokens(value)] != [value]),
                    key=lambda item: -len(item[1]))  # fmt: skip
     for role, value in names:
         sentence = re.sub(rf"(?<![\w-]){re.escape(value)}(?![\w-])", "{" + role + "}", sentence, flags=re.IGNORECASE)
