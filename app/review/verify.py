@@ -171,15 +171,6 @@ def _percent_matches(written: Decimal, decimals: int, sign: int | None, exact: D
     )
 
 
-def _percent_matches(written: Decimal, decimals: int, sign: int | None, exact: Decimal) -> bool:
-    if sign is not None and (written < 0) != (exact < 0):
-        return False
-    step = Decimal(1).scaleb(-decimals)
-    return any(
-        abs(exact).quantize(step, rounding=rounding) == abs(written) for rounding in (ROUND_HALF_UP, ROUND_HALF_EVEN)
-    )
-
-
 def matches(token: Token, value: Any) -> bool:
     """Whether the number `token` states `value`, of the same kind (and sign, where one is written)."""
     if isinstance(value, Percent):
