@@ -164,7 +164,10 @@ def main() -> None:
         path = resolve_model(name)
         model = open_for_generation(path)
         for penalty in args.penalty or [1.0]:
-            rows = [review_figures(schedule, model, penalty) for schedule in reviews]
+            rows = []
+            for schedule in reviews:
+                rows.append(review_figures(schedule, model, penalty))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             summed = totals(rows)
             results.append({"model": path.name, "penalty": penalty, "totals": summed, "reviews": rows})
             print(f"--- {path.name}, repetition penalty {penalty}: {len(rows)} reviews")
