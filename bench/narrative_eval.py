@@ -1,6 +1,6 @@
 """The narrative evaluation: every review's narrative, as its PDF prints it, scored for what a signer must not see.
 
-    .venv/bin/python bench/narrative_eval.py [--books 24] [--model NAME]... [--penalty 1.0]... [--bundled]
+    .venv/bin/python bench/narrative_eval.py [--books 23] [--model NAME]... [--penalty 1.0]... [--bundled]
 
 On generated books (bench/narrative_books.py: languages, formats, sizes, planted faults) and, with
 --bundled, the bundled reviews, each review runs as `review run` does (checks, prompt, narrative, report
@@ -11,7 +11,7 @@ from the narrative box alone, without the gate's own records:
 - wrong figures: a placed figure whose text is not its role's value in its finding (or the summary);
 - misattributed figures: a figure the box's sentence puts in another role (verify.placed re-reads the
   printed text, the template's own sentences included);
-- degenerate sentences: a word four-gram twice in a sentence, a paragraph that ends mid-sentence, words
+- degenerate sentences: a four-word run twice in a sentence, a paragraph that ends mid-sentence, words
   about the text itself in a model sentence, a sentence printed twice;
 - high findings not covered: neither a line of their own nor counted in the summary's range.
 
@@ -86,7 +86,7 @@ def score(page: str, findings: list[Finding], period: str, previous: str) -> dic
         for sentence, model in _sentences(body):
             out["sentences printed"] += 1
             out["model sentences printed"] += model
-            words = re.findall(r"\w+", sentence.lower())
+            words = re.findall(r"[^\W\d_]+", sentence.lower())  # figures are not words: 1,205.00 on 2026-10-28
             grams = [tuple(words[i : i + FOUR]) for i in range(len(words) - FOUR + 1)]
             meta = model and re.search(r"\b(summary|sentences?|here is|as an ai)\b", sentence, re.I)
             sentences_seen[sentence] += 1
@@ -149,7 +149,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--books", type=int, default=24, help="generated sets of books")
+    parser.add_argument("--books", type=int, default=23, help="generated sets of books")
     parser.add_argument("--model", action="append", help="a model name or directory (default: the default model)")
     parser.add_argument("--penalty", action="append", type=float, help="repetition penalties to run (default 1.0)")
     parser.add_argument("--bundled", action="store_true", help="the bundled reviews too")

@@ -175,9 +175,9 @@ def matches(token: Token, value: Any) -> bool:
     """Whether the number `token` states `value`, of the same kind (and sign, where one is written)."""
     if isinstance(value, Percent):
         return token.kind == "percent" and _percent_matches(token.value, token.decimals, token.sign, value)
-    if token.kind in ("month", "week"):  # the period's label, October 2026 or 2026-W44
-        return isinstance(value, str) and " ".join(token.text.split()).lower() == value.lower()
-    if isinstance(value, bool) or token.kind not in ("amount", "date", "daymonth", "ident"):
+    if isinstance(value, str):  # a name: INV-5010, the period's label (October 2026, 2026-W44, 2026-10-30)
+        return " ".join(token.text.split()).lower() == value.lower()
+    if isinstance(value, bool) or token.kind not in ("amount", "date", "daymonth"):
         return False
     if isinstance(value, int):
         return token.kind == "amount" and token.whole and token.value == value
@@ -190,7 +190,7 @@ def matches(token: Token, value: Any) -> bool:
             return token.value == (value.month, value.day)
         readings = token.value if isinstance(token.value, tuple) else (token.value,)
         return token.kind == "date" and value in readings
-    return token.kind == "ident" and isinstance(value, str) and token.text.lower() == value.lower()
+    return False
 
 
 @dataclass(frozen=True)
