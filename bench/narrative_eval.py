@@ -130,6 +130,9 @@ def review_figures(schedule: Schedule, model, penalty: float) -> dict[str, Any]:
         "narrative_s": round(seconds, 1), "prompt_tokens": narrative.stats.prompt_tokens,
         "generated_tokens": narrative.stats.generated_tokens, "written": gated.written, "kept": gated.kept,
         "refused": dict(Counter(r.reason for r in gated.refused)), "lines_with_model_text": model_lines,
+        "model_sentences": [s.text for s in gated.summary if not s.plain]
+        + [s.text for line in gated.lines.values() for s in line if not s.plain],
+        "refusals": [(r.finding, r.reason, r.text) for r in gated.refused],
         **score(page, findings, checked.window.label, checked.previous.label),
     }  # fmt: skip
 

@@ -115,7 +115,8 @@ def test_a_split_review_on_the_tiny_model_gates_each_answer_and_shows_the_batch(
 @pytest.mark.parametrize(
     ("setting", "message"),
     [('narrative = "both"', "should be one of single, split"), ("batch_width = 1", "should be at least 2"),
-     ('narrative = "split"\ntemp = 0.7', "written greedily"), ("temp = 0.7", r"split narrative \(the default\)")],
+     ('narrative = "split"\ntemp = 0.7', "written greedily"), ("temp = 0.7", r"split narrative \(the default\)"),
+     ("repetition_penalty = 0.5", r"should be 1 \(none\) or more")],
 )  # fmt: skip
 def test_split_narrative_settings_are_checked(home, tiny_model, setting, message):
     path = user_schedule(home, tiny_model)
