@@ -7,7 +7,7 @@ the review off, split, single, single, split, off (so a neighbour's load falls o
 review is the whole of it but the index: sources and checks, the prompt, the narrative (off: none, the
 report's narrative is the template's own sentences), the gate, the report's HTML and its PDF. Prints each run,
 the medians and what the narrative adds to the review off; records the run in the run catalogue (kind
-`narrative-cost`).
+`narrative-cost`). One review off runs first, uncounted: the first PDF of a process loads WeasyPrint and its fonts.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def main() -> None:
     model = open_for_generation(path)
     open_s = time.perf_counter() - opened
     folder = Path(tempfile.mkdtemp(prefix="narrative-cost-"))
+    review(schedule, model, "off", folder)  # warm-up, not counted: the first PDF loads WeasyPrint and the fonts
     runs = []
     for _ in range(args.rounds):
         for variant in (*VARIANTS, *reversed(VARIANTS)):
