@@ -125,6 +125,7 @@ def gate_for(findings: list[Finding], asked: str = "") -> Gate:
         (Answer("Here is what to check about the charges.", 4), "filler"),
         (Answer("| bank | ledger | difference |", None), "not a sentence"),
         (Answer("This is a legal issue.", 4), "no finding"),
+        (Answer("Olmo Logística SL: {date} charges of {ref.", 4), "placeholder"),
         (Answer("Kontoführungsgebühren were booked as Reisekosten.", 4), "other finding"),
         (Answer("Check the Kontoführungsgebühren of {amount} and book them in", 4, cut=True), "cut"),
         (Answer("", 4), "empty"),

@@ -12,7 +12,8 @@ split into sentences and each sentence is refused for the first of these it show
   the model was shown for it (an echo: the prompt's instructions, its list, the finding's own facts,
   which the plain sentence states better);
 - repeat: mostly the words of a sentence already kept (anywhere in the narrative);
-- figures: a figure not placed in its role (verify.placed: misattributed, unplaced, placeholder);
+- figures: a figure not placed in its role (verify.placed: misattributed, unplaced, placeholder), or a
+  broken placeholder (`{ref.`);
 - no finding / other finding: a finding's sentence must name that finding (a name only it has, such as
   its reference or "Northwind", or one of its figures by placeholder) and no other; a summary sentence
   must name a finding or one of the summary's figures.
@@ -40,7 +41,7 @@ REASONS = {  # why a sentence was refused, as the report says it
     "repeat": "a repeat of an earlier sentence",
     "misattributed": "a figure in another figure's role",
     "unplaced": "a figure that is not its finding's",
-    "placeholder": "a placeholder of no figure",
+    "placeholder": "a placeholder of no figure or a broken one",
     "no finding": "naming no finding",
     "other finding": "about another finding",
     "empty": "no answer",
@@ -218,6 +219,8 @@ class Gate:
         triples = _triples(sentence)
         if len(words) < 3 or sentence.count("|") >= 2:
             return "not a sentence", ""
+        if re.search(r"[{}\[\]]", PLACEHOLDER.sub("", sentence)):
+            return "placeholder", "a broken placeholder"
         if len(triples) < len(words) - 2 or len(words) > LONGEST:
             return "loop", ""
         if META.search(sentence):
