@@ -36,9 +36,9 @@ FACTS_DIR = PROMPTS_DIR  # where facts.j2 is, whatever folder the prompt templat
 FACTS = "facts.j2"  # each finding's plain sentence and the summary's, figures as placeholders
 # "F3: ..." at the start of a line: the model's line on finding 3.
 TAG_LINE = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]", re.IGNORECASE)
-# Prompt rows read per pass: a split narrative's messages share their start (the system message, the review's
-# name), which the batch reads once in whole passes (engine/batch.py `shared_prefix`); a single one reads its
-# prompt the same way, so that a review's text alone is its text in a shared batch.
+# Prompt rows read per pass: a split narrative's messages share their start (the system message), which the
+# batch reads once in whole passes (engine/batch.py `shared_prefix`); a single one reads its prompt the same
+# way, so that a review's text alone is its text in a shared batch.
 NARRATIVE_CHUNK = 16
 EXTRA_HIGH = 10  # high findings not given to the model that still get their plain sentence; the rest are counted
 # Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the
