@@ -19,7 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from nightshift.app.review.schedule import load_schedule
-from tests.books import make_books
+from tests.helpers.books import make_books
 
 CAMT = "urn:iso:std:iso:20022:tech:xsd:camt.053.001.02"
 MIN_FINDINGS = 6  # planted findings a seed needs to be picked (3 to 7 faults are drawn; some make two findings)

@@ -29,8 +29,8 @@ from nightshift.app.review.narrative import Narrative, write_narrative
 from nightshift.app.review.report import render_html, write_pdf
 from nightshift.app.review.runner import _provenance, build_report_context, prepare_review
 from nightshift.app.review.schedule import Schedule, find_schedule
-from nightshift.engine import Catalogue, Model
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.runtime import Model
 
 VARIANTS = ("off", "split", "single")
 

@@ -45,8 +45,7 @@ from nightshift.app.review.roles import cues, written
 from nightshift.app.review.runner import _provenance, build_report_context, prepare_review
 from nightshift.app.review.schedule import Schedule, load_schedule, load_schedules
 from nightshift.app.review.verify import placed
-from nightshift.engine import Catalogue
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/books.py, for the generated books
 from bench.narrative_books import evaluation_books

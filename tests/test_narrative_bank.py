@@ -24,8 +24,6 @@ import pytest
 from nightshift.app.review.checks import Figures
 from nightshift.app.review.narrative import by_severity
 from nightshift.app.review.roles import PLACEHOLDER, cues, written
-from nightshift.app.review.runner import run_checks_for
-from nightshift.app.review.schedule import load_schedules
 from nightshift.app.review.verify import _tokens, matches, placed
 
 # (narrative, the numbers in it that are wrong); every other number in it is right.
@@ -123,13 +121,6 @@ STRICTER = [
 ]
 
 
-@pytest.fixture(scope="module")
-def month_end() -> list:
-    schedules, _ = load_schedules()
-    schedule = schedules["month-end"]
-    return run_checks_for(schedule, schedule.as_of).result.findings
-
-
 def checked(findings: list, narrative: str) -> tuple[str, dict, str | None]:
     """The sentence rebuilt against what it is about (an F<n> line: finding n; else the summary), its roles, and
     why it was refused."""
@@ -148,8 +139,9 @@ def test_the_bank_is_large_enough_and_covers_each_kind_of_wrong_number():
 
 @pytest.mark.parametrize(("narrative", "wrong"), BANK, ids=[text[:40] for text, _ in BANK])
 def test_every_wrong_number_refuses_its_sentence_and_every_right_one_is_its_role(month_end, narrative, wrong):
+    findings = month_end[1].result.findings
     assert any(t.kind != "words" or t.value is not None for t in _tokens(narrative)), "it states no number"
-    text, roles, reason = checked(month_end, narrative)
+    text, roles, reason = checked(findings, narrative)
     if wrong:
         assert reason in ("unplaced", "misattributed"), text
         return
@@ -163,7 +155,7 @@ def test_every_wrong_number_refuses_its_sentence_and_every_right_one_is_its_role
 
 @pytest.mark.parametrize(("narrative", "reason"), STRICTER, ids=[text[:40] for text, _ in STRICTER])
 def test_a_figure_outside_its_line_or_role_is_refused(month_end, narrative, reason):
-    assert checked(month_end, narrative)[2] == reason
+    assert checked(month_end[1].result.findings, narrative)[2] == reason
 
 
 def test_a_written_sign_must_be_the_findings_own():

@@ -19,11 +19,9 @@ from nightshift.app.review.gate import Answer, Gate, subjects
 from nightshift.app.review.narrative import EXTRA_HIGH, Prompt, shown_narrative, split_answers
 from nightshift.app.review.report import render_html
 from nightshift.app.review.roles import cues, fill, filled
-from nightshift.app.review.runner import _provenance, build_report_context, run_checks_for
-from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
+from nightshift.app.review.runner import _provenance, build_report_context
 from nightshift.app.review.verify import placed
-from nightshift.engine import GenerationStats
-from nightshift.engine.batch import BatchText
+from nightshift.engine.generation import BatchText, GenerationStats
 
 # A German month-end's findings, as the outside test saw them.
 DIFFERS = Finding("match", "high", "Amount differs for reference RE-2026-118", "", Decimal("-1.80"), figures=Figures(
@@ -165,12 +163,6 @@ def test_an_echo_of_the_prompt_is_refused_and_the_summary_may_state_only_its_own
     assert [s.text for s in gated.summary] == ["{high} high findings need attention, Kontoführungsgebühren first."]
 
 
-@pytest.fixture(scope="module")
-def month_end():
-    schedule = load_schedule(BUNDLED_DIR / "month-end.toml")
-    return schedule, run_checks_for(schedule, schedule.as_of)
-
-
 DEGENERATE = [
     "This is a 2-3 sentence executive summary. The report of the report of the report of the report.",
     "Check that INV-5010 of {amount} was received.",
@@ -221,8 +213,7 @@ def test_digits_are_blocked_while_decoding_alone_and_in_a_batch_alike(tiny_model
 
     from nightshift.app.review.decoding import narrative_processors, numeral_tokens
     from nightshift.app.review.narrative import NARRATIVE_CHUNK, build_prompt
-    from nightshift.engine import open_model
-    from nightshift.engine.batch import generate_batch
+    from nightshift.engine.runtime import open_model
 
     schedule, checked = month_end
     model = open_model(tiny_model)
@@ -230,8 +221,8 @@ def test_digits_are_blocked_while_decoding_alone_and_in_a_batch_alike(tiny_model
                           "split", 3, repetition_penalty=1.3)  # fmt: skip
     processors = narrative_processors(model, prompt.repetition_penalty)
     assert len(processors) == 2 and numeral_tokens(model)
-    batch = generate_batch(model, prompt.conversations, 12, NARRATIVE_CHUNK,
-                           logits_processors=[processors] * len(prompt.conversations))  # fmt: skip
+    batch = model.generate_batch(prompt.conversations, 12, prefill_chunk=NARRATIVE_CHUNK,
+                                 logits_processors=[processors] * len(prompt.conversations))  # fmt: skip
     alone = ["".join(chunk.text for chunk in model.generate(chat, max_tokens=12, prefill_chunk=NARRATIVE_CHUNK,
                                                             logits_processors=processors))
              for chat in prompt.conversations]  # fmt: skip

@@ -17,15 +17,14 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nightshift.engine import Model
-    from nightshift.engine.runtime import LogitsProcessor
+    from nightshift.engine.generation import LanguageModel, LogitsProcessor
 
 TAG_START = re.compile(r"(?:^|\n)\s*\**F\d*$")  # a line begun with F and digits so far: a tag being written
 REPETITION_CONTEXT = 20  # tokens the penalty looks back over (mlx-lm's default)
 _numerals: dict[str, list[int]] = {}  # per model directory: its numeral tokens (a vocabulary decodes in ~0.6 s)
 
 
-def numeral_tokens(model: Model) -> list[int]:
+def numeral_tokens(model: LanguageModel) -> list[int]:
     """The ids of every token of the model's vocabulary whose text holds a numeral."""
     key = str(model.path)
     if key not in _numerals:
@@ -35,7 +34,7 @@ def numeral_tokens(model: Model) -> list[int]:
     return _numerals[key]
 
 
-def narrative_processors(model: Model, repetition_penalty: float) -> list[LogitsProcessor]:
+def narrative_processors(model: LanguageModel, repetition_penalty: float) -> list[LogitsProcessor]:
     """The processors a narrative is written with: no numerals (outside a tag), and the penalty unless 1."""
     import mlx.core as mx
     from mlx_lm.sample_utils import make_repetition_penalty

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound
 from markupsafe import Markup
@@ -26,10 +26,7 @@ from nightshift.app.review.errors import ReviewError
 from nightshift.app.review.gate import Answer, Gate, Gated, Sentence, Subject, subjects
 from nightshift.app.review.report import template_problem
 from nightshift.app.review.roles import fill, with_names
-from nightshift.engine import GenerationStats, Model
-
-if TYPE_CHECKING:
-    from nightshift.engine.batch import ChatBatch
+from nightshift.engine.generation import ChatBatch, GenerationStats, LanguageModel
 
 PROMPTS_DIR = bundled("templates") / "prompts"
 FACTS_DIR = PROMPTS_DIR  # where facts.j2 is, whatever folder the prompt templates are read from
@@ -202,7 +199,7 @@ def build_prompt(template: str, title: str, window_label: str, result: CheckResu
         raise ReviewError(template_problem(PROMPTS_DIR, template, exc)) from None
 
 
-def context_length(model: Model) -> int | None:
+def context_length(model: LanguageModel) -> int | None:
     """The model's context window from its config.json, when it says."""
     try:
         config = json.loads((model.path / "config.json").read_text())
@@ -211,7 +208,7 @@ def context_length(model: Model) -> int | None:
     return config.get("max_position_embeddings")
 
 
-def check_fits(model: Model, prompt: Prompt, max_tokens: int) -> list[list[int]]:
+def check_fits(model: LanguageModel, prompt: Prompt, max_tokens: int) -> list[list[int]]:
     """The prompt's chats as tokens, refused when the longest and `max_tokens` exceed the model's context."""
     conversations = prompt.conversations if prompt.narrative == "split" else [prompt.messages]
     prompts = [model.chat_tokens(messages) for messages in conversations]
@@ -226,7 +223,7 @@ def check_fits(model: Model, prompt: Prompt, max_tokens: int) -> list[list[int]]
 
 
 def write_narrative(
-    model: Model, prompt: Prompt, max_tokens: int, temp: float, seed: int,
+    model: LanguageModel, prompt: Prompt, max_tokens: int, temp: float, seed: int,
     progress: Progress | None = None, cancel: threading.Event | None = None,
 ) -> Narrative:  # fmt: skip
     """Generate the narrative; `progress` sees the live statistics and the text so far after every token.
@@ -251,42 +248,39 @@ def write_narrative(
     return read_narrative("".join(text), stats, stats.finish_reason == "length")
 
 
-def _decoding(model: Model, prompts: list[Prompt]) -> list[dict]:
+def _decoding(model: LanguageModel, prompts: list[Prompt]) -> list[dict]:
     """Each prompt's decoding options: the narrative's logits processors (a store over several hosts takes
     none: its narrative rests on the gate alone)."""
-    if not isinstance(model, Model):
+    if not model.takes_logits_processors:
         return [{} for _ in prompts]
     from nightshift.app.review.decoding import narrative_processors  # MLX: only when a narrative is written
 
     return [{"logits_processors": narrative_processors(model, prompt.repetition_penalty)} for prompt in prompts]
 
 
-def _write_split(model: Model, prompt: Prompt, max_tokens: int, temp: float, progress: Progress | None,
+def _write_split(model: LanguageModel, prompt: Prompt, max_tokens: int, temp: float, progress: Progress | None,
                  cancel: threading.Event | None) -> Narrative:  # fmt: skip
     """The summary and one paragraph per finding, decoded as one batch, joined as "F3: ..." lines."""
-    from nightshift.engine.batch import generate_batch  # MLX: only when a narrative is written
-
     if temp != 0:
         raise ReviewError(f"a split narrative is written greedily (temperature 0), not at {temp}: set `temp = 0` "
                           'or `narrative = "single"` in the schedule\'s [model]')  # fmt: skip
     shown = (lambda stats, texts: progress(stats, joined(texts))) if progress is not None else None
     processors = _decoding(model, [prompt])[0].get("logits_processors")
-    batch = generate_batch(model, prompt.conversations, max_tokens, NARRATIVE_CHUNK, cancel, shown,
-                           None if processors is None else [processors] * len(prompt.conversations))  # fmt: skip
+    batch = model.generate_batch(prompt.conversations, max_tokens, prefill_chunk=NARRATIVE_CHUNK, cancel=cancel,
+                                 progress=shown, logits_processors=None if processors is None
+                                 else [processors] * len(prompt.conversations))  # fmt: skip
     narrative = split_answers(batch.parts, batch.generation)
     narrative.batch = batch
     return narrative
 
 
-def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative | None]:
+def write_narratives(model: LanguageModel, jobs: list[NarrativeJob]) -> list[Narrative | None]:
     """Several reviews' narratives decoded as one batch, greedily: the union of their answers, each review's
     answers up to its `max_tokens` (one for all: reviews are batched only when it is the same).
 
     Returns each review's narrative, with its own text, figures and answers and the batch it shared; None
     for a review that left the batch (its `cancel`). Every review leaving ends the batch at that token.
     """
-    from nightshift.engine.batch import ChatBatch, generate_batch  # MLX: only when a narrative is written
-
     if len({job.max_tokens for job in jobs}) > 1:
         raise ReviewError("reviews are batched only with the same tokens per answer; this is a bug in the batching")
     spans, start = [], 0
@@ -311,8 +305,8 @@ def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative |
     options = _decoding(model, [job.prompt for job in jobs])
     processors = None if not options[0] else [
         options[n]["logits_processors"] for n, job in enumerate(jobs) for _ in job.conversations]  # fmt: skip
-    batch = generate_batch(model, conversations, jobs[0].max_tokens, NARRATIVE_CHUNK, everyone_left, shown,
-                           processors)  # fmt: skip
+    batch = model.generate_batch(conversations, jobs[0].max_tokens, prefill_chunk=NARRATIVE_CHUNK,
+                                 cancel=everyone_left, progress=shown, logits_processors=processors)  # fmt: skip
     rates = [_rate(batch.parts[span]) for span in spans]
     shared = SharedBatch(tuple(job.member for job in jobs), len(conversations), batch.stats.steps,
                          batch.stats.decode_tokens_per_s, tuple(rates),
@@ -409,7 +403,7 @@ def shown_narrative(narrative: Narrative, prompt: Prompt | None, findings: list[
     plain sentences); the summary says how many high findings are in no line and where to find them.
     Without a prompt (the narrative skipped) the lines and the summary are the template's own.
     """
-    facts = _environment().get_template(FACTS).module
+    facts: Any = _environment().get_template(FACTS).module  # its macros: facts, counts, coverage
     given = prompt.findings_given if prompt is not None else 0
     high = [n for n, f in enumerate(findings, 1) if f.severity == "high" and n > given]
     shown = [*range(1, given + 1), *high[:EXTRA_HIGH]]
