@@ -5,8 +5,10 @@ CSV in the country's number and date formats, MT940 or OFX; a ledger as CSV, SQL
 planted on purpose), it picks seeds so that the set holds every language and every format with many
 findings per review (seeds whose faults make at least `MIN_FINDINGS` findings), gives some books 600 postings a month, and
 rewrites some CSV bank statements as ISO 20022 camt.053, the one format tests/books.py does not write.
+`held_out` is the German month-end of issue [19]'s outside test (tests/helpers/german.py), written as the
+outside tester's books were, not by the generator.
 
-    books = evaluation_books(folder, 22)   # [EvaluationBook(schedule, about, planted), ...]
+    books = evaluation_books(folder, 22) + held_out(folder)   # [EvaluationBook(schedule, about, planted), ...]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from nightshift.app.review.schedule import load_schedule
 from tests.helpers.books import make_books
+from tests.helpers.german import german_books
 
 CAMT = "urn:iso:std:iso:20022:tech:xsd:camt.053.001.02"
 MIN_FINDINGS = 6  # planted findings a seed needs to be picked (3 to 7 faults are drawn; some make two findings)
@@ -54,6 +57,15 @@ def evaluation_books(folder: Path, count: int) -> list[EvaluationBook]:
                 about = re.sub(r"bank CSV [^;]*", "bank camt.053", about)
         books.append(EvaluationBook(made.schedule, about, len(made.planted)))
     return books
+
+
+def held_out(folder: Path) -> list[EvaluationBook]:
+    """The books the generator did not write: the German month-end (a balance off by -100.00, bank charges not
+    in the ledger)."""
+    german = folder / "held-out-german"
+    german.mkdir(parents=True, exist_ok=True)
+    about = "German month-end (outside test): bank CSV ; 1.234,56 with total rows, ledger CSV, balances by month"
+    return [EvaluationBook(german_books(german), about, 2)]
 
 
 def as_camt053(schedule_file: Path) -> None:

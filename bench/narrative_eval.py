@@ -1,8 +1,9 @@
 """The narrative evaluation: every review's narrative, as its PDF prints it, scored for what a signer must not see.
 
-    .venv/bin/python bench/narrative_eval.py [--books 23] [--model NAME]... [--penalty 1.0]... [--bundled]
+    .venv/bin/python bench/narrative_eval.py [--books 23] [--model NAME]... [--penalty 1.3]... [--bundled]
 
-On generated books (bench/narrative_books.py: languages, formats, sizes, planted faults) and, with
+On generated books (bench/narrative_books.py: languages, formats, sizes, planted faults), the held-out German
+month-end (tests/helpers/german.py) and, with
 --bundled, the bundled reviews, each review runs as `review run` does (checks, prompt, narrative, report
 context) on each model and repetition penalty, and the report's HTML (what WeasyPrint lays out) is scored
 from the narrative box alone, without the gate's own records:
@@ -48,7 +49,7 @@ from nightshift.app.review.verify import placed
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/books.py, for the generated books
-from bench.narrative_books import evaluation_books
+from bench.narrative_books import evaluation_books, held_out
 
 PLACED = re.compile(r'<span class="(?:verified|name)" title="placed from the finding: (\w+)">(.*?)</span>')
 FOUR = 4
@@ -109,9 +110,10 @@ def _sentences(body: str) -> list[tuple[str, bool]]:
     return out
 
 
-def review_figures(schedule: Schedule, model, penalty: float) -> dict[str, Any]:
-    """One review's narrative written, its report's HTML rendered and scored."""
-    schedule = replace(schedule, generation=replace(schedule.generation, repetition_penalty=penalty))
+def review_figures(schedule: Schedule, model, penalty: float | None) -> dict[str, Any]:
+    """One review's narrative written (at `penalty`, None: the schedule's), its report's HTML rendered and scored."""
+    if penalty is not None:
+        schedule = replace(schedule, generation=replace(schedule.generation, repetition_penalty=penalty))
     prepared = prepare_review(schedule, schedule.as_of)
     settings = schedule.generation
     started = time.perf_counter()
@@ -153,19 +155,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--books", type=int, default=23, help="generated sets of books")
     parser.add_argument("--model", action="append", help="a model name or directory (default: the default model)")
-    parser.add_argument("--penalty", action="append", type=float, help="repetition penalties to run (default 1.0)")
+    parser.add_argument(
+        "--penalty",
+        action="append",
+        type=float,
+        help="repetition penalties to run (default: each schedule's, 1.3 unless it says)",
+    )
     parser.add_argument("--bundled", action="store_true", help="the bundled reviews too")
     parser.add_argument("--out", type=Path, help="write every review's figures here as JSON")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="narrative-eval-"))
-    reviews = [load_schedule(book.schedule) for book in evaluation_books(folder, args.books)]
+    books = evaluation_books(folder, args.books) + held_out(folder)
+    reviews = [load_schedule(book.schedule) for book in books]
     if args.bundled:
         reviews += list(load_schedules()[0].values())
     results = []
     for name in args.model or [None]:
         path = resolve_model(name)
         model = open_for_generation(path)
-        for penalty in args.penalty or [1.0]:
+        for penalty in args.penalty or [None]:
             rows = []
             for schedule in reviews:
                 rows.append(review_figures(schedule, model, penalty))

@@ -9,19 +9,24 @@ cut at its token limit, a prompt echo, a sentence about another finding or none.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
 from nightshift.app.review.checks import Figures, Finding, Percent
 from nightshift.app.review.gate import Answer, Gate, subjects
 from nightshift.app.review.narrative import EXTRA_HIGH, Prompt, shown_narrative, split_answers
-from nightshift.app.review.report import render_html
+from nightshift.app.review.report import render_html, write_pdf
 from nightshift.app.review.roles import cues, fill, filled
-from nightshift.app.review.runner import _provenance, build_report_context
+from nightshift.app.review.runner import _provenance, build_report_context, prepare_review
+from nightshift.app.review.schedule import load_schedule
 from nightshift.app.review.verify import placed
 from nightshift.engine.generation import BatchText, GenerationStats
+from tests.helpers.german import german_books
 
 # A German month-end's findings, as the issue's outside test saw them.
 DIFFERS = Finding("match", "high", "Amount differs for reference RE-2026-118", "", Decimal("-1.80"), figures=Figures(
@@ -234,3 +239,70 @@ def test_digits_are_blocked_while_decoding_alone_and_in_a_batch_alike(tiny_model
     assert no_numerals(mx.array(model.tokenizer.encode("Check it"), dtype=mx.int32), logits)[0, digit].item() < -1e30
     tag = mx.array(model.tokenizer.encode("Done.\nF"), dtype=mx.int32)
     assert no_numerals(tag, logits)[0, digit].item() == 0
+
+
+# Answers on the German month-end (books nobody on the project wrote: tests/helpers/german.py), with the faults
+# issue [19] found in PDFs. F1 is the balance (opening 10,000.00 + movements -5,893.65 = 4,106.35; closing
+# 4,206.35: -100.00), F2 the bank's charges of -12.50 the ledger lacks.
+GERMAN_ANSWERS = [
+    "This is a 2-3 sentence executive summary. The bank account Bank is off by 100.00 at the end of October 2026.",
+    "The discrepancy is 4,106.35. The closing balance on 31 October 2026 is 4,206.35. "
+    "The balance of the balance of the balance of the account.",
+    "The ledger shows -12.50 of Kontoführungsgebühren. The bank charged 12.50 on 30 October for "
+    "Kontoführungsgebühren. Book the Kontoführungsgebühren in the ledger and",
+]
+GERMAN_REFUSED = [
+    (None, "filler", "This is a 2-3 sentence executive summary."),
+    (None, "unplaced", "The bank account Bank is off by 100.00 at the end of October 2026."),  # not the summary's
+    (1, "misattributed", "The discrepancy is 4,106.35."),  # opening + movements, called the discrepancy
+    (1, "loop", "The balance of the balance of the balance of the account."),
+    (2, "misattributed", "The ledger shows -12.50 of Kontoführungsgebühren."),  # the bank's line, not the ledger's
+    (2, "cut", "Book the Kontoführungsgebühren in the ledger and"),
+]
+GERMAN_BAD = ("executive summary", "4,106.35.", "of the balance of", "ledger shows", "in the ledger and")
+
+
+def german_report(folder: Path) -> tuple[dict, str]:
+    """The German month-end's report context and HTML with GERMAN_ANSWERS as its split narrative (the last one
+    ended at its token limit)."""
+    schedule = load_schedule(german_books(folder))
+    prepared = prepare_review(schedule, schedule.as_of)
+    parts = [BatchText(text, 10, 20, "length" if n == 2 else "stop", 0.1, 0.1)
+             for n, text in enumerate(GERMAN_ANSWERS)]  # fmt: skip
+    narrative = split_answers(parts, GenerationStats())
+    provenance = _provenance(schedule, prepared.checked, "held-out", narrative)
+    context = build_report_context(schedule, prepared.checked, prepared.prompt, narrative, provenance,
+                                   datetime.now(UTC))  # fmt: skip
+    return context, render_html(schedule.report_template, context)
+
+
+def test_held_out_books_keep_only_each_finding_s_own_figures_in_their_roles(tmp_path):
+    """On books the generator did not write, the gate refuses what the outside test found printed as
+    verified, and the kept sentences print the finding's own figures, dated at the month's end."""
+    context, html = german_report(tmp_path)
+    gated = context["narrative"].gated
+    assert [(r.finding, r.reason, r.text) for r in gated.refused] == GERMAN_REFUSED
+    assert [s.text for s in gated.lines[1] if not s.plain] == ["The closing balance on {closing_date} is {closing}."]
+    assert [s.text for s in gated.lines[2] if not s.plain] == [
+        "The bank charged {amount} on {date} for Kontoführungsgebühren."
+    ]
+    start = html.index('<div class="model-written">')
+    box = " ".join(re.sub(r"<[^>]+>", "", html[start : html.index("</div>", start)]).split())
+    assert "The closing balance on 2026-10-31 is 4,206.35." in box and "-100.00 unexplained" in box
+    assert "The bank charged -12.50 on 2026-10-30 for Kontoführungsgebühren." in box
+    assert "October 2026: 2 finding(s), 1 high" in box and "Every high finding is in this summary." in box
+    for bad in GERMAN_BAD:
+        assert bad not in box
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("pdftotext"), reason="pdftotext (poppler-utils) is not installed")
+def test_degenerate_text_never_reaches_the_pdf_and_the_pdf_says_what_was_replaced(tmp_path):
+    _, html = german_report(tmp_path)
+    target = write_pdf(html, tmp_path / "report.pdf")
+    text = subprocess.run(["pdftotext", str(target), "-"], capture_output=True, text=True, check=True).stdout
+    flat = " ".join(text.split())
+    for bad in GERMAN_BAD:
+        assert bad not in flat
+    assert "It wrote 8 sentence(s); 2 passed, and 6 were replaced by the finding's own plain sentence" in flat
+    assert "The closing balance on 2026-10-31 is 4,206.35." in flat
