@@ -27,12 +27,14 @@ from mlx_lm.utils import load_model
 
 from nightshift.engine.batch import chat_batch
 from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.decoding import logits_processors
 from nightshift.engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError
 from nightshift.engine.generation import (
     DEFAULT_CHUNK,
     BatchProgress,
     ChatBatch,
     Chunk,
+    Decoding,
     DraftStats,
     GenerationStats,
     LogitsProcessor,
@@ -61,8 +63,6 @@ class Model:
     A store opened with `stream` settings keeps its routed experts on the drives and reads
     them as the router asks (`self.stream`); otherwise every weight is loaded into RAM.
     """
-
-    takes_logits_processors = True
 
     def __init__(
         self,
@@ -127,13 +127,13 @@ class Model:
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
         on_prefill: Callable[[GenerationStats], None] | None = None,
-        logits_processors: list[LogitsProcessor] | None = None,
+        decoding: Decoding | None = None,
         draft_switch_off: bool = True,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
 
-        `logits_processors` (mlx-lm's: a repetition penalty, a mask) shape every token's logits, the first
-        one's too; they see the tokens generated so far, not the prompt. Not with a drafter.
+        `decoding` (engine/decoding.py: numerals blocked, a repetition penalty) shapes every token's logits, the
+        first one's too, from the tokens generated so far, not the prompt. Not with a drafter.
 
         `on_prefill` sees the statistics after each prefilled chunk (`prompt_done` of `prompt_tokens`):
         on a slow machine reading the prompt takes most of a generation's time.
@@ -152,8 +152,11 @@ class Model:
             stats.draft = DraftStats(depth=depth)
         elif draft_depth:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
-        if logits_processors and stats.draft is not None:
-            raise NightshiftError("logits processors do not apply to drafted tokens: open the model without a drafter")
+        processors = logits_processors(decoding, self.tokenizer, str(self.path))
+        if processors and stats.draft is not None:
+            raise NightshiftError(
+                "a decoding's processors do not apply to drafted tokens: open the model without a drafter"
+            )
         start = time.perf_counter()
         before = self.figures()  # this generation's figures: deltas (a loaded model serves many)
 
@@ -169,7 +172,7 @@ class Model:
         def timed() -> Iterator[tuple[int, float]]:
             sampler = make_sampler(temp=temp)
             for token in self._token_ids(
-                prompt, max_tokens, sampler, prefill_chunk, stats, draft_switch_off, prefilled, logits_processors or []
+                prompt, max_tokens, sampler, prefill_chunk, stats, draft_switch_off, prefilled, processors
             ):
                 stats.peak_memory_bytes = mx.get_peak_memory()
                 yield token, time.perf_counter() - start
@@ -184,11 +187,16 @@ class Model:
         prefill_chunk: int = DEFAULT_CHUNK,
         cancel: threading.Event | None = None,
         progress: BatchProgress | None = None,
-        logits_processors: list[list[LogitsProcessor]] | None = None,
+        decodings: list[Decoding] | None = None,
     ) -> ChatBatch:
-        """Greedy answers to several chats, decoded together (`engine.batch.chat_batch`); `logits_processors`,
-        one list per chat."""
+        """Greedy answers to several chats, decoded together (`engine.batch.chat_batch`); `decodings`, one per
+        chat (`generate_tokens`)."""
         prompts = [self.chat_tokens(messages) for messages in conversations]
+        if decodings is not None and len(decodings) != len(prompts):
+            raise NightshiftError(f"{len(decodings)} decodings for {len(prompts)} chats: give one per chat")
+        processors = (
+            None if decodings is None else [logits_processors(d, self.tokenizer, str(self.path)) for d in decodings]
+        )
         before = self.figures()  # the stream's counters since this batch began (a shared model)
 
         def reads(stats: GenerationStats) -> None:
@@ -204,7 +212,7 @@ class Model:
             cancel,
             progress,
             reads,
-            logits_processors,
+            processors,
         )
 
     def _token_ids(

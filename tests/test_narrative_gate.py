@@ -8,9 +8,11 @@ cut at its token limit, a prompt echo, a sentence about another finding or none.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+from dataclasses import asdict
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -212,33 +214,44 @@ def test_every_high_finding_is_in_a_line_or_counted_with_where_to_find_it(month_
 
 
 def test_digits_are_blocked_while_decoding_alone_and_in_a_batch_alike(tiny_model, month_end):
-    """The logits processors pass through the engine: each batch row is what it is alone, digits never chosen
+    """The prompt's decoding passes through the engine: each batch row is what it is alone, digits never chosen
     (the first token too), except right after a line's `F` (a single narrative's F3: tag)."""
     import mlx.core as mx
 
-    from nightshift.app.review.decoding import narrative_processors, numeral_tokens
     from nightshift.app.review.narrative import NARRATIVE_CHUNK, build_prompt
+    from nightshift.engine.decoding import logits_processors, numeral_tokens
     from nightshift.engine.runtime import open_model
 
     schedule, checked = month_end
     model = open_model(tiny_model)
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result, 10,
                           "split", 3, repetition_penalty=1.3)  # fmt: skip
-    processors = narrative_processors(model, prompt.repetition_penalty)
-    assert len(processors) == 2 and numeral_tokens(model)
+    processors = logits_processors(prompt.decoding, model.tokenizer, str(model.path))
+    assert len(processors) == 2 and numeral_tokens(model.tokenizer, str(model.path))
     batch = model.generate_batch(prompt.conversations, 12, prefill_chunk=NARRATIVE_CHUNK,
-                                 logits_processors=[processors] * len(prompt.conversations))  # fmt: skip
+                                 decodings=[prompt.decoding] * len(prompt.conversations))  # fmt: skip
     alone = ["".join(chunk.text for chunk in model.generate(chat, max_tokens=12, prefill_chunk=NARRATIVE_CHUNK,
-                                                            logits_processors=processors))
+                                                            decoding=prompt.decoding))
              for chat in prompt.conversations]  # fmt: skip
     assert [part.text for part in batch.parts] == alone
     assert not any(ch.isnumeric() for text in alone for ch in text)
     no_numerals = processors[0]
     logits = mx.zeros((1, model.vocab_size))
-    digit = numeral_tokens(model)[0]
+    digit = numeral_tokens(model.tokenizer, str(model.path))[0]
     assert no_numerals(mx.array(model.tokenizer.encode("Check it"), dtype=mx.int32), logits)[0, digit].item() < -1e30
     tag = mx.array(model.tokenizer.encode("Done.\nF"), dtype=mx.int32)
     assert no_numerals(tag, logits)[0, digit].item() == 0
+
+
+def test_a_decoding_travels_to_other_hosts_as_data():
+    """Over hosts every rank builds the processors from the request's decodings, so a narrative there is decoded
+    as in one process (tests/test_distributed_serve.py compares the texts)."""
+    from nightshift.engine.distributed.worker import Request
+
+    decoding = Prompt("s", "u", 1, repetition_penalty=1.3).decoding
+    request = Request("store", [1], [{}], [], 4, decodings=[asdict(decoding)] * 2)
+    assert Request(**json.loads(request.to_json())).decoding() == [decoding, decoding]
+    assert Request("store", [1], [{}], [1], 4).decoding() is None
 
 
 # Answers on the German month-end (books nobody on the project wrote: tests/helpers/german.py), with the faults

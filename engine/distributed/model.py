@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,8 @@ from nightshift.engine.generation import (
     BatchText,
     ChatBatch,
     Chunk,
+    Decoding,
     GenerationStats,
-    LogitsProcessor,
     Message,
     ReadFigures,
     chat_prompt,
@@ -53,8 +53,6 @@ DEFAULT_PORT = 32323  # the first ring port when some host is remote (rank r lis
 
 class ClusterModel:
     """Generation over `hosts` for the store at `store` (the same path on every host), per generation."""
-
-    takes_logits_processors = False  # tokens are chosen on rank 0, in another process
 
     def __init__(
         self,
@@ -149,17 +147,17 @@ class ClusterModel:
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
         on_prefill: Callable[[GenerationStats], None] | None = None,
-        logits_processors: list[LogitsProcessor] | None = None,
+        decoding: Decoding | None = None,
     ) -> Iterator[Chunk]:
         """As `Model.generate_tokens`, over the hosts: rank 0's tokens, every host's reads in the statistics.
 
         `on_prefill` also sees each beat while the prompt is read, so the reads show before the first token."""
         if draft_depth:
             raise PipelineError("speculative decoding is not available over hosts; open the model without a drafter")
-        _local_only(logits_processors)
         request = pipeline_request(
             self.path, self.hosts, max_tokens, self.memory_budget,
             prompt=list(prompt), temp=temp, seed=seed, prefill_chunk=prefill_chunk,
+            decodings=None if decoding is None else [asdict(decoding)],
         )  # fmt: skip
         stats = GenerationStats(prompt_tokens=len(prompt))
         start = time.perf_counter()
@@ -197,15 +195,15 @@ class ClusterModel:
         prefill_chunk: int = DEFAULT_CHUNK,
         cancel: threading.Event | None = None,
         progress: BatchProgress | None = None,
-        logits_processors: list[list[LogitsProcessor]] | None = None,
+        decodings: list[Decoding] | None = None,
     ) -> ChatBatch:
         """As `Model.generate_batch`, over the hosts: the chats decoded together by the pipeline; rank 0
         sends the texts as they grow and the batch's result; every host's reads are in the statistics."""
-        _local_only(logits_processors)
         prompts = [self.chat_tokens(messages) for messages in conversations]
         request = pipeline_request(
             self.path, self.hosts, max_tokens, self.memory_budget,
             conversations=conversations, prefill_chunk=prefill_chunk,
+            decodings=None if decodings is None else [asdict(d) for d in decodings],
         )  # fmt: skip
         stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
         texts = ["" for _ in prompts]
@@ -234,12 +232,6 @@ class ClusterModel:
         if progress is not None:
             progress(batch.generation, [part.text for part in batch.parts])
         return batch
-
-
-def _local_only(processors: list | None) -> None:
-    """Refuse logits processors: they are functions in this process, and the tokens are chosen on rank 0."""
-    if processors:
-        raise PipelineError("logits processors are not sent to other hosts: decode without them there")
 
 
 @dataclass(frozen=True)
