@@ -1,10 +1,10 @@
 """Books for the narrative evaluation: generated sets of books of many shapes, each with its review's schedule.
 
-Built on tests/books.py's generator (a company in English, German, French or Spanish; a bank statement as
+Built on tests/helpers/books.py's generator (a company in English, German, French or Spanish; a bank statement as
 CSV in the country's number and date formats, MT940 or OFX; a ledger as CSV, SQLite or Beancount; faults
 planted on purpose), it picks seeds so that the set holds every language and every format with many
 findings per review (seeds whose faults make at least `MIN_FINDINGS` findings), gives some books 600 postings a month, and
-rewrites some CSV bank statements as ISO 20022 camt.053, the one format tests/books.py does not write.
+rewrites some CSV bank statements as ISO 20022 camt.053, the one format tests/helpers/books.py does not write.
 `held_out` is the German month-end of issue [19]'s outside test (tests/helpers/german.py), written as the
 outside tester's books were, not by the generator.
 

@@ -1,6 +1,6 @@
 """What a review's narrative adds to its time: the same review with the narrative off and on, side by side.
 
-    .venv/bin/python bench/narrative_cost.py [--review month-end] [--rounds 2] [--model NAME]
+    .venv/bin/python -m bench.narrative_cost [--review month-end] [--rounds 2] [--model NAME]
 
 One process, one loaded model (its opening is timed once, apart: the service keeps it loaded). Each round runs
 the review off, split, single, single, split, off (so a neighbour's load falls on every variant alike); a

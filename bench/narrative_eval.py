@@ -1,6 +1,6 @@
 """The narrative evaluation: every review's narrative, as its PDF prints it, scored for what a signer must not see.
 
-    .venv/bin/python bench/narrative_eval.py [--books 23] [--model NAME]... [--penalty 1.3]... [--bundled]
+    .venv/bin/python -m bench.narrative_eval [--books 23] [--model NAME]... [--penalty 1.3]... [--bundled]
 
 On generated books (bench/narrative_books.py: languages, formats, sizes, planted faults), the held-out German
 month-end (tests/helpers/german.py) and, with
@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.narrative_books import evaluation_books, held_out
 from nightshift.app.models import open_for_generation, resolve_model
 from nightshift.app.paths import catalogue_file
 from nightshift.app.review.checks import Finding
@@ -47,9 +48,6 @@ from nightshift.app.review.runner import _provenance, build_report_context, prep
 from nightshift.app.review.schedule import Schedule, load_schedule, load_schedules
 from nightshift.app.review.verify import placed
 from nightshift.engine.instruments.catalogue import Catalogue, Run
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/books.py, for the generated books
-from bench.narrative_books import evaluation_books, held_out
 
 PLACED = re.compile(r'<span class="(?:verified|name)" title="placed from the finding: (\w+)">(.*?)</span>')
 FOUR = 4
