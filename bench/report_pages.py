@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--reviews", nargs="*", help="bundled review names (default: all)")
     args = parser.parse_args()
     os.environ["NIGHTSHIFT_HOME"] = tempfile.mkdtemp(prefix="report-pages-")
-    from nightshift.app.review.narrative import split_narrative
+    from nightshift.app.review.narrative import read_narrative
     from nightshift.app.review.runner import run_checks_for, write_report
     from nightshift.app.review.schedule import load_schedules
     from nightshift.engine.generation import GenerationStats
@@ -46,11 +46,11 @@ def main() -> None:
         schedule = schedules[name]
         checked = run_checks_for(schedule, schedule.as_of)
         if recorded is None:
-            narrative = split_narrative(SHORT, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
+            narrative = read_narrative(SHORT, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
         elif name == "month-end":
             narrative = recorded
         else:
-            narrative = replace(split_narrative(SHORT, recorded.stats), batch=recorded.batch, shared=recorded.shared)
+            narrative = replace(read_narrative(SHORT, recorded.stats), batch=recorded.batch, shared=recorded.shared)
         entry = write_report(schedule, schedule.as_of, checked, "", narrative, "/models/smollm2-135m-instruct-moe",
                              time.monotonic())  # fmt: skip
         pdf = args.out / f"{name}.pdf"

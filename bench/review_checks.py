@@ -185,7 +185,7 @@ def review_without_model(folder: Path, rows: int, missing: int) -> dict[str, Any
     prompt, t_prompt = timed(lambda: build_prompt(schedule.prompt_template, schedule.title, window.label,
                                                   checked.result, schedule.generation.prompt_findings))  # fmt: skip
     step("prompt", t_prompt)
-    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt.user,
+    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt,
                                                  Narrative(""), "none (narrative skipped)", started))  # fmt: skip
     step("report (HTML, PDF, index)", t_report)
     return {

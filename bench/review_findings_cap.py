@@ -55,7 +55,7 @@ def capped_review(folder: Path, rows: int, missing: int, max_findings: int) -> d
     result = checked.result
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, result,
                           schedule.generation.prompt_findings)  # fmt: skip
-    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt.user,
+    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt,
                                                  Narrative(""), "none (narrative skipped)", started))  # fmt: skip
     step("report (HTML, PDF, index)", t_report)
     return {

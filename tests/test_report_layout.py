@@ -27,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nightshift.app.review.narrative import split_narrative
-from nightshift.app.review.runner import build_report_context, run_checks_for, write_report
+from nightshift.app.review.narrative import Prompt, read_narrative
+from nightshift.app.review.runner import run_checks_for, write_report
 from nightshift.app.review.schedule import load_schedules
 from nightshift.engine.batch import BatchStats, BatchText, ChatBatch
 from nightshift.engine.generation import AnswerFigures, GenerationStats
+from tests.helpers.reviews import report_context
 
 pytestmark = pytest.mark.skipif(not shutil.which("pdftoppm"), reason="poppler-utils (pdftoppm, pdftotext) missing")
 
@@ -56,7 +57,7 @@ def batch_narrative():
                             cache_misses=480, cache_budget=141_557_760, cache_used=141_557_760, prefetch_recall=1.0,
                             answers=answers)  # fmt: skip
     parts = [BatchText("", prompt, tokens, ended, seconds, 220.0) for prompt, tokens, ended, seconds in PARTS]
-    narrative = split_narrative(TEXT, stats)
+    narrative = read_narrative(TEXT, stats)
     narrative.batch = ChatBatch(parts, BatchStats(width=9, tokens=[t for _, t, _, _ in PARTS], steps=63,
                                                   decode_seconds=221.0), stats)  # fmt: skip
     return narrative
@@ -66,7 +67,7 @@ def single_narrative():
     """A one-answer narrative, short: the layout where the last tables once spilled alone onto a page."""
     stats = GenerationStats(prompt_tokens=412, generated_tokens=60, time_to_first_token=34.6, elapsed=64.0,
                             peak_memory_bytes=4 * 10**8, finish_reason="stop")  # fmt: skip
-    return split_narrative("The books agree with the bank but for the findings below.\nF1: see the table.", stats)
+    return read_narrative("The books agree with the bank but for the findings below.\nF1: see the table.", stats)
 
 
 NARRATIVES = {"batch": batch_narrative, "single": single_narrative}
@@ -103,12 +104,12 @@ def lay_out(name: str, narrative_kind: str) -> Laid:
     schedule = load_schedules()[0][name]
     checked = run_checks_for(schedule, schedule.as_of)
     narrative = NARRATIVES[narrative_kind]()
-    entry = write_report(schedule, schedule.as_of, checked, "", narrative, "/models/smollm2-135m-instruct-moe",
+    split = narrative_kind == "batch"
+    prompt = Prompt("system", "summary", len(checked.result.findings), ("a", "b") if split else (),
+                    "split" if split else "single")  # fmt: skip
+    entry = write_report(schedule, schedule.as_of, checked, prompt, narrative, "/models/smollm2-135m-instruct-moe",
                          time.monotonic())  # fmt: skip
-    from nightshift.app.review.runner import _provenance
-
-    context = build_report_context(schedule, checked, "", narrative, _provenance(schedule, checked, "m", narrative),
-                                   time.time)  # fmt: skip
+    context = report_context(schedule, checked, narrative, prompt)
     xml = subprocess.run(["pdftotext", "-bbox-layout", entry.path, "-"], capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     words, height = [], 0.0
