@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--reviews", nargs="*", help="bundled review names (default: all)")
     args = parser.parse_args()
     os.environ["NIGHTSHIFT_HOME"] = tempfile.mkdtemp(prefix="report-pages-")
-    from nightshift.app.review.narrative import read_narrative
+    from nightshift.app.review.narrative import Prompt, read_narrative
     from nightshift.app.review.runner import run_checks_for, write_report
     from nightshift.app.review.schedule import load_schedules
     from nightshift.engine.generation import GenerationStats
@@ -51,7 +51,10 @@ def main() -> None:
             narrative = recorded
         else:
             narrative = replace(read_narrative(SHORT, recorded.stats), batch=recorded.batch, shared=recorded.shared)
-        entry = write_report(schedule, schedule.as_of, checked, "", narrative, "/models/smollm2-135m-instruct-moe",
+        split = narrative.batch is not None  # the report's gate reads the narrative against its prompt
+        prompt = Prompt("system", "summary", len(checked.result.findings), ("a", "b") if split else (),
+                        "split" if split else "single")  # fmt: skip
+        entry = write_report(schedule, schedule.as_of, checked, prompt, narrative, "/models/smollm2-135m-instruct-moe",
                              time.monotonic())  # fmt: skip
         pdf = args.out / f"{name}.pdf"
         shutil.copy(entry.path, pdf)
