@@ -201,6 +201,33 @@ def ffn_errors(dense_dir: Path, experts: int, k: int, routers: list[str], layers
     return rows
 
 
+def checkpoint_perplexity(dense_dir: Path, checkpoint: Path, ks: list[int], say=print) -> dict:
+    """Perplexity of a built llama_moe checkpoint at each k (its experts' weights as stored, computed in
+    float32), beside the dense model's: the study's figures checked on the model itself."""
+    from mlx_lm.utils import load_model
+
+    from nightshift.engine.models import get_classes
+    from nightshift.engine.store.moefy import dequantize_float32
+
+    reference = DenseReference(dense_dir)
+    windows = reference.windows(EVALUATION_TEXT.read_text())
+    dense = perplexity(reference.model, windows)
+    model, config = load_model(checkpoint, get_model_classes=get_classes)
+    dequantize_float32(model)
+    rows = []
+    for k in ks:
+        for layer in model.model.layers:
+            layer.mlp.num_experts_per_tok = k
+        value = perplexity(model, windows)
+        rows.append({"experts": config["num_experts"], "router": "checkpoint", "k": k, "perplexity": value,
+                     "vs_dense": value / dense - 1})  # fmt: skip
+        say(
+            f"{checkpoint.name}: k {k:3d} of {config['num_experts']}  perplexity {value:10.3f}  ({value / dense - 1:+.1%})"
+        )
+    return {"dense": dense, "neurons": config["intermediate_size"], "evaluation_tokens": sum(w.shape[1] for w in windows),
+            "rows": rows}  # fmt: skip
+
+
 def markdown_table(results: dict) -> str:
     """One row per (experts, router): perplexity and its change from dense at each k."""
     lines = [
@@ -230,7 +257,16 @@ def main(argv: list[str] | None = None) -> None:
         help="instead of perplexity, the routed FFN's output error per layer at this split (quick router comparison)",
     )  # fmt: skip
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 5, 10, 15, 20, 25, 29], help="for --ffn-error")
+    parser.add_argument("--checkpoint", type=Path, help="instead, the perplexity of this built llama_moe model")
+    parser.add_argument("--ks", type=int, nargs="+", help="with --checkpoint: the k values (default: its own)")
     args = parser.parse_args(argv)
+    if args.checkpoint:
+        ks = args.ks or [json.loads((args.checkpoint / "config.json").read_text())["num_experts_per_tok"]]
+        results = checkpoint_perplexity(args.dense, args.checkpoint, ks)
+        print(markdown_table(results))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return
     if args.ffn_error:
         rows = ffn_errors(args.dense, *args.ffn_error, args.routers, args.layers)
         if args.json:
