@@ -4,8 +4,8 @@
 
 TRACE is a routing trace (bench/routing_traces.py). It is laid on the bench-scale replay store as
 `nightshift model synth --routing` lays it (engine/store/routing_trace.py's `scale`: `--layers` MoE layers of
-`--experts` experts), and on that geometry this prints, beside the same figures for random routing (the
-synthetic bench model's routers: the worst case):
+`--experts` experts), and on that geometry this prints, beside the same figures for i.i.d. uniform random
+routing on the same texts (no locality at all: the worst case):
 
 1. next-layer guess recall: the share of a decode token's experts that a guess named, for the guesses the
    trace holds (nightshift's: layer l's router on layer l-1's MoE input; two others), beside the blind
@@ -16,7 +16,10 @@ synthetic bench model's routers: the worst case):
    narrative: its prompt in chunks of `--chunk` rows, then one token a step), cold and with a routing
    profile learned from the other texts (as a store's profile would be), and on every text back to back;
 3. the union of experts per decode step at batch widths 1/2/4/8: the month-end split narrative's chats (the
-   batch the service decodes) and different reviews' single narratives, decoded together step by step.
+   batch the service decodes) and different texts (every review's single narrative and the plain texts),
+   decoded together step by step, with the ceiling it sets on a batch's speed-up where reads bound it
+   (width x k / union: the experts read per token at width 1 over those read per token at that width);
+4. for the cache, the synthetic bench model's own recorded runs too (`--bench-traces`): its random routers.
 
 Records the figures in the run catalogue (kind `routing-sim`) unless --no-record.
 """
@@ -177,10 +180,13 @@ def unions(routing: Routing, group: Iterable[int], width: int) -> float:
 def union_table(routing: Routing, limit: int = 60) -> dict[str, dict[int, float]]:
     """Unions at WIDTHS for the month-end split batch and for different reviews (at most `limit` subsets each)."""
     batch = [i for i, n in enumerate(routing.names) if n.startswith(BATCH) and n != RUN]
-    reviews = [i for i, n in enumerate(routing.names) if n.endswith(" single")]
+    texts = [i for i, n in enumerate(routing.names) if not n.startswith(BATCH) or n == RUN]
     rng = np.random.default_rng(0)
     out = {}
-    for label, group in (("month-end split batch", batch), ("different reviews' single narratives", reviews)):
+    for label, group in (
+        ("month-end split batch", batch),
+        ("different texts (reviews' single narratives, plain)", texts),
+    ):
         row = {}
         for width in WIDTHS:
             if width > len(group):
