@@ -263,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(figures, indent=1))
     if not args.no_record:
         from nightshift.app.paths import catalogue_file
-        from nightshift.engine import Catalogue
-        from nightshift.engine.instruments.catalogue import Run
+        from nightshift.engine.instruments.catalogue import Catalogue, Run
 
         command = shlex.join(["python", "bench/trained_routing.py", *argv])
         run = Run(kind="routing-sim", model=trace.meta.get("model", "?"), config={"trace": str(args.trace),

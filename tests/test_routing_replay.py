@@ -20,22 +20,19 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from nightshift.app.cli import main
-from nightshift.engine import (
-    Drive,
-    ImportOptions,
-    ModelFormatError,
-    NightshiftError,
-    StreamSettings,
-    convert_gguf,
-    import_checkpoint,
-    open_model,
-    synthesize,
-)
+from nightshift.engine.errors import ModelFormatError, NightshiftError
+from nightshift.engine.instruments.probes import Instruments
+from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.models.kimi_k3_replay import ReplayCursor, ReplayRouter
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store import routing_trace
+from nightshift.engine.store.gguf_import import convert_gguf
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.moefy import CALIBRATION_TEXT, DenseReference, moefy
-from tests.gguf_files import write_tiny_llama
+from nightshift.engine.store.synth import synthesize
+from tests.helpers.gguf_files import write_tiny_llama
 
 LENGTHS = [9, 5, 12]  # tokens of the three recorded sequences
 EXPERTS, K, LAYERS = 8, 2, 2  # the tiny kimi_k3 preset: 8 experts, 2 active, layers 1-2 routed
@@ -162,10 +159,10 @@ def test_streamed_replay_reads_the_traced_experts_and_matches_in_ram(replay_stor
     again = open_model(replay_store)
     assert [c.token for c in again.generate_tokens([3, 1, 4], max_tokens=6)] == tokens  # deterministic
     again.close()
-    streamed = open_model(replay_store, stream=StreamSettings(cache_bytes=0, prefetch=False))
-    streamed.stream.record_routing()
+    instruments = Instruments(routing=[])
+    streamed = open_model(replay_store, stream=StreamSettings(cache_bytes=0, prefetch=False), instruments=instruments)
     assert [c.token for c in streamed.generate_tokens([3, 1, 4], max_tokens=6)] == tokens
-    calls = streamed.stream.routing
+    calls = instruments.routing
     streamed.close()
     moe_layers = sorted({layer for layer, _, _ in calls})
     for moe, layer in enumerate(moe_layers):
