@@ -1,6 +1,6 @@
 """Record routing traces of a MoEfied model on review text: the recipe of the trained-routing bench traces.
 
-    .venv/bin/python bench/routing_traces.py MOE --dense DENSE [--out-dir DIR] [--plain-prompt 64]
+    .venv/bin/python -m bench.routing_traces MOE --dense DENSE [--out-dir DIR] [--plain-prompt 64]
 
 MOE is a llama_moe checkpoint (`nightshift model moefy --experts 128 --k 16 ...`), DENSE the dense llama it
 was made from. The texts: every bundled review's prompt as the service writes it (its single narrative,

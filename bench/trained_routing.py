@@ -1,6 +1,6 @@
 """What a trained router's routing does for streaming, simulated on recorded traces (no timing).
 
-    .venv/bin/python bench/trained_routing.py TRACE [--layers 12] [--experts 128] [--chunk 512] [--json OUT]
+    .venv/bin/python -m bench.trained_routing TRACE [--layers 12] [--experts 128] [--chunk 512] [--json OUT]
 
 TRACE is a routing trace (bench/routing_traces.py). It is laid on the bench-scale replay store as
 `nightshift model synth --routing` lays it (engine/store/routing_trace.py's `scale`: `--layers` MoE layers of
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         from nightshift.app.paths import catalogue_file
         from nightshift.engine.instruments.catalogue import Catalogue, Run
 
-        command = shlex.join(["python", "bench/trained_routing.py", *argv])
+        command = shlex.join(["python", "-m", "bench.trained_routing", *argv])
         run = Run(kind="routing-sim", model=trace.meta.get("model", "?"), config={"trace": str(args.trace),
                   "layers": args.layers, "experts": args.experts, "chunk": args.chunk}, figures=figures,
                   verdict="measured", command=command, note="simulation on recorded routing (no timing)")  # fmt: skip
