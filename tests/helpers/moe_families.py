@@ -358,6 +358,10 @@ OVERRIDES: dict[str, tuple[dict, str]] = {
     "hunyuan": ({"rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"}}, "reads rope_scaling alpha"),
     "kimi_linear": ({"linear_attn_config": KIMI_LINEAR_ATTENTION}, "linear-attention layers in a nested dict"),
     "kimi_k3": ({"text_config": {"linear_attn_config": KIMI_LINEAR_ATTENTION}}, "as kimi_linear, in text_config"),
+    "kimi_k3_replay": (
+        {"text_config": {"linear_attn_config": KIMI_LINEAR_ATTENTION, "replay_lengths": [40, 24]}},
+        "as kimi_k3; the lengths of the recorded sequences its gates replay",
+    ),
     "lfm2_moe": ({"layer_types": _cycle("conv", "full_attention")}, "layer kinds by name"),
     "llama4": (
         {
