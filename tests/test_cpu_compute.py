@@ -38,11 +38,11 @@ def test_system_openblas_is_used_when_present():
     assert _blas_in_a_fresh_process() == present[0]
 
 
-def _layer(seed: int = 0) -> nn.QuantizedLinear:
-    """A 4-bit layer with float16 scales and biases, as converted GGUF layers have."""
+def _layer(seed: int = 0, dtype: mx.Dtype = mx.float16) -> nn.QuantizedLinear:
+    """A 4-bit layer with float16 scales and biases, as converted GGUF layers have (or `dtype` ones)."""
     mx.random.seed(seed)
     layer = nn.QuantizedLinear.from_linear(nn.Linear(96, 64), group_size=32, bits=4)
-    layer.scales, layer.biases = layer.scales.astype(mx.float16), layer.biases.astype(mx.float16)
+    layer.scales, layer.biases = layer.scales.astype(dtype), layer.biases.astype(dtype)
     return layer
 
 
@@ -57,6 +57,27 @@ def test_gemm_prefill_matches_the_quantized_kernel(rows):
         np.testing.assert_array_equal(got, want)  # the same kernel
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_16bit_activations_keep_the_quantized_kernel_unless_float32_prefill_is_asked(dtype):
+    """mlx-lm's 16-bit conversions: the kernel sums in 16 bits, so the default keeps it (bit for bit); the opt-in
+    float32 GEMM gives other values, closer to the exact product."""
+    reference, switched = _layer(dtype=dtype), _layer(dtype=dtype)
+    for layer in (reference, switched):
+        layer.bias = layer.bias.astype(dtype)  # every parameter 16-bit, as `convert --dtype` makes them
+    switched.__class__ = PrefillQuantizedLinear
+    x = mx.random.normal((1, 200, 96)).astype(dtype)
+    want = reference(x)
+    assert want.dtype == dtype
+    np.testing.assert_array_equal(np.array(switched(x).astype(mx.float32)), np.array(want.astype(mx.float32)))
+    switched.float32_prefill = True
+    fast = switched(x)
+    weight = mx.dequantize(reference.weight, reference.scales, reference.biases, 32, 4).astype(mx.float32)
+    exact = np.array(x.astype(mx.float32), dtype=np.float64) @ np.array(weight, dtype=np.float64).T
+    kernel_error = np.abs(np.array(want.astype(mx.float32)) - exact).max()
+    fast_error = np.abs(np.array(fast.astype(mx.float32)) - exact).max()
+    assert fast_error < kernel_error
 
 
 def test_converted_model_gets_gemm_prefill_and_keeps_its_tokens(tmp_path):
