@@ -20,8 +20,9 @@ from nightshift.engine.errors import NightshiftError
 
 Message = dict[str, str]  # {"role": ..., "content": ...}, as a chat template takes it
 
-# Rows per forward pass while prefilling; a chunk reads each selected expert once.
-DEFAULT_CHUNK = 512
+# Rows per forward pass while prefilling (a chunk reads each selected expert once): mlx-lm's generate_step default
+# (`prefill_step_size`), so that a default generation reads the prompt in mlx-lm's steps (engine/prefill.py).
+DEFAULT_CHUNK = 2048
 
 
 @dataclass
