@@ -29,7 +29,8 @@ from mlx_lm.utils import load_model
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
-from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 
@@ -37,7 +38,7 @@ from nightshift.engine.store.loader import load_store
 # attention and the family's layer kinds are all exercised.
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS = 64, 16, 4, 2
 LAYERS, EXPERTS, ACTIVE, VOCAB = 4, 8, 2, 256
-INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 32
+INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 64  # 64: divisible by mlx-lm's default group size, so convert quantizes the experts
 LAYOUTS = ("mlx", "release")
 GRID = 2**16
 
@@ -751,23 +752,32 @@ def _write_tokenizer(out: Path, config: dict) -> None:
     write_tokenizer(out, vocab)
 
 
-# Quantizations the suite checks, by name: mlx-lm's convert settings (its default group size for each mode).
+# Quantizations the suite checks, by name: mlx-lm's convert settings (its default group size for each mode), with
+# `dtype` as `convert --dtype` (the non-quantized parameters and the affine scales; None: the checkpoint's float32).
+# The hub's MLX checkpoints are mostly the bfloat16 ones: converted from bf16 releases.
 QUANTIZATIONS: dict[str, dict] = {
     "4bit": {"bits": 4, "mode": "affine", "group_size": 64},
+    "4bit bf16": {"bits": 4, "mode": "affine", "group_size": 64, "dtype": "bfloat16"},
+    "4bit f16": {"bits": 4, "mode": "affine", "group_size": 64, "dtype": "float16"},
+    "8bit bf16": {"bits": 8, "mode": "affine", "group_size": 64, "dtype": "bfloat16"},
     "mxfp4": {"bits": 4, "mode": "mxfp4", "group_size": 32},
 }
 
 
-def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64) -> Path:
-    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked.
+def quantized_checkpoint(
+    src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64, dtype: str | None = None
+) -> Path:
+    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked, its
+    float parameters cast to `dtype` first (`convert --dtype`).
 
     A nightshift family, which `convert` cannot look up, goes through the same mlx-lm functions `convert`
-    calls (load_model with nightshift's classes, quantize_model, save_model, save_config).
-    Raises FamilyError, naming the family, where mlx-lm cannot quantize it so.
+    calls (load_model with nightshift's classes, a cast of every float parameter, quantize_model, save_model,
+    save_config). Raises FamilyError, naming the family, where mlx-lm cannot quantize it so.
     """
     import contextlib
     import io
 
+    from mlx.utils import tree_map
     from mlx_lm.convert import convert
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
@@ -778,30 +788,57 @@ def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "a
         with contextlib.redirect_stdout(io.StringIO()):  # convert prints its progress
             if family not in FAMILIES:
                 convert(
-                    str(src), mlx_path=str(out_dir), quantize=True, q_bits=bits, q_mode=mode, q_group_size=group_size
+                    str(src),
+                    mlx_path=str(out_dir),
+                    quantize=True,
+                    q_bits=bits,
+                    q_mode=mode,
+                    q_group_size=group_size,
+                    dtype=dtype,
                 )
                 return Path(out_dir)
             model, config = load_model(Path(src), lazy=True, get_model_classes=get_classes)
+            if dtype is not None:
+                cast = getattr(mx, dtype)
+                model.update(
+                    tree_map(lambda v: v.astype(cast) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters())
+                )
             model, config = quantize_model(model, config, group_size, bits, mode=mode)
             save_model(out_dir, model)
             save_config(config, Path(out_dir) / "config.json")
     except Exception as exc:  # convert (and transformers' config checks in it) fail in many ways; each is reported
-        raise FamilyError(f"{family}: mlx-lm's convert cannot quantize it ({mode}, {bits} bits): {exc}") from exc
+        raise FamilyError(
+            f"{family}: mlx-lm's convert cannot quantize it ({mode}, {bits} bits, {dtype or 'as stored'}): {exc}"
+        ) from exc
     for tokenizer_file in Path(src).glob("tokenizer*.json"):
         shutil.copy(tokenizer_file, out_dir)
     return Path(out_dir)
 
 
 # Conformance: a family's checkpoint imported and compared with what mlx-lm holds and generates for it
-# (tests/test_family_conformance.py; bench/family_table.py prints the table).
-PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
+# (tests/test_family_conformance.py; bench/family_table.py prints the table). The prompt is long enough that
+# nightshift's CPU prefill would take its GEMM path (cpu_prefill.MIN_ROWS rows; experts: rows x top-k products).
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, *range(100, 140)]
 STEPS = 24
 
 
 def greedy_tokens(model, steps: int = STEPS) -> list[int]:
-    """The first `steps` greedy tokens after PROMPT (token ids in, no tokenizer)."""
+    """The first `steps` greedy tokens after PROMPT by mlx-lm's own generate_step, as `mlx_lm.generate` makes
+    them (token ids in, no tokenizer)."""
     tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
     return [int(token) for token, _ in tokens]
+
+
+def nightshift_tokens(store: Path, streamed: bool, steps: int = STEPS) -> tuple[list[int], bool]:
+    """The first `steps` greedy tokens after PROMPT from nightshift's own runtime (open_model, its CPU prefill,
+    its prompt split and decode loop), the store's experts streamed or in RAM; and whether an end token ended them
+    early (mlx-lm's `generate` stops there too)."""
+    model = open_model(store, stream=StreamSettings() if streamed else None)
+    try:
+        chunks = list(model.generate_tokens(PROMPT, max_tokens=steps))
+    finally:
+        model.close()
+    return [chunk.token for chunk in chunks], chunks[-1].stats.finish_reason == "stop"
 
 
 @dataclass
@@ -853,16 +890,9 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
         expected = greedy_tokens(reference)
     except RuntimeError as exc:  # e.g. a family whose mlx-lm code needs a Metal kernel, on another backend
         return Outcome(differences=differences, tokens_unchecked=f"mlx-lm cannot run it here: {exc}")
-    for how, model in (("in RAM", in_ram), ("streamed", None)):
-        if model is None:
-            model, _, stream = load_streaming(store)
-            try:
-                tokens = greedy_tokens(model)
-            finally:
-                stream.close()
-        else:
-            tokens = greedy_tokens(model)
-        if tokens != expected:
-            first = next(i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b)
+    for how, streamed in (("in RAM", False), ("streamed", True)):
+        tokens, stopped = nightshift_tokens(store, streamed)
+        if tokens != (expected[: len(tokens)] if stopped else expected):
+            first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(tokens))
             differences.append(f"greedy tokens {how} differ from mlx-lm's from step {first}")
     return Outcome(differences=differences)
