@@ -38,7 +38,8 @@ from nightshift.engine.store.loader import load_store
 # attention and the family's layer kinds are all exercised.
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS = 64, 16, 4, 2
 LAYERS, EXPERTS, ACTIVE, VOCAB = 4, 8, 2, 256
-INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 64  # 64: divisible by mlx-lm's default group size, so convert quantizes the experts
+# Expert width 64: a multiple of mlx-lm's default group size, so its convert quantizes the experts too.
+INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 64
 LAYOUTS = ("mlx", "release")
 GRID = 2**16
 
