@@ -22,7 +22,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
@@ -778,7 +778,6 @@ def quantized_checkpoint(
     import contextlib
     import io
 
-    from mlx.utils import tree_map
     from mlx_lm.convert import convert
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
@@ -897,3 +896,66 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
             first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(tokens))
             differences.append(f"greedy tokens {how} differ from mlx-lm's from step {first}")
     return Outcome(differences=differences)
+
+
+# DeepSeek V3's FP8 release: its linear weights as float8 e4m3 in 128x128 blocks, each block's float32 scale in
+# `<name>_scale_inv` (dequantized = fp8 value x scale). mlx-lm's deepseek_v3 sanitize() dequantizes them to bf16.
+FP8_BLOCK = 128
+FP8_LINEARS = re.compile(
+    r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+)
+
+
+def write_fp8_checkpoint(model_type: str, out_dir: Path, seed: int = 0) -> Path:
+    """A tiny random `model_type` release checkpoint with its linear weights in FP8 (F8_E4M3 with per-block
+    `weight_scale_inv`, `quantization_config` fp8) and the rest in bfloat16, as DeepSeek V3 and MiniMax M2 publish."""
+    config = {
+        **tiny_config(model_type),
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [FP8_BLOCK] * 2},
+    }
+    tensors = {}
+    for name, value in release_weights(model_type, seed, tiny_config(model_type), mx.bfloat16).tensors.items():
+        if value.ndim != 2 or not FP8_LINEARS.search(name):
+            tensors[name] = value
+            continue
+        rows, cols = value.shape
+        blocks = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+        scale = (2.0 ** mx.random.randint(-9, -6, blocks)).astype(mx.float32)  # powers of two: e4m3's range
+        per_element = mx.repeat(mx.repeat(scale, FP8_BLOCK, 0), FP8_BLOCK, 1)[:rows, :cols]
+        tensors[name] = mx.to_fp8(value.astype(mx.float32) / per_element)
+        tensors[name.replace(".weight", ".weight_scale_inv")] = scale
+    out = write_tensors(out_dir, config, tensors)
+    _label_fp8(out, {name for name, value in tensors.items() if value.dtype == mx.uint8})
+    _write_tokenizer(out, config)
+    return out
+
+
+def _label_fp8(out: Path, names: set[str]) -> None:
+    """Relabel `names` (written as U8 bytes: MLX has no fp8 dtype to save) F8_E4M3 in every shard's header."""
+    for shard in out.glob("*.safetensors"):
+        data = shard.read_bytes()
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + length])
+        for name in names & set(header):
+            header[name]["dtype"] = "F8_E4M3"
+        text = json.dumps(header).encode()
+        shard.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length :])
+
+
+def float32_reference(src: Path) -> nn.Module:
+    """mlx-lm's model of `src` (its own loader: FP8 dequantized by its sanitize) with every float parameter cast to
+    float32: the reference for checkpoints whose 16-bit experts mlx-lm cannot run on a CPU."""
+    model, _ = load_model(src, get_model_classes=get_classes)
+    model.update(_cast_floats(model.parameters(), mx.float32))
+    return model
+
+
+def _cast_floats(parameters: dict, dtype: mx.Dtype) -> dict:
+    return tree_map(lambda v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v, parameters)
+
+
+def greedy_steps(model, steps: int = STEPS) -> list[tuple[int, mx.array]]:
+    """mlx-lm's greedy tokens after PROMPT with the log-probabilities each was picked from."""
+    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
+    return [(int(token), logprobs) for token, logprobs in tokens]
