@@ -49,6 +49,19 @@ def _float32_kernel(layer: nn.Module, x: mx.array) -> bool:
     return mx.result_type(x, *floats) == mx.float32
 
 
+def _dequantized(layer: nn.Module, weight: mx.array, scales: mx.array, biases: mx.array | None) -> mx.array:
+    """`weight` dequantized for a float32 GEMM: float (affine) scales and biases in float32, as MLX dequantizes in
+    the scales' dtype and float16 would round the weights; MXFP4/8 scales (bytes) as stored."""
+    return mx.dequantize(
+        weight,
+        scales.astype(mx.float32) if mx.issubdtype(scales.dtype, mx.floating) else scales,
+        None if biases is None else biases.astype(mx.float32),
+        layer.group_size,
+        layer.bits,
+        mode=layer.mode,
+    )
+
+
 class PrefillQuantizedLinear(nn.QuantizedLinear):
     """`nn.QuantizedLinear` with a dequantized-GEMM path for inputs of MIN_ROWS rows or more, taken where the kernel
     computes in float32 or where `float32_prefill` asks for it (module docstring)."""
@@ -57,20 +70,12 @@ class PrefillQuantizedLinear(nn.QuantizedLinear):
     float32_prefill = False  # the GEMM path for 16-bit activations too (not mlx-lm's tokens): `use_gemm_prefill`
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.size // x.shape[-1] < MIN_ROWS or not (self.float32_prefill or _float32_kernel(self, x)):
+        exact = self.float32_prefill or _float32_kernel(self, x)
+        if x.size // x.shape[-1] < MIN_ROWS or not exact or self.get("global_scale") is not None:
             return super().__call__(x)
         if self.instruments is not None:
             self.instruments.gemm_calls += 1
-        # Float32 scales: MLX dequantizes in the scales' dtype, and float16 would round the weights.
-        biases = self.get("biases")
-        weight = mx.dequantize(
-            self["weight"],
-            self["scales"].astype(mx.float32),
-            None if biases is None else biases.astype(mx.float32),
-            self.group_size,
-            self.bits,
-            mode=self.mode,
-        )
+        weight = _dequantized(self, self["weight"], self["scales"], self.get("biases"))
         y = (x @ weight.T).astype(x.dtype)
         return y + self["bias"] if "bias" in self else y
 
@@ -132,15 +137,7 @@ class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
         biases = self.get("biases")
 
         def weight_of(e: int) -> mx.array:
-            scales = self["scales"][e]  # float (affine) scales in float32, as PrefillQuantizedLinear; MXFP4's are uint8
-            return mx.dequantize(
-                self["weight"][e],
-                scales.astype(mx.float32) if mx.issubdtype(scales.dtype, mx.floating) else scales,
-                None if biases is None else biases[e].astype(mx.float32),
-                self.group_size,
-                self.bits,
-                mode=self.mode,
-            )
+            return _dequantized(self, self["weight"][e], self["scales"][e], None if biases is None else biases[e])
 
         return _grouped_gemm(self, x, indices, weight_of, x.dtype)
 
