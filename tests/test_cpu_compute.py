@@ -13,6 +13,7 @@ import pytest
 
 from nightshift.engine.cpu_blas import BUNDLED, _candidates
 from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.gguf_import import convert_gguf
 from tests.helpers.gguf_files import write_tiny_llama
@@ -57,6 +58,19 @@ def test_gemm_prefill_matches_the_quantized_kernel(rows):
         np.testing.assert_array_equal(got, want)  # the same kernel
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mxfp4_layers_take_the_gemm_path_with_their_byte_scales():
+    """MXFP4 scales are bytes: the GEMM path dequantizes them as stored (float32 activations: the kernel's dtype)."""
+    mx.random.seed(1)
+    reference = nn.QuantizedLinear.from_linear(nn.Linear(96, 64, bias=False), group_size=32, bits=4, mode="mxfp4")
+    switched = nn.QuantizedLinear.from_linear(nn.Linear(96, 64, bias=False), group_size=32, bits=4, mode="mxfp4")
+    switched.update(reference.parameters())
+    switched.__class__ = PrefillQuantizedLinear
+    switched.instruments = Instruments()
+    x = mx.random.normal((1, 200, 96))
+    np.testing.assert_allclose(np.array(switched(x)), np.array(reference(x)), rtol=1e-5, atol=1e-5)
+    assert switched.instruments.gemm_calls == 1
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
