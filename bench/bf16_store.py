@@ -1,10 +1,10 @@
 """A store's model as mlx-lm's `convert -q --dtype bfloat16` would publish it: 4-bit, bfloat16 scales, imported.
 
-    .venv/bin/python bench/bf16_store.py --model default OUT_DIR
+    .venv/bin/python -m bench.bf16_store --model default OUT_DIR
 
 The hub's MLX checkpoints are mostly this format; the default model ships as a GGUF (float16 scales, float32
 activations), so the exact prefill's cost on a bf16-scaled store is measured on this copy of it
-(`python -m nightshift.engine.bench.cpu_prefill OUT_DIR/store ...`, docs/results.md [21]). The weights are
+(`python -m bench.cpu_prefill OUT_DIR/store ...`, docs/results.md [21]). The weights are
 dequantized, cast to bfloat16 and quantized again by mlx-lm's own functions (group size 32, as the GGUF's: the
 experts are 96 wide, which 64 does not divide), then
 imported with `nightshift model import`'s importer.

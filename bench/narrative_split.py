@@ -1,6 +1,6 @@
 """A review's narrative as one prompt (single) or as a summary plus one prompt per finding in one batch (split).
 
-    .venv/bin/python bench/narrative_split.py [--review month-end] [--model NAME] [--rounds 1]
+    .venv/bin/python -m bench.narrative_split [--review month-end] [--model NAME] [--rounds 1]
 
 Side by side in one process on one loaded model (the default model unless --model): each round writes the
 review's narrative single, split, split, single (ABBA, so a cache warming or a neighbour's load falls on

@@ -25,13 +25,14 @@ from nightshift.engine.prefill import prefill
 from nightshift.engine.runtime import open_model
 from tests.helpers.moe_families import (
     PROMPT,
+    STEPS,
     check_import,
     float32_reference,
-    greedy_tokens,
     nightshift_tokens,
     write_checkpoint,
     write_fp8_checkpoint,
 )
+from tests.helpers.reference import greedy_tokens
 
 # bfloat16 keeps 8 bits: log-probabilities of ~-4 move by ~0.02-0.05 over the tiny models' layers (measured).
 BF16_ROUNDING = 0.1
@@ -72,7 +73,7 @@ def test_16bit_experts_generate_on_the_cpu(family, form, tmp_path, monkeypatch):
     store = tmp_path / "checked" / "store"
     with monkeypatch.context() as patch:
         patch.setattr(mx, "gather_mm", _gather_mm_as_on_a_gpu(mx.gather_mm))
-        expected = greedy_tokens(load_model(src, get_model_classes=get_classes)[0])
+        expected = greedy_tokens(load_model(src, get_model_classes=get_classes)[0], STEPS, PROMPT)
     for streamed in (False, True):
         tokens, stopped = nightshift_tokens(store, streamed)
         assert tokens == (expected[: len(tokens)] if stopped else expected), f"streamed={streamed}"

@@ -33,6 +33,7 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
+from tests.helpers.reference import greedy_tokens
 
 # Sizes of every tiny model: small enough to build ~50 families in seconds, big enough that routing, grouped
 # attention and the family's layer kinds are all exercised.
@@ -816,17 +817,11 @@ def quantized_checkpoint(
 
 
 # Conformance: a family's checkpoint imported and compared with what mlx-lm holds and generates for it
-# (tests/test_family_conformance.py; bench/family_table.py prints the table). The prompt is long enough that
-# nightshift's CPU prefill would take its GEMM path (cpu_prefill.MIN_ROWS rows; experts: rows x top-k products).
+# (tests/test_family_conformance.py; bench/family_table.py prints the table). The prompt is longer than
+# tests/helpers/reference.py's, so that nightshift's CPU prefill would take its GEMM path (cpu_prefill.MIN_ROWS rows;
+# experts: rows x top-k products).
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, *range(100, 140)]
 STEPS = 24
-
-
-def greedy_tokens(model, steps: int = STEPS) -> list[int]:
-    """The first `steps` greedy tokens after PROMPT by mlx-lm's own generate_step, as `mlx_lm.generate` makes
-    them (token ids in, no tokenizer)."""
-    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
-    return [int(token) for token, _ in tokens]
 
 
 def nightshift_tokens(store: Path, streamed: bool, steps: int = STEPS) -> tuple[list[int], bool]:
@@ -887,7 +882,7 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
     in_ram, _ = load_store(store)
     differences = tensor_differences(in_ram, reference)
     try:
-        expected = greedy_tokens(reference)
+        expected = greedy_tokens(reference, STEPS, PROMPT)
     except RuntimeError as exc:  # e.g. a family whose mlx-lm code needs a Metal kernel, on another backend
         return Outcome(differences=differences, tokens_unchecked=f"mlx-lm cannot run it here: {exc}")
     for how, streamed in (("in RAM", False), ("streamed", True)):

@@ -1,6 +1,6 @@
 """Benchmark: the CPU prefill paths side by side on one model in one run, alternating.
 
-    python -m nightshift.engine.bench.cpu_prefill MODEL_DIR --catalogue PATH [--prompt-tokens 400] [--rounds 2]
+    python -m bench.cpu_prefill MODEL_DIR --catalogue PATH [--prompt-tokens 400] [--rounds 2]
 
 Three paths answer the same prompt greedily, in turn, `--rounds` times: MLX's quantized kernel everywhere
 (mlx-lm's own math), the exact default (`use_gemm_prefill`: float32 GEMM only where the kernel computes in
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     unit = model.tokenizer.encode(TEXT)
     prompt = (unit * (args.prompt_tokens // len(unit) + 1))[: args.prompt_tokens]
     catalogue = Catalogue(args.catalogue)
-    command = shlex.join(["python", "-m", "nightshift.engine.bench.cpu_prefill", *argv])
+    command = shlex.join(["python", "-m", "bench.cpu_prefill", *argv])
     modes = {
         "quantized kernel": use_quantized_kernel,
         "exact default": use_gemm_prefill,
