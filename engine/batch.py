@@ -38,7 +38,7 @@ from nightshift.engine.generation import (
     LogitsProcessor,
 )
 from nightshift.engine.moe.stream import ExpertStream
-from nightshift.engine.prefill import prefill
+from nightshift.engine.prefill import fill_cache, prefill
 
 
 def batch_tokens(
@@ -66,7 +66,7 @@ def batch_tokens(
     stats.shared_prefix = shared = shared_prefix(prompts, prefill_chunk)
     read_once = make_prompt_cache(model)
     if shared:
-        prefill(model, prompts[0][:shared], read_once, prefill_chunk)
+        fill_cache(model, prompts[0][:shared], read_once, prefill_chunk)  # whole chunks, as each alone reads them
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
