@@ -7,12 +7,13 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
 import threading
 import time
-from contextlib import closing, suppress
+from contextlib import suppress
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_recovery_queues_a_dead_owners_run_again_once_and_never_touches_a_live_o
     assert (queue.get(retry).review, queue.get(retry).origin, queue.get(retry).state) == ("weekly", "retry", "queued")
     assert RunQueue().recover() == []  # exactly once
     # The same pid, but another process (the pid was reused): not the owner.
-    with closing(queue._connect()) as db:
+    with queue._transaction() as db:
         db.execute("UPDATE runs SET pid_start = 1.0 WHERE id = ?", (live.id,))
     assert queue.get(live.id).orphaned and len(RunQueue().recover()) == 1
 
@@ -106,7 +107,7 @@ def test_a_locked_queue_fails_nothing_silently_and_the_worker_goes_on(home, serv
     running = service()
     time.sleep(0.5)  # its first look: nothing queued
     waiting = RunQueue().enqueue("vanished")  # no such review: fails at once, with its reason
-    blocker = RunQueue()._connect()
+    blocker = sqlite3.connect(home / "runs.sqlite", isolation_level=None)  # as another process's would
     blocker.execute("BEGIN EXCLUSIVE")  # another process holds the queue: every write fails
     with caplog.at_level(logging.ERROR, "nightshift.serve"):
         running.wake_worker.set()
@@ -189,12 +190,10 @@ def test_a_silent_or_full_service_gives_a_clear_message_not_a_traceback(home):
 def test_the_data_dir_and_its_files_are_owner_only_from_the_first_command(home, capsys):
     assert main(["review", "list"]) == 0
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
-    queue = RunQueue()  # as a foreground `review run` creates it
-    with closing(queue._connect()) as db:  # while open, SQLite keeps its -wal and -shm files
-        queue.enqueue("daily")
-        db.execute("SELECT count(*) FROM runs").fetchone()
-        for name in ("runs.sqlite", "runs.sqlite-wal", "runs.sqlite-shm"):
-            assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    queue = RunQueue()  # as a foreground `review run` creates it; while it is open, SQLite keeps its -wal and -shm
+    queue.enqueue("daily")
+    for name in ("runs.sqlite", "runs.sqlite-wal", "runs.sqlite-shm"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
 
 
 def test_a_shared_data_dir_keeps_its_mode_with_a_warning(home, service, caplog):

@@ -43,22 +43,19 @@ def format_runs(runs: list[Run]) -> list[str]:
     return lines
 
 
-def scheduled_without_service() -> dict[str, str | None]:
-    """Next fire times computed from the schedule files (what the service would do)."""
+def jobs_without_service(limit: int) -> Jobs:
+    """The queue from the data dir, with next runs and errors from the schedule files: what the service would
+    report."""
+    from nightshift.app.daemon.control import Jobs
+    from nightshift.app.daemon.runs import RunQueue
+    from nightshift.app.review.index import clip
     from nightshift.app.review.schedule import load_schedules
 
     now = datetime.now(UTC)
-    schedules, _ = load_schedules()
-    return {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
-            for name, s in schedules.items()}  # fmt: skip
-
-
-def jobs_without_service(limit: int) -> Jobs:
-    """The queue from the data dir, with next runs from the schedule files: what the service would report."""
-    from nightshift.app.daemon.control import Jobs
-    from nightshift.app.daemon.runs import RunQueue
-
-    return Jobs(RunQueue().recent(limit), scheduled_without_service())
+    schedules, errors = load_schedules()
+    next_runs = {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
+                 for name, s in schedules.items()}  # fmt: skip
+    return Jobs(RunQueue().recent(limit), next_runs, schedule_errors=[clip(str(error), 1000) for error in errors])
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -70,12 +67,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         queue = jobs_without_service(args.limit)
     else:
         print("service: running")
-        if queue.worker_restarts:
-            print(f"service: its worker died and was restarted {queue.worker_restarts} time(s)")
-        if queue.worker_error:
-            print(f"service: the worker's last failure: {queue.worker_error}")
-        for error in queue.schedule_errors:
-            print(f"service: schedule not loaded (its last good version, if any, stays): {error}")
+    for notice in queue.notices():
+        print(f"note: {notice}")
     for name, when in sorted(queue.next_runs.items(), key=lambda item: item[1] or ""):
         print(f"   -  scheduled   {name:<14} next     {when}")
     for line in format_runs(queue.runs):
@@ -83,10 +76,24 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+LIMIT_MAX = 1_000_000
+
+
+def _count(text: str) -> int:
+    """A --limit: a whole number of runs from 1 to LIMIT_MAX."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs; give 1 to {LIMIT_MAX:,}")
+    return count
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Scheduled reviews with their next run, then runs: queued, running (with live tokens/s), "
         "done (with the report), failed (with the reason) or interrupted. Works with or without the service."
     )
-    parser.add_argument("--limit", type=int, default=30, help="how many runs to show (30)")
+    parser.add_argument("--limit", type=_count, default=30, help="how many runs to show (30)")
     parser.set_defaults(run=cmd_jobs)

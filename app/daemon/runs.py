@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Mapping
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import date, datetime
 from pathlib import Path
@@ -24,9 +24,9 @@ from typing import Any
 import psutil
 
 from nightshift.app.daemon import clock
-from nightshift.app.paths import private_file, run_queue
+from nightshift.app.paths import private_folder, run_queue
 from nightshift.app.review.index import clip
-from nightshift.engine import NightshiftError
+from nightshift.engine import NightshiftError, database_damaged, open_database
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 
@@ -55,8 +55,21 @@ INTERRUPTED_BY_STOP = "the service stopped during this run; queued again"
 ERROR_KEPT = 2000  # characters of a reason stored with a run (a 10 MB exception text is not kept whole)
 
 
+def _prepare(db: sqlite3.Connection) -> None:
+    """A new connection's file as the queue needs it: WAL, the table and index, a column added since."""
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(_SCHEMA)
+    if "pid_start" not in {row["name"] for row in db.execute("PRAGMA table_info(runs)")}:
+        db.execute("ALTER TABLE runs ADD COLUMN pid_start REAL")  # a queue from before owners
+
+
 class QueueError(NightshiftError):
-    """The run queue's file cannot be read or written (disk full, read-only, locked, no descriptors left)."""
+    """The run queue's file cannot be read or written (disk full, read-only, locked, no descriptors left), or is
+    `damaged` (SQLite finds it corrupt or not a database: `nightshift serve` keeps it aside and rebuilds it)."""
+
+    def __init__(self, message: str, damaged: bool = False):
+        super().__init__(message)
+        self.damaged = damaged
 
 
 def process_start(pid: int) -> float | None:
@@ -170,66 +183,54 @@ class Run:
 
 
 class RunQueue:
-    """Runs in a SQLite file; every method opens its own connection, so threads and processes can share it.
+    """Runs in a SQLite file, through the process's one connection to it (engine `open_database`): every
+    `RunQueue` of a process shares it, and its threads take turns.
 
-    SQLite's own errors (disk full, read-only, locked, no descriptors) come out as `QueueError`.
+    SQLite's own errors (disk full, read-only, locked, no descriptors, a damaged file) come out as `QueueError`.
     """
+
+    busy_timeout_s = 30.0  # how long a statement waits for another process's write before it fails
 
     def __init__(self, path: Path | None = None):
         self.path = path or run_queue()
         with self._guard():
-            private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files take its mode
-            with closing(self._connect()) as db, db:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.executescript(_SCHEMA)
-                if "pid_start" not in {row["name"] for row in db.execute("PRAGMA table_info(runs)")}:
-                    db.execute("ALTER TABLE runs ADD COLUMN pid_start REAL")  # a queue from before owners
+            self.db = open_database(private_folder(self.path), _prepare, self.busy_timeout_s)
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
         try:
             yield
         except (sqlite3.Error, OSError) as exc:
+            if database_damaged(exc):
+                raise QueueError(
+                    f"the run queue {self.path} is damaged ({clip(str(exc), 300)}); start `nightshift serve`: it "
+                    "keeps the damaged file aside and rebuilds the queue from what it can read and the report index",
+                    damaged=True,
+                ) from exc
             raise QueueError(
                 f"the run queue {self.path} cannot be read or written: {clip(str(exc), 300)}; check that the "
                 f"data dir {self.path.parent} is yours, writable and has free space"
             ) from exc
 
-    busy_timeout_s = 30.0  # how long a statement waits for another process's write before it fails
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        return db
-
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._guard(), closing(self._connect()) as db:
+        with self._guard(), self.db.read() as db:
             yield db
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: everything in it is stored, or nothing (also when the process dies)."""
-        with self._guard(), closing(self._connect()) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        with self._guard(), self.db.transaction() as db:
+            yield db
 
     def _write(self, sql: str, parameters: tuple) -> sqlite3.Cursor:
         with self._transaction() as db:
             return db.execute(sql, parameters)
 
-    def keep_open(self) -> sqlite3.Connection:
-        """A connection held open by the service for its lifetime: SQLite keeps the -wal and -shm files while one
-        is open, so reading the queue (`jobs`) still works when the disk fills (a new -shm could not be made)."""
+    def damage(self) -> str | None:
+        """What SQLite's quick check finds wrong with the file (None: sound); `serve` asks when it starts."""
         with self._guard():
-            db = self._connect()
-            db.execute("SELECT count(*) FROM runs").fetchone()
-        return db
+            return self.db.damage()
 
     def enqueue(self, review: str, as_of: date | None = None, due: datetime | None = None,
                 origin: str = "manual") -> int | None:  # fmt: skip
@@ -300,6 +301,18 @@ class RunQueue:
             lost = [row for row in rows if row["pid"] == lost_by or not alive(row["pid"], row["pid_start"])]
             retries = [self._interrupt(db, row["id"], f"{gone_reason(row['pid'])}; queued again", True) for row in lost]
         return [retry for retry in retries if retry is not None]
+
+    def restore(self, rows: list[dict[str, Any]]) -> int:
+        """Put runs back as they were stored, their ids kept (a damaged queue's rebuild); returns how many were
+        added: a run whose id, or scheduled due time, is already there is left as it is."""
+        columns = {f.name for f in fields(Run)}
+        added = 0
+        with self._transaction() as db:
+            for row in rows:
+                names = [name for name in row if name in columns]
+                added += db.execute(f"INSERT OR IGNORE INTO runs ({', '.join(names)}) VALUES "
+                                    f"({', '.join('?' * len(names))})", [row[name] for name in names]).rowcount  # fmt: skip
+        return added
 
     def get(self, run_id: int) -> Run | None:
         with self._read() as db:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import date, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -25,18 +25,20 @@ from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, JobExecutio
 from apscheduler.executors.base import BaseExecutor
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import SQLAlchemyError
 
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
-from nightshift.app.daemon.runs import Run, RunQueue
+from nightshift.app.daemon.rebuild import missed_due_runs, rebuild_queue
+from nightshift.app.daemon.runs import QueueError, Run, RunQueue
 from nightshift.app.daemon.settings import load_settings
-from nightshift.app.daemon.work import Cancel, Unsettled, batch_key, execute_batch
+from nightshift.app.daemon.work import Cancel, Outcome, Unsettled, batch_key, execute_batch
 from nightshift.app.models import open_for_generation
-from nightshift.app.paths import data_dir, private_file
+from nightshift.app.paths import data_dir, private_folder
 from nightshift.app.review.index import clip, read_index
 from nightshift.app.review.schedule import Schedule, find_schedule, load_schedules
-from nightshift.engine import Model, NightshiftError
+from nightshift.engine import Model, NightshiftError, create_database_file
 
 if TYPE_CHECKING:
     from nightshift.engine.distributed.model import Cluster
@@ -123,12 +125,13 @@ class Service:
         self.from_files = schedules is None  # read from the schedule folders, and read again by `reload`
         self.work = work
         self.queue: RunQueue | None = None
-        self.queue_held: sqlite3.Connection | None = None
+        self.queue_rebuilt: str | None = None  # what was done when the queue was found damaged at the start
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
         self.running: dict[int, Cancel] = {}  # the runs being worked on (one batch) and their cancel events
         self.settings = load_settings()  # [service] batch_window and batch_width
         self.unsettled: Callable[[], object] | None = None  # what the worker still has to record in the queue
+        self.pending: dict[int, Outcome] = {}  # how those runs ended, shown by `jobs` until the queue has it
         self.threads: list[threading.Thread] = []
         self.worker: threading.Thread | None = None
         self.worker_restarts = 0
@@ -140,19 +143,27 @@ class Service:
 
     def start(self) -> None:
         self.lock.acquire()
-        self.queue = RunQueue()
-        self.queue_held = self.queue.keep_open()
+        self.queue = self._checked_queue()
         self._recover()
         if self.from_files:
             self._read_schedules()
+        store = create_database_file(private_folder(self.home / "scheduler.sqlite"))  # 0600 before SQLAlchemy's pool
         self.scheduler = ReviewScheduler(
-            jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{private_file(self.home / 'scheduler.sqlite')}")},
+            jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{store}")},
             executors={"default": QueueExecutor()},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
         )
-        self.scheduler.start(paused=True)
-        self._sync_jobs()
+        try:
+            self.scheduler.start(paused=True)
+            self._sync_jobs()
+        except SQLAlchemyError as exc:
+            raise NightshiftError(f"the scheduler's store {store} cannot be read or written: {clip(str(exc), 300)}; "
+                                  f"check that the data dir {self.home} is yours, writable and has free space, or "
+                                  "move the file aside (the schedules are read again from their files)") from None  # fmt: skip
+        if self.queue_rebuilt:
+            for run_id in missed_due_runs(self.queue, self.schedules):
+                log.warning("a scheduled run missing from the rebuilt queue is queued again as run %s", run_id)
         self.scheduler.resume()
         self.control = ControlServer(self.handle)
         self.control.start()
@@ -173,6 +184,25 @@ class Service:
         thread.start()
         self.threads.append(thread)
         return thread
+
+    def _checked_queue(self) -> RunQueue:
+        """The run queue after SQLite's quick check; a damaged one is kept aside and rebuilt (said in the log,
+        and by `ping` and `jobs` for the dashboard)."""
+        queue = None
+        try:
+            queue = RunQueue()
+            damage = queue.damage()
+        except QueueError as exc:
+            if not exc.damaged:
+                raise
+            damage = str(exc.__cause__)
+        if damage is None:
+            return queue
+        if queue is not None:
+            queue.db.close()  # the file is moved aside: no connection of this process may stay on it
+        self.queue_rebuilt = rebuild_queue(data_dir() / "runs.sqlite", clip(damage, 300))
+        log.error("%s", self.queue_rebuilt)
+        return RunQueue()
 
     def _recover(self, lost_by: int | None = None) -> None:
         """Interrupt and queue again the runs whose owner is gone (or lost by this process's dead worker)."""
@@ -204,6 +234,16 @@ class Service:
         if self.from_files:
             self._read_schedules()
             self._sync_jobs()
+
+    def reload_said(self) -> None:
+        """`reload` from SIGHUP's thread: what keeps it from finishing is said in the log, never a thread's
+        traceback on the terminal (the schedules as they were stay scheduled)."""
+        try:
+            self.reload()
+        except NightshiftError as exc:
+            log.error("reading the schedules again failed: %s", exc)
+        except Exception:
+            log.exception("reading the schedules again failed")
 
     def _sync_jobs(self) -> None:
         """One job per schedule. An unchanged job is kept as stored, so a run missed while off is still due."""
@@ -262,7 +302,7 @@ class Service:
             try:
                 if self.unsettled is not None:
                     self.unsettled()
-                    self.unsettled = None
+                    self.unsettled, self.pending = None, {}
                     log.info("the queue can be written again; what the worker held is recorded")
                 if not self._work_one():
                     self.wake_worker.wait(IDLE_S)
@@ -270,7 +310,7 @@ class Service:
                 pause = BACKOFF_S[0]
                 continue
             except Unsettled as exc:
-                self.unsettled = exc.settle
+                self.unsettled, self.pending = exc.settle, exc.pending
                 self._trouble(str(exc))
             except Exception as exc:  # the queue unwritable, the disk full, no descriptors: said, tried again
                 self.unsettled = self.unsettled or partial(self._recover, os.getpid())
@@ -351,7 +391,7 @@ class Service:
     def health(self) -> dict[str, Any]:
         """What `ping` and `jobs` say of the worker, for `nightshift jobs` and the dashboard."""
         return {"worker_restarts": self.worker_restarts, "worker_error": self.worker_error,
-                "schedule_errors": self.schedule_errors,
+                "schedule_errors": self.schedule_errors, "queue_rebuilt": self.queue_rebuilt,
                 "hosts": self.cluster.describe() if self.cluster is not None else []}  # fmt: skip
 
     def _model(self, path: Path, memory_budget: str = "auto") -> Model:
@@ -371,7 +411,7 @@ class Service:
             return {"ok": True, "pid": os.getpid(), **self.health()}
         if command == "jobs":
             self._look_for_orphans()  # what the reply says of running runs is true: their processes are alive
-            runs = self.queue.recent(int(request.get("limit", 30)))
+            runs = [self._shown(run) for run in self.queue.recent(int(request.get("limit", 30)))]
             running = {run.id for run in runs if run.state == "running"}  # a batch's cancelled run leaves it at once
             cancelling = next(
                 (i for i, cancel in self.running.copy().items() if cancel.is_set() and i in running), None
@@ -391,6 +431,7 @@ class Service:
             return {"ok": True, "id": run_id}
         if command == "run_status":
             run = self.queue.get(int(request.get("id", 0)))
+            run = self._shown(run) if run is not None else None
             return {"ok": run is not None, "run": run.to_dict() if run else None, "error": "no such run"}
         if command == "reports":
             return {"ok": True, "reports": [entry.to_dict() for entry in read_index()]}
@@ -408,6 +449,17 @@ class Service:
             return {"ok": True, "next_runs": self.next_runs()}
         return {"ok": False, "error": f"unknown command {command!r}"}
 
+    def _shown(self, run: Run) -> Run:
+        """`run` as `jobs` shows it: one the worker has ended but could not record yet (the queue's disk full) shows
+        how it ended, not `running`."""
+        outcome = self.pending.get(run.id)
+        if outcome is None or run.state != "running":
+            return run
+        unrecorded = "not in the run queue yet: it cannot be written; recorded once it can"
+        if outcome.state == "done":
+            return replace(run, state="done", report=outcome.detail, error=unrecorded, progress=None)
+        return replace(run, state=outcome.state, error=f"{outcome.detail} ({unrecorded})", progress=None)
+
     def stop(self) -> None:
         self.stopping.set()
         for cancel in self.running.copy().values():
@@ -420,8 +472,6 @@ class Service:
             self.scheduler.shutdown(wait=False)
         for thread in self.threads:
             thread.join(timeout=STOP_WAIT_S)
-        if self.queue_held is not None:
-            self.queue_held.close()
         if self.worker is None or not self.worker.is_alive():
             for model in self.models.values():
                 model.close()  # a streamed store's reader threads, before the interpreter exits under them
