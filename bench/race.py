@@ -48,12 +48,17 @@ def next_minute(now: datetime, lead_s: float = LEAD_S) -> datetime:
 
 
 def read_rows(path: Path, sql: str) -> list[tuple]:
-    """Rows of `sql` from the SQLite file at `path` ([] when it is not there yet), through a connection closed at
-    once."""
+    """Rows of `sql` from the SQLite file at `path` ([] while it or its table is not made yet), through a connection
+    closed at once."""
     if not path.exists():
         return []
     with closing(sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True, timeout=30)) as db:
-        return db.execute(sql).fetchall()
+        try:
+            return db.execute(sql).fetchall()
+        except sqlite3.OperationalError as exc:
+            if str(exc).startswith("no such table"):
+                return []
+            raise
 
 
 def integrity(path: Path) -> str:

@@ -23,15 +23,10 @@ import pytest
 
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from tests.test_review_run import serve, user_schedule, wait_for
+from tests.service_helpers import nightshift, serve, user_schedule, wait_for
 
 pytestmark = pytest.mark.slow
 DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
-
-
-def nightshift(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nightshift.app.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, "NIGHTSHIFT_HOME": str(home)}, timeout=timeout)  # fmt: skip
 
 
 def settled() -> bool:

@@ -1,8 +1,10 @@
-"""The service's own faults, in one process (issue [12]): owners of running runs, a worker that meets a locked
-queue or dies, the control socket's limits, clients that give up cleanly, long errors, owner-only files."""
+"""The service's own faults, in one process (issues [12], [20]): owners of running runs, a worker that meets a locked
+queue or dies, the control socket's limits, clients that give up cleanly, long errors, owner-only files, a damaged
+queue rebuilt, a log that cannot be written."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -14,16 +16,19 @@ import sys
 import threading
 import time
 from contextlib import suppress
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.app.daemon import control
+from nightshift.app.commands.serve import LogFile
+from nightshift.app.daemon import clock, control
 from nightshift.app.daemon import service as service_module
-from nightshift.app.daemon.runs import ERROR_KEPT, RunQueue, process_start
+from nightshift.app.daemon.runs import ERROR_KEPT, QueueError, RunQueue, process_start
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import REASON_KEPT, add_failure, read_index
-from nightshift.app.review.schedule import BUNDLED_DIR
+from nightshift.app.review.schedule import BUNDLED_DIR, find_schedule
 
 
 def dead_pid() -> int:
@@ -250,3 +255,77 @@ def test_a_cancel_between_checks_stops_the_review_there(home):
         run_checks_for(schedule, schedule.as_of, lambda name, seconds: seen.append(name),
                        lambda: any(name.startswith("check") for name in seen))  # fmt: skip
     assert [name for name in seen if name.startswith("check")] == [seen[-1]]  # one check ran, no more
+
+
+DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
+
+
+def damage_index_page(path: Path) -> None:
+    """Overwrite the page of the queue's unique index with garbage: its rows stay readable, the file is damaged."""
+    with sqlite3.connect(path) as db:
+        page = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'one_run_per_due'").fetchone()[0]
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(path, "r+b") as raw:  # the test breaks the file on purpose, with no connection open
+        raw.seek((page - 1) * size)
+        raw.write(b"\xa5" * size)
+
+
+def test_a_damaged_queue_is_kept_aside_and_rebuilt_from_what_is_known(home, monkeypatch, caplog):
+    queue = RunQueue()
+    done = queue.claim(queue.enqueue("weekly", due=DUE, origin="schedule"), os.getpid())
+    queue.finish(done.id, "done", report=str(home / "weekly.pdf"))
+    waiting = queue.enqueue("month-end")
+    add_failure("month-end", "source 'bank': not readable", run=41)  # its queue row was lost with the damage
+    queue.db.close()
+    del queue
+    damage_index_page(home / "runs.sqlite")
+    # 19:30 in London on Friday 30 October 2026: the daily review fell due an hour ago and its run is nowhere.
+    monkeypatch.setattr(clock, "now", lambda: datetime(2026, 10, 30, 19, 30, tzinfo=UTC))
+    daily = find_schedule("daily")
+    service = Service({"daily": daily}, work=False)
+    with caplog.at_level(logging.WARNING, "nightshift.serve"):
+        service.start()
+    try:
+        (kept,) = home.glob("runs.sqlite.damaged-*")
+        assert "run queue" in caplog.text and "was damaged" in caplog.text and str(kept) in caplog.text
+        assert RunQueue().damage() is None
+        runs = {run.id: run for run in RunQueue().recent()}
+        assert (runs[done.id].state, runs[waiting].state, runs[41].state) == ("done", "queued", "failed")
+        assert runs[41].error == "source 'bank': not readable"  # from the report index
+        (missed,) = [run for run in runs.values() if run.review == "daily"]
+        assert (missed.origin, missed.due) == ("schedule", datetime(2026, 10, 30, 18, 30, tzinfo=UTC))
+        assert "was damaged" in control.jobs().notices()[0]  # for `nightshift jobs` and the dashboard
+        assert len(read_index()) == 1
+    finally:
+        service.stop()
+
+
+def test_a_damaged_queue_without_the_service_says_to_start_it(home, capsys):
+    home.mkdir(parents=True)
+    (home / "runs.sqlite").write_bytes(b"this is not a database" * 300)
+    with pytest.raises(QueueError, match=r"is damaged .*start `nightshift serve`"):
+        RunQueue().recent()
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_log_that_cannot_be_written_is_said_once_not_a_traceback_per_line(capsys):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here (a device every write to fails with 'no space left')")
+    handler = LogFile("/dev/full")
+    logger = logging.getLogger("nightshift.tests.full")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for number in range(5):
+            logger.error("line %d", number)
+        err = capsys.readouterr().err
+        assert err.count("cannot write the log /dev/full") == 1 and "No space left" in err
+        assert "Logging error" not in err and "Traceback" not in err
+        handler.stream = io.StringIO()  # room again
+        logger.error("after")
+        assert "the log /dev/full is written again" in capsys.readouterr().err
+    finally:
+        logger.removeHandler(handler)

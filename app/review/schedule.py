@@ -266,7 +266,8 @@ def _schedule_text(path: Path) -> str:
     naming the file, and the line for an encoding error."""
     try:
         if not path.is_file():
-            kind = "a directory" if path.is_dir() else "not a regular file"
+            kind = ("a directory" if path.is_dir() else "a link to nothing" if not path.exists()
+                    else "a special file (a pipe, socket or device)")  # fmt: skip
             raise ScheduleError(f"{path}: is {kind}, not a schedule file; move it out of the schedules folder")
         if path.stat().st_size > SCHEDULE_BYTES_MAX:
             raise ScheduleError(f"{path}: is {path.stat().st_size:,} bytes, not a schedule file (at most "
@@ -278,7 +279,7 @@ def _schedule_text(path: Path) -> str:
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ScheduleError(f"{path}:1: starts with a UTF-16 byte-order mark; save it as UTF-8")
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # a byte-order mark from a Windows editor is left out
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ScheduleError(f"{path}:{line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text; save the file as "
