@@ -30,7 +30,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         fire = schedule.trigger.get_next_fire_time(None, now)
         pinned = f", pinned to {schedule.as_of}" if schedule.as_of else ""
         print(
-            f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z}  {schedule.file}"
+            f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z} "
+            f"({schedule.business_days})  {schedule.file}"
         )
     for error in errors:
         say(f"error: {error}")
