@@ -18,7 +18,7 @@ from nightshift.engine import NightshiftError
 
 log = logging.getLogger("nightshift.paths")
 _warned: set[Path] = set()
-SET_HOME = "or set NIGHTSHIFT_HOME to a folder of yours"
+SET_HOME = "set NIGHTSHIFT_HOME to a folder of yours"
 
 
 class DataDirError(NightshiftError):
@@ -47,7 +47,9 @@ def ensure_data_dir() -> Path:
         home.chmod(0o700)  # whatever the umask
     except FileExistsError:
         if not home.is_dir():
-            raise DataDirError(f"the data dir {home} is a file, not a folder; move the file away {SET_HOME}") from None
+            raise DataDirError(
+                f"the data dir {home} is a file, not a folder; move the file away or {SET_HOME}"
+            ) from None
         mode = stat.S_IMODE(home.stat().st_mode)
         if mode & 0o077 and home not in _warned:
             _warned.add(home)
@@ -77,8 +79,8 @@ def writable_data_dir() -> Path:
     if os.access(home, os.W_OK | os.X_OK):
         return home
     if os.statvfs(home).f_flag & os.ST_RDONLY:
-        raise DataDirError(f"the data dir {home} is on a read-only file system; mount it read-write {SET_HOME}")
-    raise DataDirError(f"the data dir {home} is not writable by you; make it yours (chmod u+rwx) {SET_HOME}")
+        raise DataDirError(f"the data dir {home} is on a read-only file system; mount it read-write or {SET_HOME}")
+    raise DataDirError(f"the data dir {home} is not writable by you; make it yours (chmod u+rwx) or {SET_HOME}")
 
 
 def private_folder(path: Path) -> Path:
@@ -96,7 +98,13 @@ def private_file(path: Path) -> Path:
     Called before a file in the data dir is first opened, whichever command gets there first. Never for a
     SQLite file: opening and closing one beside SQLite's connections drops their locks (engine `open_database`).
     """
-    os.close(os.open(private_folder(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    try:
+        os.close(os.open(private_folder(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    except OSError as exc:
+        if path.is_dir():
+            raise DataDirError(f"{path} is a folder where nightshift keeps a file; move the folder away") from None
+        raise DataDirError(f"cannot create {path}: {exc.strerror}; check that its folder is yours, writable and has "
+                           "free space") from None  # fmt: skip
     return path
 
 

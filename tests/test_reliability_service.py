@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import suppress
+from contextlib import closing, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -262,7 +262,7 @@ DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
 
 def damage_index_page(path: Path) -> None:
     """Overwrite the page of the queue's unique index with garbage: its rows stay readable, the file is damaged."""
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db:
         page = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'one_run_per_due'").fetchone()[0]
         size = db.execute("PRAGMA page_size").fetchone()[0]
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -287,7 +287,7 @@ def test_a_damaged_queue_is_kept_aside_and_rebuilt_from_what_is_known(home, monk
     with caplog.at_level(logging.WARNING, "nightshift.serve"):
         service.start()
     try:
-        (kept,) = home.glob("runs.sqlite.damaged-*")
+        (kept,) = [path for path in home.glob("runs.sqlite.damaged-*") if not path.name.endswith(("-wal", "-shm"))]
         assert "run queue" in caplog.text and "was damaged" in caplog.text and str(kept) in caplog.text
         assert RunQueue().damage() is None
         runs = {run.id: run for run in RunQueue().recent()}

@@ -212,12 +212,12 @@ class Jobs:
     worker_restarts: int = 0  # times the watchdog found the worker thread dead and started a new one
     worker_error: str | None = None  # the last failure the worker met (it goes on once the cause clears)
     schedule_errors: list[str] = field(default_factory=list)  # schedule files that did not load
-    queue_rebuilt: str | None = None  # the run queue was found damaged at the service's start: what was done
+    repairs: list[str] = field(default_factory=list)  # the SQLite files found damaged at the service's start
     hosts: list[dict] = field(default_factory=list)  # serve --hosts: each host ("host") and its drive names
 
     def notices(self) -> list[str]:
         """What is wrong beside the runs, a line each, for `nightshift jobs` and the dashboard."""
-        lines = [f"run queue rebuilt: {self.queue_rebuilt}"] if self.queue_rebuilt else []
+        lines = [f"repaired at the service's start: {repair}" for repair in self.repairs]
         if self.worker_restarts:
             lines.append(f"the service's worker died and was restarted {self.worker_restarts} time(s)")
         if self.worker_error:
@@ -249,7 +249,7 @@ def jobs(limit: int = 30, timeout: float = 10.0) -> Jobs | None:
         return None
     return Jobs([Run.from_dict(run) for run in reply["runs"]], reply["next_runs"], reply.get("cancelling"),
                 reply.get("worker_restarts", 0), reply.get("worker_error"), reply.get("schedule_errors", []),
-                reply.get("queue_rebuilt"), reply.get("hosts", []))  # fmt: skip
+                reply.get("repairs", []), reply.get("hosts", []))  # fmt: skip
 
 
 def run_status(run_id: int, timeout: float = 10.0) -> Run | None:

@@ -1,10 +1,11 @@
-"""A damaged run queue, rebuilt from what is known: `nightshift serve` checks the queue when it starts.
+"""A damaged run queue, rebuilt from what is known: `nightshift serve` checks its SQLite files when it starts.
 
 The damaged file (with its -wal and -shm) is kept beside the new one as runs.sqlite.damaged-TIME, for whoever
 wants to look. The new queue gets every run still readable in it (read in rowid order from both ends, past a
 damaged page), then an entry for every outcome in the report index whose run is missing (a report written, a
 failure); once its schedules are read, the service queues again each schedule's latest due run within its
-grace that neither the queue nor the index has (`missed_due_runs`).
+grace that neither the queue nor the index has (`missed_due_runs`). A damaged scheduler store is kept aside the
+same way and made anew from the schedule files (`set_aside_if_damaged`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import IndexEntry, read_index
 from nightshift.app.review.runner import last_due
 from nightshift.app.review.schedule import Schedule
-from nightshift.engine import NightshiftError, open_database, set_aside_database
+from nightshift.engine import NightshiftError, database_damaged, open_database, set_aside_database
 
 log = logging.getLogger("nightshift.serve")
 
@@ -30,7 +31,7 @@ def rebuild_queue(path: Path, damage: str) -> str:
 
     This process must hold no connection to `path`.
     """
-    kept = set_aside_database(path, f".damaged-{clock.now():%Y%m%dT%H%M%S}")
+    kept = set_aside_database(path, _damaged_suffix())
     readable = _salvage(kept)
     known = {row["id"] for row in readable}
     indexed = [_from_index(entry) for entry in _index() if entry.run is not None and entry.run not in known]
@@ -38,6 +39,32 @@ def rebuild_queue(path: Path, damage: str) -> str:
     added = queue.restore(readable), queue.restore(indexed)
     return (f"the run queue {path} was damaged ({damage}); it is kept as {kept}, and a new queue holds the "
             f"{added[0]} run(s) still readable in it and {added[1]} more from the report index")  # fmt: skip
+
+
+def set_aside_if_damaged(path: Path, what: str) -> str | None:
+    """Keep the SQLite file at `path` aside if SQLite's quick check finds it damaged (its user makes a new one);
+    says what was done, or None when it is sound or not there. This process must hold no other connection to it."""
+    if not path.exists():
+        return None
+    damaged = None
+    try:
+        damaged = open_database(path)
+        damage = damaged.damage()
+    except sqlite3.Error as exc:
+        if not database_damaged(exc):
+            raise
+        damage = str(exc)
+    finally:
+        if damaged is not None:
+            damaged.close()
+    if damage is None:
+        return None
+    kept = set_aside_database(path, _damaged_suffix())
+    return f"{what} {path} was damaged ({damage}); it is kept as {kept} and a new one is made"
+
+
+def _damaged_suffix() -> str:
+    return f".damaged-{clock.now():%Y%m%dT%H%M%S}"
 
 
 def missed_due_runs(queue: RunQueue, schedules: dict[str, Schedule]) -> list[int]:

@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
-from nightshift.app.daemon.rebuild import missed_due_runs, rebuild_queue
+from nightshift.app.daemon.rebuild import missed_due_runs, rebuild_queue, set_aside_if_damaged
 from nightshift.app.daemon.runs import QueueError, Run, RunQueue
 from nightshift.app.daemon.settings import load_settings
 from nightshift.app.daemon.work import Cancel, Outcome, Unsettled, batch_key, execute_batch
@@ -125,7 +125,8 @@ class Service:
         self.from_files = schedules is None  # read from the schedule folders, and read again by `reload`
         self.work = work
         self.queue: RunQueue | None = None
-        self.queue_rebuilt: str | None = None  # what was done when the queue was found damaged at the start
+        self.repairs: list[str] = []  # the data dir's SQLite files found damaged at the start, and what was done
+        self.queue_rebuilt = False
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
         self.running: dict[int, Cancel] = {}  # the runs being worked on (one batch) and their cancel events
@@ -147,7 +148,9 @@ class Service:
         self._recover()
         if self.from_files:
             self._read_schedules()
-        store = create_database_file(private_folder(self.home / "scheduler.sqlite"))  # 0600 before SQLAlchemy's pool
+        store = private_folder(self.home / "scheduler.sqlite")
+        self._repaired(set_aside_if_damaged(store, "the scheduler's store"))
+        create_database_file(store)  # 0600 before SQLAlchemy's pool connects
         self.scheduler = ReviewScheduler(
             jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{store}")},
             executors={"default": QueueExecutor()},
@@ -158,7 +161,7 @@ class Service:
             self.scheduler.start(paused=True)
             self._sync_jobs()
         except SQLAlchemyError as exc:
-            raise NightshiftError(f"the scheduler's store {store} cannot be read or written: {clip(str(exc), 300)}; "
+            raise NightshiftError(f"the scheduler's store {store} cannot be read or written: {clip(str(exc.orig or exc), 300)}; "
                                   f"check that the data dir {self.home} is yours, writable and has free space, or "
                                   "move the file aside (the schedules are read again from their files)") from None  # fmt: skip
         if self.queue_rebuilt:
@@ -200,9 +203,15 @@ class Service:
             return queue
         if queue is not None:
             queue.db.close()  # the file is moved aside: no connection of this process may stay on it
-        self.queue_rebuilt = rebuild_queue(data_dir() / "runs.sqlite", clip(damage, 300))
-        log.error("%s", self.queue_rebuilt)
+        self._repaired(rebuild_queue(data_dir() / "runs.sqlite", clip(damage, 300)))
+        self.queue_rebuilt = True
         return RunQueue()
+
+    def _repaired(self, what: str | None) -> None:
+        """Say a repair in the log, and keep it for `ping` and `jobs` (the dashboard shows it)."""
+        if what is not None:
+            log.error("%s", what)
+            self.repairs.append(what)
 
     def _recover(self, lost_by: int | None = None) -> None:
         """Interrupt and queue again the runs whose owner is gone (or lost by this process's dead worker)."""
@@ -391,7 +400,7 @@ class Service:
     def health(self) -> dict[str, Any]:
         """What `ping` and `jobs` say of the worker, for `nightshift jobs` and the dashboard."""
         return {"worker_restarts": self.worker_restarts, "worker_error": self.worker_error,
-                "schedule_errors": self.schedule_errors, "queue_rebuilt": self.queue_rebuilt,
+                "schedule_errors": self.schedule_errors, "repairs": self.repairs,
                 "hosts": self.cluster.describe() if self.cluster is not None else []}  # fmt: skip
 
     def _model(self, path: Path, memory_budget: str = "auto") -> Model:
