@@ -81,11 +81,13 @@ def _outcome(state: str, report: str | None, error: str | None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from nightshift.app.daemon.runs import RunQueue
     from nightshift.app.daemon.work import execute
+    from nightshift.app.paths import writable_data_dir
 
     as_of = _as_of(args, args.name)
     in_service = _run_in_service(args, as_of)
     if in_service is not None:
         return in_service
+    writable_data_dir()  # the run, its report and the index are written there: a data dir that cannot be, said now
     queue = RunQueue()
     run = queue.claim(queue.enqueue(args.name, as_of, origin="manual"), os.getpid())
     say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
