@@ -16,11 +16,12 @@ import sys
 import threading
 import time
 from contextlib import closing, suppress
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from bench.soak import START, stepped_clock
 from nightshift.app.cli import main
 from nightshift.app.commands.serve import LogFile
 from nightshift.app.daemon import clock, control
@@ -272,6 +273,10 @@ def damage_index_page(path: Path) -> None:
 
 
 def test_a_damaged_queue_is_kept_aside_and_rebuilt_from_what_is_known(home, monkeypatch, caplog):
+    daily = find_schedule("daily")
+    earlier = Service({"daily": daily}, work=False)  # a service ran before: its job is in the scheduler's store
+    earlier.start()
+    earlier.stop()
     queue = RunQueue()
     done = queue.claim(queue.enqueue("weekly", due=DUE, origin="schedule"), os.getpid())
     queue.finish(done.id, "done", report=str(home / "weekly.pdf"))
@@ -282,7 +287,6 @@ def test_a_damaged_queue_is_kept_aside_and_rebuilt_from_what_is_known(home, monk
     damage_index_page(home / "runs.sqlite")
     # 19:30 in London on Friday 30 October 2026: the daily review fell due an hour ago and its run is nowhere.
     monkeypatch.setattr(clock, "now", lambda: datetime(2026, 10, 30, 19, 30, tzinfo=UTC))
-    daily = find_schedule("daily")
     service = Service({"daily": daily}, work=False)
     with caplog.at_level(logging.WARNING, "nightshift.serve"):
         service.start()
@@ -329,3 +333,26 @@ def test_a_log_that_cannot_be_written_is_said_once_not_a_traceback_per_line(caps
         assert "the log /dev/full is written again" in capsys.readouterr().err
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_due_run_the_queue_cannot_take_fires_again_until_it_is_queued(home, monkeypatch, caplog):
+    monkeypatch.setattr(RunQueue, "busy_timeout_s", 0.2)
+    monkeypatch.setattr(service_module, "RETRY_S", 0.5)
+    with stepped_clock(START) as now:
+        running = Service({"daily": find_schedule("daily")}, work=False)
+        running.start()
+        try:
+            blocker = sqlite3.connect(home / "runs.sqlite", isolation_level=None)  # as another process's would
+            blocker.execute("BEGIN EXCLUSIVE")  # every write to the queue fails meanwhile
+            due = running.scheduler.get_job("daily").next_run_time
+            now[0] = due + timedelta(seconds=1)
+            with caplog.at_level(logging.ERROR, "nightshift.serve"):
+                running.scheduler.check_now()
+                wait_for(lambda: "its run due at 2026-10-28T18:30:00+00:00 is not queued yet" in caplog.text)
+            assert running.scheduler.get_job("daily").next_run_time == due  # in the store: a restart fires it too
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            wait_for(lambda: [run.due for run in RunQueue().recent()] == [due], 30)
+            wait_for(lambda: running.scheduler.get_job("daily").next_run_time > due)
+        finally:
+            running.stop()

@@ -59,10 +59,13 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
         return 0
     # Reading a long prompt can take a minute on a CPU with no new figure: the heartbeat keeps a timer going.
     with live(say) as beat:
-        while (run := run_status(run_id)).state not in ("done", "failed", "interrupted"):
+        while (run := run_status(run_id)) is not None and run.state not in ("done", "failed", "interrupted"):
             if run.state == "running" and run.progress:
                 _note(beat, run.progress)
             time.sleep(POLL_S)
+    if run is None:
+        raise NightshiftError(f"the service stopped before run {run_id} ended; it stays in the queue and runs when "
+                              "`nightshift serve` starts again (`nightshift jobs` shows it)")  # fmt: skip
     return _outcome(run.state, run.report, run.error)
 
 

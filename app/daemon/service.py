@@ -50,6 +50,7 @@ IDLE_S = 2.0  # the worker looks at the queue at least this often
 BACKOFF_S = (1.0, 60.0)  # the worker's wait after a failure of its own, doubling up to the second figure
 STOP_WAIT_S = 30  # how long `stop` waits for the worker to end a run it was asked to stop
 BATCH_POLL_S = 0.5  # while runs due within the batch window are awaited, the queue is looked at this often
+RETRY_S = 5.0  # a due run the queue could not take, or a scheduler store that could not be written: tried again
 
 
 def record_due_run(review: str, due: datetime) -> None:
@@ -64,7 +65,15 @@ def record_due_run(review: str, due: datetime) -> None:
 
 
 class QueueExecutor(BaseExecutor):
-    """Runs a due job at once in the scheduler's thread (it only queues a run), honouring its grace time."""
+    """Runs a due job at once in the scheduler's thread (it only queues a run), honouring its grace time.
+
+    A due run the queue cannot take (disk full, locked) is said in one line and kept in `unrecorded`: the
+    scheduler sets its job back to that due time (`ReviewScheduler`), so it fires again until it is queued.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.unrecorded: dict[str, datetime] = {}  # job id -> the earliest due run of it not queued yet
 
     def _do_submit_job(self, job, run_times: list[datetime]) -> None:
         events = []
@@ -76,7 +85,12 @@ class QueueExecutor(BaseExecutor):
                 continue
             try:
                 job.func(*job.args, **{**job.kwargs, "due": run_time})
-            except Exception as exc:  # any failure: APScheduler logs it with its traceback
+            except QueueError as exc:
+                log.error("%s: its run due at %s is not queued yet (tried again shortly): %s", job.id,
+                          run_time.isoformat(), exc)  # fmt: skip
+                self.unrecorded.setdefault(job.id, run_time)
+                continue
+            except Exception as exc:  # any other failure: APScheduler logs it with its traceback
                 self._run_job_error(job.id, exc, exc.__traceback__)
                 return
             events.append(JobExecutionEvent(EVENT_JOB_EXECUTED, job.id, job._jobstore_alias, run_time))
@@ -84,7 +98,12 @@ class QueueExecutor(BaseExecutor):
 
 
 class ReviewScheduler(BackgroundScheduler):
-    """A BackgroundScheduler that counts its passes over the job store, so callers can wait for one."""
+    """A BackgroundScheduler that counts its passes over the job store, so callers can wait for one.
+
+    A pass that fails (its store cannot be written: disk full) is said in one line and tried again shortly,
+    where APScheduler's own thread would end. A job whose due run the queue could not take is set back to
+    that due time in the store, so the next pass (or the next start, after a kill) fires it again.
+    """
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -92,11 +111,32 @@ class ReviewScheduler(BackgroundScheduler):
         self.passed = threading.Condition()
 
     def _process_jobs(self):
-        wait = super()._process_jobs()
+        try:
+            wait = super()._process_jobs()
+            if self._keep_unrecorded():
+                wait = RETRY_S if wait is None else min(wait, RETRY_S)
+        except Exception as exc:
+            log.error("the scheduler's store could not be read or written (tried again in %.0f s): %s", RETRY_S,
+                      clip(str(exc), 300))  # fmt: skip
+            wait = RETRY_S
         with self.passed:
             self.passes += 1
             self.passed.notify_all()
         return wait
+
+    def _keep_unrecorded(self) -> bool:
+        """Set each job whose due run was not queued back to that due time (without waking the scheduler: the
+        next pass is RETRY_S away); True if there was one."""
+        unrecorded = self._lookup_executor("default").unrecorded
+        kept = bool(unrecorded)
+        for job_id, due in list(unrecorded.items()):
+            with self._jobstores_lock:
+                store = self._lookup_jobstore("default")
+                if (job := store.lookup_job(job_id)) is not None:
+                    job._modify(next_run_time=due)
+                    store.update_job(job)
+            del unrecorded[job_id]
+        return kept
 
     def check_now(self, timeout: float = 10.0) -> None:
         """Look for due jobs now and return once that pass is over."""
@@ -159,13 +199,13 @@ class Service:
         )
         try:
             self.scheduler.start(paused=True)
-            self._sync_jobs()
+            kept = self._sync_jobs()
         except SQLAlchemyError as exc:
             raise NightshiftError(f"the scheduler's store {store} cannot be read or written: {clip(str(exc.orig or exc), 300)}; "
                                   f"check that the data dir {self.home} is yours, writable and has free space, or "
                                   "move the file aside (the schedules are read again from their files)") from None  # fmt: skip
-        if self.queue_rebuilt:
-            for run_id in missed_due_runs(self.queue, self.schedules):
+        if self.queue_rebuilt:  # schedules whose jobs were stored before: their latest due run may be lost with it
+            for run_id in missed_due_runs(self.queue, {name: self.schedules[name] for name in kept}):
                 log.warning("a scheduled run missing from the rebuilt queue is queued again as run %s", run_id)
         self.scheduler.resume()
         self.control = ControlServer(self.handle)
@@ -254,9 +294,13 @@ class Service:
         except Exception:
             log.exception("reading the schedules again failed")
 
-    def _sync_jobs(self) -> None:
-        """One job per schedule. An unchanged job is kept as stored, so a run missed while off is still due."""
+    def _sync_jobs(self) -> set[str]:
+        """One job per schedule. An unchanged job is kept as stored, so a run missed while off is still due.
+
+        Returns the schedules whose jobs were kept and are not paused (their latest due run may be missing).
+        """
         stored = {job.id: job for job in self.scheduler.get_jobs()}
+        kept = set()
         for name, schedule in self.schedules.items():
             job = stored.pop(name, None)
             if (
@@ -264,6 +308,8 @@ class Service:
                 and repr(job.trigger) == repr(schedule.trigger)
                 and job.misfire_grace_time == schedule.grace_seconds
             ):
+                if job.next_run_time is not None:
+                    kept.add(name)
                 continue
             self.scheduler.add_job(
                 record_due_run, schedule.trigger, args=[name], kwargs={"due": None}, id=name, name=schedule.title,
@@ -273,6 +319,7 @@ class Service:
         for name in stored:
             self.scheduler.remove_job(name)
             log.info("%s: no schedule file any more; job removed", name)
+        return kept
 
     def next_runs(self) -> dict[str, str | None]:
         return {
