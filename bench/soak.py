@@ -86,16 +86,17 @@ def stepped_clock(start: datetime) -> Iterator[list[datetime]]:
         apscheduler.schedulers.base.datetime, clock.now = saved
 
 
-def write_schedule(
-    home: Path, model: Path | None, max_tokens: int, name: str = "soak", when: str | None = None
-) -> None:
+def write_schedule(home: Path, model: Path | None, max_tokens: int, name: str = "soak", when: str | None = None,
+                   single: bool = False) -> None:  # fmt: skip
     """The bundled daily review as a user schedule `name` in `home`, written by `model` (None: the default model),
-    firing `when` in UTC if given (a crontab line)."""
+    firing `when` in UTC if given (a crontab line); `single`: one answer of `max_tokens`, not the split narrative."""
     text = (BUNDLED_DIR / "daily.toml").read_text().replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
     text = text.replace('name = "daily"', f'name = "{name}"').replace(
         'output = "reports/daily"', f'output = "reports/{name}"'
     )
-    text = text.replace("max_tokens = 120", (f'name = "{model}"\n' if model else "") + f"max_tokens = {max_tokens}")
+    model_line = f'name = "{model}"\n' if model else ""
+    single_line = '\nnarrative = "single"' if single else ""
+    text = text.replace("max_tokens = 120", f"{model_line}max_tokens = {max_tokens}{single_line}")
     if when is not None:
         text = text.replace('when = "every business day at 18:30"', f'when = "{when}"')
         text = text.replace('timezone = "Europe/London"', 'timezone = "UTC"')
