@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -64,7 +65,8 @@ class Chaos:
         self.service: subprocess.Popen | None = None
         self.up: list[list[float]] = []  # [started, stopped] wall times of each service
         self.foreground: dict[int, subprocess.Popen] = {}  # foreground runs not reaped yet, by pid
-        self.dates: list[date] = []  # every foreground run's as-of date
+        self.dates: dict[int, date] = {}  # every foreground run's as-of date, by pid
+        self.never_asked: set[date] = set()  # foreground runs killed before they queued or claimed a run
         self.exits: Counter[str] = Counter()  # foreground runs' outcomes as their processes said
         self.events: Counter[str] = Counter()
         self.untrue: list[str] = []  # samples where `jobs` said what was not so
@@ -133,9 +135,9 @@ class Chaos:
 
     def start_foreground(self, when: str) -> None:
         as_of = FIRST_AS_OF + timedelta(days=len(self.dates))
-        self.dates.append(as_of)
         process = self.nightshift(f"fg-{len(self.dates)}", "review", "run", "fg", "--as-of", as_of.isoformat())
         self.foreground[process.pid] = process
+        self.dates[process.pid] = as_of
         self.events[f"foreground runs started {when}"] += 1
 
     def kill_foreground(self) -> None:
@@ -155,6 +157,8 @@ class Chaos:
             if "Traceback" in err:
                 self.untrue.append(f"review run (pid {pid}) printed a traceback: {err[-800:]}")
             outcome = "done" if process.returncode == 0 else "killed" if process.returncode < 0 else "error"
+            if outcome == "killed" and not re.search(r"\brun \d+", err):  # before it said its run: none asked for
+                self.never_asked.add(self.dates[pid])
             self.exits[outcome if outcome != "error" else f"error: {_reason(err)}"] += 1
             del self.foreground[pid]
 
@@ -262,7 +266,8 @@ def check(chaos: Chaos, until: float) -> dict[str, object]:
     for run in runs:
         key = (run.review, run.due) if run.review != "fg" else ("fg", run.as_of)
         groups.setdefault(key, []).append(run)
-    expected = {*expected_dues(chaos.up, chaos.schedules, until), *(("fg", as_of) for as_of in chaos.dates)}
+    dates = set(chaos.dates.values()) - chaos.never_asked
+    expected = {*expected_dues(chaos.up, chaos.schedules, until), *(("fg", as_of) for as_of in dates)}
     lost = sorted(f"{review} {when}" for review, when in expected if (review, when) not in groups)
     twice, stuck, failed = [], [], Counter()
     for (review, when), these in groups.items():
@@ -283,11 +288,13 @@ def check(chaos: Chaos, until: float) -> dict[str, object]:
     if len(set(pdfs)) != len(pdfs):
         problems.append("a report appears twice")
     chaos.check_integrity("the end")
+    log = (chaos.home / "nightshift.log").read_text(errors="replace").splitlines()
+    tracebacks = ["\n".join(log[n - 2 : n + 12]) for n, line in enumerate(log) if line.startswith("Traceback")]
     return {"runs": len(groups), "expected": len(expected), "scheduled": sum(key[0] != "fg" for key in groups),
-            "foreground": len(chaos.dates), "done": len(done), "failed": sum(failed.values()),
+            "foreground": len(chaos.dates), "killed_before_asking": len(chaos.never_asked), "done": len(done), "failed": sum(failed.values()),
             "interrupted": sum(run.state == "interrupted" for run in runs), "rows": len(runs), "pdfs": len(pdfs),
             "lost": lost, "twice": twice, "stuck": stuck, "damaged": chaos.damaged, "failed_reasons": dict(failed),
-            "problems": problems}  # fmt: skip
+            "problems": problems, "tracebacks_in_log": tracebacks[:5]}  # fmt: skip
 
 
 def chaos(home: Path, logs: Path, model: Path, runs: int, minutes: float, seed: int, disk: bool,
@@ -322,10 +329,9 @@ def chaos(home: Path, logs: Path, model: Path, runs: int, minutes: float, seed: 
             run.sample()
             loads.append(os.getloadavg()[0])
         until = time.time()
-        run.say(f"{(time.monotonic() - started) / 60:.0f} minutes: no more faults; schedules removed; draining")
+        run.say(f"{(time.monotonic() - started) / 60:.0f} minutes: no more faults; schedules paused; draining")
         for number in range(schedules):
-            (home / "schedules" / f"tick{number}.toml").unlink()
-        run.service.send_signal(signal.SIGHUP)
+            control.request("pause", review=f"tick{number}")
         deadline = time.monotonic() + 3600
         while not run.settled() and time.monotonic() < deadline:
             time.sleep(2)
@@ -370,7 +376,7 @@ def main() -> int:
             if disk:
                 subprocess.run(["umount", "-l", str(home)], check=False)
     print(json.dumps(figures))
-    bad = ("lost", "twice", "stuck", "damaged", "problems", "jobs_untrue")
+    bad = ("lost", "twice", "stuck", "damaged", "problems", "jobs_untrue", "tracebacks_in_log")
     return 1 if any(figures[key] for key in bad) else 0
 
 

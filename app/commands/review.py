@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return in_service
     writable_data_dir()  # the run, its report and the index are written there: a data dir that cannot be, said now
     queue = RunQueue()
-    run = queue.claim(queue.enqueue(args.name, as_of, origin="manual"), os.getpid())
+    run = queue.begin(args.name, as_of, os.getpid())
     say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
     try:
         with live(say) as beat:

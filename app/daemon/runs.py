@@ -239,6 +239,17 @@ class RunQueue:
                                         origin, clock.now().isoformat(timespec="seconds")))  # fmt: skip
         return cursor.lastrowid if cursor.rowcount else None
 
+    def begin(self, review: str, as_of: date | None, pid: int) -> Run:
+        """A run asked for by hand, queued and claimed by process `pid` in one step (a foreground `review run`):
+        a service starting meanwhile cannot take it first."""
+        now = clock.now().isoformat(timespec="seconds")
+        cursor = self._write(
+            "INSERT INTO runs (review, as_of, origin, state, created, started, pid, pid_start) "
+            "VALUES (?, ?, 'manual', 'running', ?, ?, ?, ?)",
+            (review, as_of.isoformat() if as_of else None, now, now, pid, process_start(pid)),
+        )
+        return self.get(cursor.lastrowid)
+
     def claim_next(self, pid: int) -> Run | None:
         """The oldest queued run, now marked running by `pid`; None when nothing waits."""
         with self._read() as db:
