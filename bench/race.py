@@ -3,10 +3,10 @@
     .venv/bin/python -m bench.race --model MODEL_DIR --repeat 20
 
 Each repetition, on a fresh data dir with two schedules written by MODEL_DIR (`fore`, which never falls due
-during the race, and `tick`, a crontab line for the next whole minute at least 20 s away): this script holds the
-engine lock, as another review generating would; starts `nightshift review run fore` in its own process (its run
-claimed, then waiting for the lock); starts `nightshift serve` beside it; waits until the service's own schedule
-fires and queues `tick`'s run; lets go of the lock; waits until the foreground process has exited and the service
+during the race, and `tick`, every minute): this script holds the engine lock, as another review generating
+would; starts `nightshift review run fore` in its own process (its run claimed, then waiting for the lock);
+starts `nightshift serve` beside it; waits until the service's own schedule fires at the next whole minute and
+queues `tick`'s run, then pauses `tick` (one due run per race); lets go of the lock; waits until the foreground process has exited and the service
 has worked off its queue; stops the service (SIGTERM). Then it checks: the foreground run done exactly once, the
 scheduled run done exactly once (any other attempt `interrupted`), one PDF and one report index entry each, both
 processes' exit codes, no traceback in their output or the log, and `PRAGMA integrity_check` of runs.sqlite and
@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import closing, suppress
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from bench.soak import write_schedule
@@ -39,12 +39,7 @@ from nightshift.app.daemon import control
 from nightshift.engine import NightshiftError
 
 NEVER_DUE = "0 3 1 1 *"  # 03:00 on 1 January: the foreground review's schedule never fires during a race
-LEAD_S = 20  # the scheduled run falls due at the next whole minute at least this far away
-
-
-def next_minute(now: datetime, lead_s: float = LEAD_S) -> datetime:
-    """The first whole minute at least `lead_s` after `now` (UTC)."""
-    return (now + timedelta(seconds=lead_s + 60)).replace(second=0, microsecond=0)
+FIRE_WAIT_S = 75  # the service's schedule fires at the next whole minute after it starts
 
 
 def read_rows(path: Path, sql: str) -> list[tuple]:
@@ -83,9 +78,9 @@ class Race:
         self.home = home
         self.queue = home / "runs.sqlite"
         self.env = {**os.environ, "NIGHTSHIFT_HOME": str(home)}
-        self.due = next_minute(datetime.now(UTC))
+        self.due: datetime | None = None  # when `tick` fell due, once it has
         write_schedule(home, model, max_tokens, "fore", NEVER_DUE)
-        write_schedule(home, model, max_tokens, "tick", f"{self.due.minute} {self.due.hour} * * *")
+        write_schedule(home, model, max_tokens, "tick", "* * * * *")
         self.problems: list[str] = []
 
     def runs(self, review: str) -> list[tuple[str, str | None]]:
@@ -118,8 +113,9 @@ class Race:
                 fore = self.nightshift("review", "run", "fore")
                 wait_until(lambda: self.runs("fore") == [("running", None)], 120, "the foreground run is claimed")
                 service = self.serve()
-                fire_wait = (self.due - datetime.now(UTC)).total_seconds() + 60
-                wait_until(lambda: bool(self.runs("tick")), fire_wait, "the service's schedule queues its run")
+                wait_until(lambda: bool(self.runs("tick")), FIRE_WAIT_S, "the service's schedule queues its run")
+                control.request("pause", review="tick")  # no second due run during this race
+                self.due = datetime.fromisoformat(self.runs("tick")[0][1])
             except (TimeoutError, NightshiftError, sqlite3.Error) as exc:
                 self.problems.append(f"before the foreground run went on: {exc}")
             finally:
@@ -136,7 +132,7 @@ class Race:
         finally:
             self._stop(fore, service)
         self._check(err)
-        return {"due": self.due.isoformat(), "fore": [state for state, _ in self._runs_or_none("fore")],
+        return {"due": self.due.isoformat() if self.due else None, "fore": [state for state, _ in self._runs_or_none("fore")],
                 "tick": [state for state, _ in self._runs_or_none("tick")], "report": out.strip(),
                 "seconds": round(time.monotonic() - started), "problems": self.problems}  # fmt: skip
 
