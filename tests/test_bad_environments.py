@@ -8,9 +8,11 @@ tests/test_reliability_kills.py; docs/reliability.md lists them all.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,3 +224,27 @@ def test_serve_starts_beside_unreadable_schedules_runs_the_others_and_names_new_
     assert "nightshift: stopping\n" in err  # nothing was running: no run "interrupted and queued again"
     log = (home / "nightshift.log").read_text()
     assert all(what in log for what in (*named, "utf16.toml:1")), log
+
+
+@pytest.mark.slow
+def test_the_dashboard_names_a_skipped_schedule_on_its_queue_screen(home):
+    from nightshift.app.tui.app import Dashboard
+    from nightshift.app.tui.screens import QueueScreen
+
+    home.mkdir(mode=0o700)
+    made("schedules/latin.toml", LATIN_1)(home)
+
+    async def drive() -> str:
+        app = Dashboard()
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.press("2")
+            deadline = time.monotonic() + 60
+            while not (
+                isinstance(app.screen, QueueScreen) and "latin.toml" in app.screen.query_one("#queue-note").text
+            ):
+                assert time.monotonic() < deadline, "the queue screen never named the schedule"
+                await pilot.pause(0.1)
+            return app.screen.query_one("#queue-note").text
+
+    note = asyncio.run(drive())
+    assert "schedule skipped (the other reviews run)" in note and "latin.toml:2: byte 0xe4 is not UTF-8" in note
