@@ -28,7 +28,7 @@ from nightshift.app.daemon import clock, control
 from nightshift.app.daemon import service as service_module
 from nightshift.app.daemon.runs import ERROR_KEPT, QueueError, RunQueue, process_start
 from nightshift.app.daemon.service import Service
-from nightshift.app.review.index import REASON_KEPT, add_failure, read_index
+from nightshift.app.review.index import REASON_KEPT, IndexEntry, add_failure, add_to_index, read_index
 from nightshift.app.review.schedule import BUNDLED_DIR, find_schedule
 
 
@@ -59,6 +59,21 @@ def test_recovery_queues_a_dead_owners_run_again_once_and_never_touches_a_live_o
     with queue._transaction() as db:
         db.execute("UPDATE runs SET pid_start = 1.0 WHERE id = ?", (live.id,))
     assert queue.get(live.id).orphaned and len(RunQueue().recover()) == 1
+
+
+def test_a_dead_owners_run_whose_outcome_is_in_the_report_index_ends_so_and_is_not_run_again(home):
+    """Its process wrote the report (or the failure) and died, or could not record it (a full disk)."""
+    queue = RunQueue()
+    done = queue.claim(queue.enqueue("daily"), dead_pid())
+    add_to_index(IndexEntry(run=done.id, review="daily", created="2026-10-30T19:00:00+00:00", path="/r/daily.pdf"))
+    failed = queue.claim(queue.enqueue("weekly"), dead_pid())
+    add_failure("weekly", "source 'bank': no file", failed.id)
+    lost = queue.claim(queue.enqueue("month-end"), dead_pid())  # nothing in the index: run again
+    (retry,) = RunQueue().recover()
+    assert (queue.get(done.id).state, queue.get(done.id).report) == ("done", "/r/daily.pdf")
+    assert (queue.get(failed.id).state, queue.get(failed.id).error) == ("failed", "source 'bank': no file")
+    assert queue.get(lost.id).state == "interrupted" and queue.get(retry).review == "month-end"
+    assert RunQueue().recover() == []
 
 
 def test_jobs_without_the_service_shows_a_dead_run_as_interrupted(home, capsys):

@@ -83,7 +83,7 @@ def _outcome(state: str, report: str | None, error: str | None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from nightshift.app.daemon.runs import RunQueue
-    from nightshift.app.daemon.work import execute
+    from nightshift.app.daemon.work import Unsettled, execute
     from nightshift.app.paths import writable_data_dir
 
     as_of = _as_of(args, args.name)
@@ -97,6 +97,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with live(say) as beat:
             finished = execute(queue, run, say=beat.say, show=lambda figures: _note(beat, figures))
+    except Unsettled as exc:  # ended, but the queue could not record it (disk full)
+        ended = exc.pending.get(run.id)
+        kept = "; the report index has how it ended, and `nightshift serve` records it from there"
+        raise NightshiftError(f"{exc}{kept if ended and ended.state != 'interrupted' else ''}") from None
     except KeyboardInterrupt:
         queue.finish(run.id, "interrupted", error="interrupted by the user")
         say("interrupted")

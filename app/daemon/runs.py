@@ -25,7 +25,7 @@ import psutil
 
 from nightshift.app.daemon import clock
 from nightshift.app.paths import private_folder, run_queue
-from nightshift.app.review.index import clip
+from nightshift.app.review.index import IndexEntry, clip, read_index
 from nightshift.engine import NightshiftError, database_damaged, open_database
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
@@ -83,6 +83,14 @@ def process_start(pid: int) -> float | None:
 def alive(pid: int | None, started: float | None) -> bool:
     """Whether the process that claimed a run (pid and start time) still runs: the same pid, started then."""
     return pid is not None and started is not None and process_start(pid) == started
+
+
+def _outcomes_in_index() -> dict[int, IndexEntry]:
+    """The report index's outcomes (a report written, a failure) by run id; none when the index cannot be read."""
+    try:
+        return {entry.run: entry for entry in read_index() if entry.run is not None}
+    except NightshiftError:
+        return {}
 
 
 def gone_reason(pid: int | None) -> str:
@@ -304,14 +312,31 @@ class RunQueue:
 
         `lost_by`: a live process whose runs are lost all the same (the service's worker thread died
         and was restarted). A run whose owner still runs (a foreground `review run`) is left alone.
+        A lost run whose outcome the report index already has (its owner wrote the report, or its
+        failure, then died or could not record it: a full disk) ends as the index says, never run twice.
         One transaction: a process that dies while recovering leaves each run either still `running`
-        (recovered next time) or interrupted with its retry queued, never interrupted and not queued.
+        (recovered next time) or ended, or interrupted with its retry queued, never interrupted and not queued.
         """
-        with self._transaction() as db:
+        with self._read() as db:
             rows = db.execute("SELECT id, pid, pid_start FROM runs WHERE state = 'running'").fetchall()
-            lost = [row for row in rows if row["pid"] == lost_by or not alive(row["pid"], row["pid_start"])]
-            retries = [self._interrupt(db, row["id"], f"{gone_reason(row['pid'])}; queued again", True) for row in lost]
+        if not any(self._lost(row, lost_by) for row in rows):
+            return []
+        ended = _outcomes_in_index()
+        retries = []
+        with self._transaction() as db:
+            for row in db.execute("SELECT id, pid, pid_start FROM runs WHERE state = 'running'").fetchall():
+                if not self._lost(row, lost_by):
+                    continue
+                if (entry := ended.get(row["id"])) is not None:
+                    db.execute(_FINISH, (entry.state, clock.now().isoformat(timespec="seconds"), entry.path,
+                                         entry.reason, row["id"]))  # fmt: skip
+                else:
+                    retries.append(self._interrupt(db, row["id"], f"{gone_reason(row['pid'])}; queued again", True))
         return [retry for retry in retries if retry is not None]
+
+    @staticmethod
+    def _lost(row: sqlite3.Row, lost_by: int | None) -> bool:
+        return row["pid"] == lost_by or not alive(row["pid"], row["pid_start"])
 
     def restore(self, rows: list[dict[str, Any]]) -> int:
         """Put runs back as they were stored, their ids kept (a damaged queue's rebuild); returns how many were
