@@ -14,7 +14,7 @@ import stat
 import sys
 from pathlib import Path
 
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 log = logging.getLogger("nightshift.paths")
 _warned: set[Path] = set()

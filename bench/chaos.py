@@ -48,7 +48,7 @@ from bench.soak import write_schedule
 from nightshift.app.commands.jobs import format_runs
 from nightshift.app.daemon import control
 from nightshift.app.daemon.runs import Run
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 FIRST_AS_OF = date(2001, 1, 1)  # foreground run k reviews the day FIRST_AS_OF + k days
 UP_BEFORE_S, UP_AFTER_S = 3.0, 45.0  # a fire time counts as expected if the service was up this long around it

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from bench.soak import write_schedule
 from nightshift.app.daemon import control
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 NEVER_DUE = "0 3 1 1 *"  # 03:00 on 1 January: the foreground review's schedule never fires during a race
 FIRE_WAIT_S = 75  # the service's schedule fires at the next whole minute after it starts

@@ -21,7 +21,8 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.app.review.schedule import BUNDLED_DIR
-from tests.service_helpers import nightshift, serve, user_schedule, wait_for
+from tests.helpers.service import nightshift, serve, user_schedule
+from tests.helpers.waits import wait_for
 
 DAILY = (BUNDLED_DIR / "daily.toml").read_text().replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
 

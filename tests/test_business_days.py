@@ -13,7 +13,7 @@ from nightshift.app.review.calendars import BusinessDays, business_days
 from nightshift.app.review.errors import ScheduleError
 from nightshift.app.review.schedule import load_schedule
 from nightshift.app.review.when import BusinessDayOfMonthTrigger, parse_when
-from tests.test_sched_service import bundled, queued, start, step, wall  # noqa: F401 (fixtures)
+from tests.helpers.service import queued, start, step
 
 LONDON = ZoneInfo("Europe/London")
 
@@ -111,7 +111,7 @@ def test_review_list_shows_each_calendar_or_none(home, capsys):
     assert "(no holiday calendar)" in lines["daily"]
 
 
-def test_the_service_fires_on_the_calendars_last_business_day(home, wall, bundled):  # noqa: F811
+def test_the_service_fires_on_the_calendars_last_business_day(home, wall, bundled):
     """The bundled month-end (GB-ENG): stored in July, restarted after 31 July's run, the trigger read back from the
     job store fires on 28 August, not on the bank holiday of the 31st."""
     assert bundled["month-end"].business_days == BusinessDays("GB-ENG")
@@ -126,7 +126,7 @@ def test_the_service_fires_on_the_calendars_last_business_day(home, wall, bundle
     assert queued("month-end") == ["2026-07-31 21:00", "2026-08-28 21:00"]  # 22:00 in London (summer time)
 
 
-def test_the_service_skips_holidays_every_business_day(home, wall):  # noqa: F811
+def test_the_service_skips_holidays_every_business_day(home, wall):
     (home / "schedules").mkdir(parents=True)
     (home / "schedules" / "target.toml").write_text(
         SCHEDULE.format(when="every business day at 18:30", calendar="XECB")

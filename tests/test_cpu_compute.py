@@ -11,15 +11,16 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from nightshift.engine import convert_gguf, open_model
 from nightshift.engine.cpu_blas import BUNDLED, _candidates
 from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
-from tests.gguf_files import write_tiny_llama
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.gguf_import import convert_gguf
+from tests.helpers.gguf_files import write_tiny_llama
 
 
 def _blas_in_a_fresh_process(**env: str) -> str:
     # MLX imported directly, after the engine package: the package loads the BLAS just before MLX loads.
-    code = "import nightshift.engine, mlx.core; from nightshift.engine import BLAS_IN_USE; print(BLAS_IN_USE)"
+    code = "import nightshift.engine, mlx.core; from nightshift.engine.cpu_blas import BLAS_IN_USE; print(BLAS_IN_USE)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()

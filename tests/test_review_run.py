@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.cli import main
-from tests.service_helpers import serve, user_schedule, wait_for
+from tests.helpers.service import serve, states, user_schedule
+from tests.helpers.waits import wait_for
 
 
 @pytest.mark.slow
@@ -72,11 +72,6 @@ def test_serve_install_writes_a_user_unit(home, tmp_path, monkeypatch, capsys):
     from nightshift.app.daemon.install import launchd_plist
 
     assert "<string>serve</string>" in launchd_plist() and "org.nightshift.serve" in launchd_plist()
-
-
-def states(home: Path) -> list[tuple[int, str, str]]:
-    with sqlite3.connect(home / "runs.sqlite") as db:
-        return db.execute("SELECT id, review, state FROM runs ORDER BY id").fetchall()
 
 
 @pytest.mark.slow

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from nightshift.app.commands import say
 from nightshift.app.commands.jobs import progress_line
 from nightshift.app.progress import Heartbeat, live
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 if TYPE_CHECKING:
     from nightshift.app.daemon.runs import RunProgress
-    from nightshift.engine import GenerationStats
+    from nightshift.engine.generation import GenerationStats
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0

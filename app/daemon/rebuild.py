@@ -21,7 +21,8 @@ from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import IndexEntry, read_index
 from nightshift.app.review.runner import last_due
 from nightshift.app.review.schedule import Schedule
-from nightshift.engine import NightshiftError, database_damaged, open_database, set_aside_database
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.database import database_damaged, open_database, set_aside_database
 
 log = logging.getLogger("nightshift.serve")
 

@@ -26,7 +26,8 @@ import psutil
 from nightshift.app.daemon import clock
 from nightshift.app.paths import private_folder, run_queue
 from nightshift.app.review.index import IndexEntry, clip, read_index
-from nightshift.engine import NightshiftError, database_damaged, open_database
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.database import database_damaged, open_database
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 

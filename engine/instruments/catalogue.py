@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.assertions import Proof, require
-from nightshift.engine.instruments.database import database
+from nightshift.engine.instruments.database import open_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -72,7 +72,7 @@ class Catalogue:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = database(self.path, lambda db: db.execute(SCHEMA))
+            self.db = open_database(self.path, lambda db: db.execute(SCHEMA))
             with self.db.read() as db:
                 db.execute("SELECT count(*) FROM runs").fetchone()  # a file that is not a catalogue says so now
         except (sqlite3.DatabaseError, OSError) as exc:

@@ -6,7 +6,7 @@ file as soon as the process closes *any* descriptor of that file. A process that
 file itself (to set its mode, say) while its own connections are open silently loses their locks; another
 process then takes itself for the last connection and deletes the -wal and -shm files under them, and the
 database is damaged ("database disk image is malformed", "disk I/O error"). So nightshift opens its SQLite
-files only here: `database(path)` is the process's one connection to a file, shared by its threads under a
+files only here: `open_database(path)` is the process's one connection to a file, shared by its threads under a
 lock and closed when no one in the process holds it any more. A file that does not exist yet is created
 owner-only first: nothing can hold a lock on a file that did not exist, and its -wal and -shm files take
 its mode.
@@ -64,7 +64,7 @@ class Database:
         return None if found == ["ok"] else "; ".join(found)
 
     def close(self) -> None:
-        """Close the connection now (the process's next `database` call for the file opens a new one)."""
+        """Close the connection now (the process's next `open_database` call for the file opens a new one)."""
         with _owners_lock:
             _owners.pop(_key(self.path), None)
         with self.lock:
@@ -80,7 +80,7 @@ def _key(path: Path) -> tuple[int, str]:
     return os.getpid(), os.path.realpath(path)
 
 
-def database(path: Path, setup: Setup | None = None, timeout: float = 30.0) -> Database:
+def open_database(path: Path, setup: Setup | None = None, timeout: float = 30.0) -> Database:
     """This process's connection to the SQLite file at `path`, opened (the file created 0600 if missing, then
     `setup` run on it) the first time it is asked for. `timeout`: how long a statement waits for another
     process's write. sqlite3.Error or OSError when the file cannot be opened or set up."""
@@ -107,13 +107,13 @@ def create_database_file(path: Path) -> Path:
     return path
 
 
-def damaged(error: BaseException) -> bool:
+def database_damaged(error: BaseException) -> bool:
     """Whether `error` is SQLite saying the file is damaged or not a database at all (not full, locked, ...)."""
     code = getattr(error, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
-def set_aside(path: Path, suffix: str) -> Path:
+def set_aside_database(path: Path, suffix: str) -> Path:
     """Move a (damaged) database and its -wal and -shm files to `path` + `suffix`, kept together so SQLite still
     reads them as one; this process must hold no connection to it. Returns the new path."""
     kept = path.with_name(path.name + suffix)

@@ -1,16 +1,20 @@
-"""Reviews run by real `nightshift` processes on a test's data dir: the schedules they run, the service and the
-commands, shared by the tests that start them."""
+"""A user's schedule on a tiny model, and the scheduler service as a process to talk to."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
-import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nightshift.app.daemon.control import request
+from nightshift.app.daemon.runs import RunQueue
+from nightshift.app.daemon.service import Service
 from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.clock import Clock
+from tests.helpers.waits import wait_for
 
 
 def user_schedule(
@@ -29,6 +33,7 @@ def user_schedule(
 
 
 def nightshift(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`nightshift args...` on `home`, as a user runs it: its exit status, stdout and stderr."""
     return subprocess.run([sys.executable, "-m", "nightshift.app.cli", *args], capture_output=True, text=True,
                           env={**os.environ, "NIGHTSHIFT_HOME": str(home)}, timeout=timeout)  # fmt: skip
 
@@ -39,16 +44,43 @@ def serve(home: Path, *options: str) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve", *options],
                                env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while (request("ping") or {}).get("pid") != process.pid:
+
+    def answers() -> bool:
         assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline, "the service did not answer on its socket"
-        time.sleep(0.1)
+        return (request("ping") or {}).get("pid") == process.pid
+
+    wait_for(answers, 120, "the service to answer on its socket", every=0.1)
     return process
 
 
-def wait_for(condition, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+def states(home: Path) -> list[tuple[int, str, str]]:
+    with sqlite3.connect(home / "runs.sqlite") as db:
+        return db.execute("SELECT id, review, state FROM runs ORDER BY id").fetchall()
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def start(schedules, names) -> Service:
+    """A service (not working) on the schedules `names`, its scheduler checked once."""
+    service = Service({name: schedules[name] for name in names}, work=False)
+    service.start()
+    service.scheduler.check_now()
+    return service
+
+
+def queued(review: str | None = None) -> list[str]:
+    """Due times (UTC, ISO) of the queued scheduled runs, oldest first."""
+    runs = sorted(RunQueue().recent(100), key=lambda run: run.id)
+    return [run.due.astimezone(UTC).strftime("%Y-%m-%d %H:%M") for run in runs if review in (None, run.review)]
+
+
+def step(service: Service, wall: Clock, until: datetime, every: timedelta) -> None:
+    """Move the frozen wall clock to `until` in steps of `every`, the scheduler checked at each."""
+    while wall.time < until:
+        wall.set(min(wall.time + every, until))
+        service.scheduler.check_now()
