@@ -67,6 +67,7 @@ class Chaos:
         self.foreground: dict[int, subprocess.Popen] = {}  # foreground runs not reaped yet, by pid
         self.dates: dict[int, date] = {}  # every foreground run's as-of date, by pid
         self.never_asked: set[date] = set()  # foreground runs killed before they queued or claimed a run
+        self.refused: dict[date, str] = {}  # foreground runs refused before they had a run (disk full), and why
         self.exits: Counter[str] = Counter()  # foreground runs' outcomes as their processes said
         self.events: Counter[str] = Counter()
         self.untrue: list[str] = []  # samples where `jobs` said what was not so
@@ -157,8 +158,11 @@ class Chaos:
             if "Traceback" in err:
                 self.untrue.append(f"review run (pid {pid}) printed a traceback: {err[-800:]}")
             outcome = "done" if process.returncode == 0 else "killed" if process.returncode < 0 else "error"
-            if outcome == "killed" and not re.search(r"\brun \d+", err):  # before it said its run: none asked for
+            had_run = re.search(r"\brun \d+", err) is not None  # it says its run's number once it has one
+            if outcome == "killed" and not had_run:  # killed before it asked for a run: none to do
                 self.never_asked.add(self.dates[pid])
+            if outcome == "error" and not had_run:  # refused with its reason before it had a run: none to do
+                self.refused[self.dates[pid]] = _reason(err)
             self.exits[outcome if outcome != "error" else f"error: {_reason(err)}"] += 1
             del self.foreground[pid]
 
@@ -266,21 +270,23 @@ def check(chaos: Chaos, until: float) -> dict[str, object]:
     for run in runs:
         key = (run.review, run.due) if run.review != "fg" else ("fg", run.as_of)
         groups.setdefault(key, []).append(run)
-    dates = set(chaos.dates.values()) - chaos.never_asked
+    dates = set(chaos.dates.values()) - chaos.never_asked - set(chaos.refused)
     expected = {*expected_dues(chaos.up, chaos.schedules, until), *(("fg", as_of) for as_of in dates)}
     lost = sorted(f"{review} {when}" for review, when in expected if (review, when) not in groups)
+    index = chaos.home / "reports" / "index.json"
+    entries = json.loads(index.read_text()) if index.exists() else []
+    outcomes = Counter(entry.get("run") for entry in entries)  # a report or a failure written, by run id
     twice, stuck, failed = [], [], Counter()
     for (review, when), these in groups.items():
         states = Counter(run.state for run in these)
-        if states["done"] + states["failed"] > 1:
-            twice.append(f"{review} {when}: {dict(states)}")
+        written = sum(outcomes[run.id] for run in these)  # an attempt that wrote its outcome and was run again
+        if states["done"] + states["failed"] > 1 or written > 1:
+            twice.append(f"{review} {when}: {dict(states)}, {written} outcomes in the report index")
         elif states["done"] + states["failed"] == 0 or set(states) - {"done", "failed", "interrupted"}:
             stuck.append(f"{review} {when}: {dict(states)}")
         failed.update(_reason(f"error: {run.error}") for run in these if run.state == "failed")
     done = [run for run in runs if run.state == "done"]
     pdfs = sorted(str(path) for path in (chaos.home / "reports").glob("*/*.pdf"))
-    index = chaos.home / "reports" / "index.json"
-    entries = json.loads(index.read_text()) if index.exists() else []
     indexed = sorted(entry["path"] for entry in entries if entry.get("state", "done") == "done")
     problems = []
     if sorted(run.report for run in done) != pdfs or indexed != pdfs:
@@ -291,7 +297,8 @@ def check(chaos: Chaos, until: float) -> dict[str, object]:
     log = (chaos.home / "nightshift.log").read_text(errors="replace").splitlines()
     tracebacks = ["\n".join(log[n - 2 : n + 12]) for n, line in enumerate(log) if line.startswith("Traceback")]
     return {"runs": len(groups), "expected": len(expected), "scheduled": sum(key[0] != "fg" for key in groups),
-            "foreground": len(chaos.dates), "killed_before_asking": len(chaos.never_asked), "done": len(done), "failed": sum(failed.values()),
+            "foreground": len(chaos.dates), "killed_before_asking": len(chaos.never_asked),
+            "refused": dict(Counter(chaos.refused.values())), "done": len(done), "failed": sum(failed.values()),
             "interrupted": sum(run.state == "interrupted" for run in runs), "rows": len(runs), "pdfs": len(pdfs),
             "lost": lost, "twice": twice, "stuck": stuck, "damaged": chaos.damaged, "failed_reasons": dict(failed),
             "problems": problems, "tracebacks_in_log": tracebacks[:5]}  # fmt: skip
