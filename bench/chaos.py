@@ -17,10 +17,11 @@ measured, not the model). At random moments, until `--runs` runs have been asked
 
 After every kill, `PRAGMA integrity_check` of runs.sqlite and scheduler.sqlite. At every step `jobs` is sampled
 and checked against the processes: a run it shows running is held by a live process (the service or a
-foreground run). At the end the schedules are removed (SIGHUP), the queue drains, and every run is checked:
+foreground run). At the end the schedules are paused, the queue drains, and every run is checked:
 each due time a schedule fell due at while the service was up, and each foreground date, has exactly one run
-that ended done (or failed, with its reason), any others interrupted; one PDF and one report index entry per
-done run; nothing queued or running; both databases intact. This script reads the databases only through
+that ended done (or failed, with its reason), any others interrupted, and one outcome in the report index; one
+PDF and one index entry per done run; nothing queued or running; both databases intact. A foreground run killed
+before it asked for a run, or refused with its reason before it had one (the disk full), is counted apart. This script reads the databases only through
 connections it opens and closes at once (one it held would hide lost locks). Prints each event and one JSON
 line; exits 1 if any check failed.
 """
