@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "LRU": "moe.settings",
     "QUEUE_DEPTHS": "bench.probe",
     "READ_SIZES": "bench.probe",
+    "SLOW_BLAS": "cpu_blas",
     "SYNTH_FAMILIES": "store.synth:FAMILIES",
     "AssertionFailed": "instruments.assertions",
     "BadFile": "store.upkeep",
