@@ -25,8 +25,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nightshift.engine.errors import NightshiftError
-
 SYSTEM = "system"
 WHEEL = "wheel"
 BUNDLED = "bundled"
@@ -101,12 +99,15 @@ def _slow_note(failures: list[str]) -> str:
 
 
 def load_blas() -> tuple[str, str | None]:
-    """Load an OpenBLAS ahead of MLX where that helps: which BLAS MLX will use, and a line saying why it is slow."""
+    """Load an OpenBLAS ahead of MLX where that helps: which BLAS MLX will use, and a line saying why it is slow.
+
+    Nothing here raises: this runs inside `import mlx`, wherever that is, and an error would break the import.
+    """
     choice = os.environ.get("NIGHTSHIFT_BLAS", "")
-    if choice and choice not in CHOICES:
-        raise NightshiftError(f"NIGHTSHIFT_BLAS={choice!r} is not one of {', '.join(CHOICES)}; set one or unset it")
     if not sys.platform.startswith("linux") or choice == BUNDLED:
         return BUNDLED, None
+    if choice and choice not in CHOICES:  # said at the first slow step: raised here, it would break every import
+        return BUNDLED, f"slow: NIGHTSHIFT_BLAS={choice!r} is not one of {', '.join(CHOICES)}; set one or unset it"
     if "mlx.core" in sys.modules:  # too late: MLX's symbols are already bound
         return BUNDLED, "slow: MLX was imported before nightshift.engine, so it keeps its reference BLAS"
     loaders = {SYSTEM: _load_system, WHEEL: _load_wheel}
