@@ -6,10 +6,12 @@ and LAPACK symbols to it, in-process, with no LD_PRELOAD. It must run before any
 is why `engine/__init__.py` runs this module just before the first import of `mlx`.
 
 The first of these that loads is used (`NIGHTSHIFT_BLAS=system|wheel|bundled` picks one):
-- the system's OpenBLAS (Debian: libopenblas0-pthread), where there is one: ~1.6x the wheel's here;
+- the system's OpenBLAS (Debian: libopenblas0-pthread), where there is one: as fast single-threaded, and
+  faster on a busy machine, where the wheel's idle threads spin instead of yielding (docs/results.md);
 - the OpenBLAS of the `ngsolve-openblas` wheel, a dependency on Linux x86_64, so `pip install` brings it
   (a DYNAMIC_ARCH build with the standard symbol names; the scipy-openblas wheels prefix theirs).
-Where none loads, `SLOW_BLAS` is one line saying why and what to install, for the first slow step to show.
+Where none loads, `SLOW_BLAS` is one line saying why and what to install, for the first slow step to show
+(else "").
 macOS builds of MLX use Accelerate and need nothing.
 """
 
@@ -77,6 +79,10 @@ def _load_wheel() -> str:
     library = wheel_library()
     if library is None:
         raise OSError(f"{WHEEL_PACKAGE} is not installed")
+    # Its threads wait for work by spinning (Debian's yield): idle between a prefill's GEMMs, they spun for up to
+    # 2^28 cycles and took the cores from the work, prefill 0.4-0.5x Debian's at load ~20; sleeping after 2^4
+    # made it as fast as Debian's there (docs/results.md). Read when the library loads; a value set wins.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
     with tempfile.TemporaryDirectory(prefix="nightshift-blas-") as folder:
         links = Path(folder)
         (links / library.name).symlink_to(library)
@@ -98,14 +104,15 @@ def _slow_note(failures: list[str]) -> str:
     )
 
 
-def load_blas() -> tuple[str, str | None]:
-    """Load an OpenBLAS ahead of MLX where that helps: which BLAS MLX will use, and a line saying why it is slow.
+def load_blas() -> tuple[str, str]:
+    """Load an OpenBLAS ahead of MLX where that helps: which BLAS MLX will use, and a line saying why it is slow
+    ("" when it is not).
 
     Nothing here raises: this runs inside `import mlx`, wherever that is, and an error would break the import.
     """
     choice = os.environ.get("NIGHTSHIFT_BLAS", "")
     if not sys.platform.startswith("linux") or choice == BUNDLED:
-        return BUNDLED, None
+        return BUNDLED, ""
     if choice and choice not in CHOICES:  # said at the first slow step: raised here, it would break every import
         return BUNDLED, f"slow: NIGHTSHIFT_BLAS={choice!r} is not one of {', '.join(CHOICES)}; set one or unset it"
     if "mlx.core" in sys.modules:  # too late: MLX's symbols are already bound
@@ -114,7 +121,7 @@ def load_blas() -> tuple[str, str | None]:
     failures = []
     for name in [choice] if choice else [SYSTEM, WHEEL]:
         try:
-            return loaders[name](), None
+            return loaders[name](), ""
         except OSError as error:
             failures.append(f"{name}: {error}")
     return BUNDLED, _slow_note(failures)
