@@ -9,7 +9,7 @@ import sys
 
 
 class _SystemBlasBeforeMlx:
-    """Runs cpu_blas (the system BLAS for MLX's float matmuls) just before `mlx` is first imported, by anyone.
+    """Runs cpu_blas (an OpenBLAS for MLX's float matmuls) just before `mlx` is first imported, by anyone.
 
     cpu_blas must run before MLX loads. Every MLX import in nightshift sits in a module under this package,
     so this __init__ has run and put this finder first on sys.meta_path, which the import system asks about
