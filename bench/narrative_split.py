@@ -26,8 +26,7 @@ from nightshift.app.paths import catalogue_file
 from nightshift.app.review.narrative import Narrative, build_prompt, write_narrative
 from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import Schedule, find_schedule
-from nightshift.engine import Catalogue
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.runtime import Model
 
 MODES = ("single", "split")

@@ -29,8 +29,7 @@ import psutil
 from review_checks import peak_rss_mb, timed, write_review_files
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine import Catalogue
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 
 def capped_review(folder: Path, rows: int, missing: int, max_findings: int) -> dict[str, Any]:

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine import StreamSettings, open_model
-from nightshift.engine.batch import generate_batch
 from nightshift.engine.distributed.hosts import load_hosts
 from nightshift.engine.distributed.model import ClusterModel
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
 
 CHATS = [
@@ -63,8 +63,8 @@ def main() -> int:
     )
     open_s = time.perf_counter() - began
     try:
-        alone = generate_batch(one, chats[:1], args.tokens)
-        together = generate_batch(one, chats, args.tokens)
+        alone = one.generate_batch(chats[:1], args.tokens)
+        together = one.generate_batch(chats, args.tokens)
     finally:
         one.close()
 

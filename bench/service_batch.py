@@ -30,8 +30,7 @@ from nightshift.app.models import open_for_generation, resolve_model
 from nightshift.app.paths import catalogue_file
 from nightshift.app.review.narrative import CONTROL
 from nightshift.app.review.schedule import BUNDLED_DIR
-from nightshift.engine import Catalogue
-from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 WAYS = ("one-after-another", "together")
 
@@ -90,8 +89,9 @@ def one_way(way: str, reviews: list[str], model, load, width: int) -> dict[str, 
 def step_cost(model, widths: list[int], tokens: int, prompt_tokens: int) -> list[dict[str, Any]]:
     """Where a batch's time goes: decode steps of 1, 3, 9 ... rows on the same loaded model (calibration prompts
     of `prompt_tokens`, every sequence run to `tokens`), each step's seconds and the experts a layer call read."""
-    from nightshift.engine import calibration_prompts
-    from nightshift.engine.batch import BatchStats, batch_tokens
+    from nightshift.engine.batch import batch_tokens
+    from nightshift.engine.generation import BatchStats
+    from nightshift.engine.store.upkeep import calibration_prompts
 
     prompts = calibration_prompts(model.tokenizer, length=prompt_tokens)
     costs = []

@@ -21,42 +21,23 @@ import copy
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import (
+    DEFAULT_CHUNK,
+    BatchProgress,
+    BatchStats,
+    BatchText,
+    ChatBatch,
+    GenerationStats,
+)
 from nightshift.engine.moe.stream import ExpertStream
-from nightshift.engine.prefill import DEFAULT_CHUNK, prefill
-from nightshift.engine.runtime import GenerationStats, Message, Model
-
-
-@dataclass
-class BatchStats:
-    """What one batch did: its width, tokens per sequence, times, and the streamed reads per decode step."""
-
-    width: int
-    tokens: list[int] = field(default_factory=list)  # generated per sequence
-    prefill_seconds: float = 0.0
-    shared_prefix: int = 0  # prompt tokens every sequence starts with, read once for all
-    decode_seconds: float = 0.0
-    steps: int = 0  # decode passes (each with one row per live sequence)
-    rows: int = 0  # rows those passes carried, summed
-    layer_calls: int = 0  # streaming layer calls during decode
-    experts_read: int = 0  # unique experts those calls selected, summed (each read once per call)
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """All sequences' tokens after their first, over the decode time."""
-        after_first = sum(max(t - 1, 0) for t in self.tokens)
-        return after_first / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def experts_per_layer_call(self) -> float:
-        """Mean union of experts one layer read per decode step: top-k for one row, less than B x top-k shared."""
-        return self.experts_read / self.layer_calls if self.layer_calls else 0.0
+from nightshift.engine.prefill import prefill
 
 
 def batch_tokens(
@@ -153,62 +134,37 @@ def _merged(caches: list[list], live: list[int]) -> list:
     return merged
 
 
-@dataclass
-class BatchText:
-    """One sequence of a chat batch: its text, why it ended, and its own share of the batch's time."""
-
-    text: str
-    prompt_tokens: int
-    tokens: int  # generated, an end token included (as a single generation counts it)
-    finish_reason: str  # stop (an end token), length (max_tokens) or cancelled
-    prefill_seconds: float  # reading its own prompt
-    decode_seconds: float  # from the batch's first decode step to its own last token
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Its tokens after the first over the decode time it was in the batch: its rate while sharing it."""
-        return (self.tokens - 1) / self.decode_seconds if self.tokens > 1 and self.decode_seconds > 0 else 0.0
-
-
-@dataclass
-class ChatBatch:
-    """A chat batch's texts, the batch's own figures, and the whole as one generation's statistics."""
-
-    parts: list[BatchText]
-    stats: BatchStats
-    generation: GenerationStats  # summed over the parts; the first token: when every prompt had been read
-
-
 class _Cancelled(Exception):
     """Raised from inside the decode loop to leave it between tokens."""
 
 
-def generate_batch(
-    model: Model,
-    conversations: list[list[Message]],
+def chat_batch(
+    model: nn.Module,
+    tokenizer: Any,
+    stream: ExpertStream | None,
+    prompts: list[list[int]],
     max_tokens: int,
     prefill_chunk: int = DEFAULT_CHUNK,
     cancel: threading.Event | None = None,
-    progress: Callable[[GenerationStats, list[str]], None] | None = None,
+    progress: BatchProgress | None = None,
+    reads: Callable[[GenerationStats], None] | None = None,
 ) -> ChatBatch:
-    """Greedy answers to several chats, decoded together (`batch_tokens`) and detokenized one by one.
+    """Greedy answers to several chat prompts, decoded together (`batch_tokens`) and detokenized one by one
+    (`runtime.Model.generate_batch`).
 
     `progress` sees the summed statistics and every text so far before the first prompt is read, after
     each token and at the end; its tokens count from when every prompt has been read (until then a progress
-    line says the prompt is being read), so their first tokens count then, together. `cancel` is looked at
-    after each token, and a cancelled batch returns what was written with finish reason "cancelled".
+    line says the prompt is being read), so their first tokens count then, together. `reads` brings the
+    statistics' reads up to date after each token. `cancel` is looked at after each token, and a cancelled
+    batch returns what was written with finish reason "cancelled".
     """
-    if not isinstance(model, Model):  # a store over several hosts (engine/distributed): the batch is decoded there
-        return model.generate_batch(conversations, max_tokens, prefill_chunk, cancel, progress)
-    prompts = [model.chat_tokens(messages) for messages in conversations]
-    eos = set(model.tokenizer.eos_token_ids)
-    detokenizers = [model.tokenizer.detokenizer for _ in prompts]
+    eos = set(tokenizer.eos_token_ids)
+    detokenizers = [tokenizer.detokenizer for _ in prompts]
     generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
     stats = BatchStats(width=len(prompts))
     firsts: list[float] = []
     lasts = [0.0] * len(prompts)
     counts = [0] * len(prompts)
-    before = model.stream.figures() if model.stream is not None else None
     start = time.perf_counter()
     if progress is not None:
         progress(generation, ["" for _ in prompts])  # the prompts are being read: minutes on a slow machine
@@ -227,14 +183,15 @@ def generate_batch(
         generation.generated_tokens = sum(counts) if len(firsts) == len(prompts) else 0
         generation.elapsed = now - start
         generation.peak_memory_bytes = mx.get_peak_memory()
-        model._stream_figures(generation, before)  # the stream's counters since this batch began (a shared model)
+        if reads is not None:
+            reads(generation)
         if progress is not None:
             progress(generation, [d.text for d in detokenizers])
         if cancel is not None and cancel.is_set():
             raise _Cancelled
 
     try:
-        tokens = batch_tokens(model.model, prompts, max_tokens, model.stream, eos, prefill_chunk, stats, on_token)
+        tokens = batch_tokens(model, prompts, max_tokens, stream, eos, prefill_chunk, stats, on_token)
     except _Cancelled:
         tokens = None
     parts = []

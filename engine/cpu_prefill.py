@@ -25,6 +25,7 @@ import numpy as np
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from nightshift.engine.cpu_streams import split_experts
+from nightshift.engine.instruments.probes import Instruments
 
 # Below this many rows the quantized kernel wins (measured on this machine's 2 cores).
 MIN_ROWS = 32
@@ -33,13 +34,13 @@ MIN_ROWS = 32
 class PrefillQuantizedLinear(nn.QuantizedLinear):
     """`nn.QuantizedLinear` with a dequantized-GEMM path for inputs of MIN_ROWS rows or more."""
 
-    # Layer calls that took the GEMM path, over all layers: the counter a benchmark shows to prove it fired.
-    gemm_calls = 0
+    instruments: Instruments | None = None  # where its GEMM calls are counted, if handed any (`use_gemm_prefill`)
 
     def __call__(self, x: mx.array) -> mx.array:
         if x.size // x.shape[-1] < MIN_ROWS:
             return super().__call__(x)
-        PrefillQuantizedLinear.gemm_calls += 1
+        if self.instruments is not None:
+            self.instruments.gemm_calls += 1
         # Float32 scales: MLX dequantizes in the scales' dtype, and float16 would round the weights.
         biases = self.get("biases")
         weight = mx.dequantize(
@@ -87,6 +88,8 @@ def _kernel(layer: nn.Module, base: type, x: mx.array, indices: mx.array, sorted
     weight = layer["weight"]
     call = partial(base.__call__, layer)
     if not sorted_indices and (split := split_experts(call, x, indices, weight.nbytes // weight.shape[0])) is not None:
+        if layer.instruments is not None:
+            layer.instruments.split_calls += 1
         return split
     return base.__call__(layer, x, indices, sorted_indices)
 
@@ -94,13 +97,13 @@ def _kernel(layer: nn.Module, base: type, x: mx.array, indices: mx.array, sorted
 class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
     """`QuantizedSwitchLinear` with a grouped GEMM path (each expert dequantized once) for many rows."""
 
-    # Expert layer calls that took the grouped GEMM path (this class and PrefillSwitchLinear): the proof.
-    gemm_calls = 0
+    instruments: Instruments | None = None  # where its GEMM and split calls are counted, if handed any
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         if not _many_rows(x, indices) or self.get("global_scale") is not None:
             return _kernel(self, QuantizedSwitchLinear, x, indices, sorted_indices)
-        PrefillQuantizedSwitchLinear.gemm_calls += 1
+        if self.instruments is not None:
+            self.instruments.expert_gemm_calls += 1
         biases = self.get("biases")
 
         def weight_of(e: int) -> mx.array:
@@ -120,10 +123,13 @@ class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
 class PrefillSwitchLinear(SwitchLinear):
     """`SwitchLinear` with a grouped GEMM path for many rows."""
 
+    instruments: Instruments | None = None  # where its GEMM and split calls are counted, if handed any
+
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         if not _many_rows(x, indices):
             return _kernel(self, SwitchLinear, x, indices, sorted_indices)
-        PrefillQuantizedSwitchLinear.gemm_calls += 1
+        if self.instruments is not None:
+            self.instruments.expert_gemm_calls += 1
         return _grouped_gemm(self, x, indices, lambda e: self["weight"][e].astype(mx.float32))
 
 
@@ -134,9 +140,9 @@ GEMM_CLASSES = {
 }
 
 
-def use_gemm_prefill(model: nn.Module) -> int:
+def use_gemm_prefill(model: nn.Module, instruments: Instruments | None = None) -> int:
     """Give every quantized linear layer and expert switch layer of `model` the GEMM prefill path when MLX
-    runs on the CPU.
+    runs on the CPU; with `instruments`, those layers count their GEMM and split calls there.
 
     The layers keep their parameters and paths (only their class changes), so weights load
     and save as before. Returns how many layers were switched.
@@ -147,6 +153,8 @@ def use_gemm_prefill(model: nn.Module) -> int:
     for _, module in model.named_modules():
         if type(module) in GEMM_CLASSES:
             module.__class__ = GEMM_CLASSES[type(module)]
+            if instruments is not None:
+                module.instruments = instruments
             switched += 1
     return switched
 

@@ -60,18 +60,6 @@ def cpu_streams() -> list[mx.Stream]:
     return [current, *[s for s in _extra if s != current][: wanted - 1]]
 
 
-class SplitCounter:
-    """The counters that prove the split fired: switch-linear calls whose experts were spread over streams, and
-    streamed decode experts dealt to a stream other than the first (`StreamingSwitch`, as they land)."""
-
-    calls = 0
-    spread_experts = 0
-
-    @classmethod
-    def snapshot(cls) -> dict[str, int]:
-        return {"split_calls": cls.calls, "spread_experts": cls.spread_experts}
-
-
 def worth_spreading(part_bytes: int) -> bool:
     """Whether a part of `part_bytes` expert weight bytes is worth a stream of its own (MIN_PART_BYTES)."""
     return part_bytes >= MIN_PART_BYTES
@@ -100,7 +88,6 @@ def split_experts(
     bounds = part_bounds(k, expert_bytes, len(streams))
     if len(bounds) < 3:
         return None
-    SplitCounter.calls += 1
     per_slot = x.ndim >= 3 and x.shape[-3] == k
     outputs = []
     for stream, start, stop in zip(streams, bounds, bounds[1:]):

@@ -16,12 +16,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import DEFAULT_CHUNK
 
 if TYPE_CHECKING:
     from nightshift.engine.moe.stream import ExpertStream, PrefillReads
-
-# Rows per forward pass while prefilling; a chunk reads each selected expert once.
-DEFAULT_CHUNK = 512
 
 
 def prefill(

@@ -11,9 +11,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 # Nothing leaves the machine: transformers and huggingface_hub must never reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,81 +25,33 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model
 
+from nightshift.engine.batch import chat_batch
 from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError
+from nightshift.engine.generation import (
+    DEFAULT_CHUNK,
+    BatchProgress,
+    ChatBatch,
+    Chunk,
+    DraftStats,
+    GenerationStats,
+    Message,
+    ReadFigures,
+    chat_prompt,
+    token_chunks,
+)
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream, StreamFigures
-from nightshift.engine.prefill import DEFAULT_CHUNK, counted_prefill, prefill
-from nightshift.engine.speculative import DraftStats, Pair, check_depth, check_pair, default_depth, speculative_tokens
+from nightshift.engine.moe.stream import ExpertStream
+from nightshift.engine.prefill import counted_prefill, prefill
+from nightshift.engine.speculative import Pair, check_depth, check_pair, default_depth, speculative_tokens
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import is_store
-
-if TYPE_CHECKING:
-    from nightshift.engine.distributed.stage import PipelineStage
-
-Message = dict[str, str]
-
-
-@dataclass
-class GenerationStats:
-    """Live figures of one generation; times in seconds."""
-
-    prompt_tokens: int = 0
-    prompt_done: int = 0  # prompt rows prefilled so far (the prompt is read a chunk at a time)
-    generated_tokens: int = 0
-    time_to_first_token: float = 0.0
-    elapsed: float = 0.0
-    peak_memory_bytes: int = 0
-    finish_reason: str | None = None
-    # Streamed stores only, this generation's own (the stream outlives it): bytes read per drive,
-    # experts served by the RAM cache, prefetch recall so far.
-    drive_bytes: dict[str, int] = field(default_factory=dict)
-    cache_hits: int = 0
-    cache_misses: int = 0
-    # The expert cache's budget now and the bytes it holds (streamed stores with a cache; not deltas).
-    cache_budget: int = 0
-    cache_used: int = 0
-    prefetch_recall: float = 0.0
-    # Expert bytes the prompt needed (each (layer, expert) once) and bytes read while prefilling it.
-    prefill_unique_bytes: int = 0
-    prefill_bytes_read: int = 0
-    last_landed: str = ""  # the drive whose read landed last (the barrier) most often in recent passes
-    # With a drafter: drafted/accepted tokens, verify passes, union size per verify, switch-off (engine/speculative.py).
-    draft: DraftStats | None = None
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens after the first, over the time after the first (prefill excluded)."""
-        decode_time = self.elapsed - self.time_to_first_token
-        return (self.generated_tokens - 1) / decode_time if self.generated_tokens > 1 and decode_time > 0 else 0.0
-
-    @property
-    def prefill_read_amplification(self) -> float:
-        """Bytes read during prefill / unique expert bytes the prompt needed (1.0: each expert read once)."""
-        return self.prefill_bytes_read / self.prefill_unique_bytes if self.prefill_unique_bytes else 0.0
-
-    @property
-    def cache_hit_rate(self) -> float:
-        """This generation's expert lookups served from RAM."""
-        lookups = self.cache_hits + self.cache_misses
-        return self.cache_hits / lookups if lookups else 0.0
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.time_to_first_token if self.time_to_first_token > 0 else 0.0
-
-
-@dataclass
-class Chunk:
-    """One generated token: its id, the text it completes, and the statistics so far."""
-
-    token: int
-    text: str
-    stats: GenerationStats = field(default_factory=GenerationStats)
+from nightshift.engine.store.share import StoreShare
 
 
 class Model:
@@ -117,7 +68,8 @@ class Model:
         drives: list[Drive] | None = None,
         ceilings: Ceilings | None = None,
         drafter: Path | None = None,
-        stage: PipelineStage | None = None,
+        stage: StoreShare | None = None,
+        instruments: Instruments | None = None,
     ):
         self.path = Path(path)
         self.stream: ExpertStream | None = None
@@ -131,13 +83,15 @@ class Model:
             )
         try:
             if stream is not None:
-                self.model, config, self.stream = load_streaming(self.path, stream, drives, ceilings, stage)
+                self.model, config, self.stream = load_streaming(
+                    self.path, stream, drives, ceilings, stage, instruments
+                )
             elif is_store(self.path):
                 self.model, config = load_store(self.path)
             else:
                 self.model, config = load_model(self.path, get_model_classes=get_classes)
             self.tokenizer = load_tokenizer(self.path, eos_token_ids=config.get("eos_token_id"))
-            use_gemm_prefill(self.model)
+            use_gemm_prefill(self.model, instruments)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
         self.vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
@@ -153,23 +107,24 @@ class Model:
 
     def chat_tokens(self, messages: list[Message]) -> list[int]:
         """Token ids of `messages` formatted with the model's chat template, ready to answer."""
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return chat_prompt(self.tokenizer, messages)
 
-    def generate(self, messages: list[Message], **options) -> Iterator[Chunk]:
+    def generate(self, messages: list[Message], **options: Any) -> Iterator[Chunk]:
         """Stream the answer to `messages`, chat-formatted; `options` are `generate_tokens`' (greedy by default)."""
         yield from self.generate_tokens(self.chat_tokens(messages), **options)
 
     def generate_tokens(
         self,
         prompt: list[int],
+        *,
         max_tokens: int = 256,
         temp: float = 0.0,
         seed: int = 0,
         cancel: threading.Event | None = None,
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
-        draft_switch_off: bool = True,
         on_prefill: Callable[[GenerationStats], None] | None = None,
+        draft_switch_off: bool = True,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
 
@@ -183,8 +138,6 @@ class Model:
         The last chunk yields the first token and ends with the last row's EOS check, as
         mlx-lm's `stream_generate` does: an end token is yielded (its text empty) and ends the stream.
         """
-        if max_tokens < 1:
-            raise NightshiftError(f"max_tokens {max_tokens}: ask for at least 1 token")
         mx.random.seed(seed)
         stats = GenerationStats(prompt_tokens=len(prompt))
         if self.drafter is not None:
@@ -192,38 +145,47 @@ class Model:
             stats.draft = DraftStats(depth=depth)
         elif draft_depth:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
-        detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
-        before = self.stream.figures() if self.stream is not None else None  # this generation's figures: deltas
+        before = self.figures()  # this generation's figures: deltas (a loaded model serves many)
+
+        def reads(stats: GenerationStats) -> None:
+            stats.count_reads(self.figures(settled=True), before)
 
         def prefilled(done: int, total: int) -> None:
             stats.prompt_done, stats.elapsed = done, time.perf_counter() - start
-            self._stream_figures(stats, before)
+            reads(stats)
             if on_prefill is not None:
                 on_prefill(stats)
 
-        for token in self._token_ids(
-            prompt, max_tokens, make_sampler(temp=temp), prefill_chunk, stats, draft_switch_off, prefilled
-        ):
-            now = time.perf_counter() - start
-            if stats.generated_tokens == 0:
-                stats.time_to_first_token = now
-            stats.generated_tokens += 1
-            stats.elapsed = now
-            stats.peak_memory_bytes = mx.get_peak_memory()
-            self._stream_figures(stats, before)
-            done = token in self.tokenizer.eos_token_ids
-            if not done:
-                detokenizer.add_token(token)
-            if done or stats.generated_tokens == max_tokens:
-                detokenizer.finalize()
-                stats.finish_reason = "stop" if done else "length"
-            yield Chunk(token=token, text=detokenizer.last_segment, stats=stats)
-            if stats.finish_reason is not None:
-                return
-            if cancel is not None and cancel.is_set():
-                stats.finish_reason = "cancelled"
-                return
+        def timed() -> Iterator[tuple[int, float]]:
+            sampler = make_sampler(temp=temp)
+            for token in self._token_ids(
+                prompt, max_tokens, sampler, prefill_chunk, stats, draft_switch_off, prefilled
+            ):
+                stats.peak_memory_bytes = mx.get_peak_memory()
+                yield token, time.perf_counter() - start
+
+        yield from token_chunks(timed(), self.tokenizer, stats, max_tokens, cancel, reads)
+
+    def generate_batch(
+        self,
+        conversations: list[list[Message]],
+        max_tokens: int,
+        *,
+        prefill_chunk: int = DEFAULT_CHUNK,
+        cancel: threading.Event | None = None,
+        progress: BatchProgress | None = None,
+    ) -> ChatBatch:
+        """Greedy answers to several chats, decoded together (`engine.batch.chat_batch`)."""
+        prompts = [self.chat_tokens(messages) for messages in conversations]
+        before = self.figures()  # the stream's counters since this batch began (a shared model)
+
+        def reads(stats: GenerationStats) -> None:
+            stats.count_reads(self.figures(settled=True), before)
+
+        return chat_batch(
+            self.model, self.tokenizer, self.stream, prompts, max_tokens, prefill_chunk, cancel, progress, reads
+        )
 
     def _token_ids(
         self,
@@ -242,9 +204,17 @@ class Model:
             stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
         first = sampler(logprobs[None]).item()
         yield first
-        if max_tokens > 1 and stats.draft is not None and stats.draft.depth > 0:
+        if max_tokens > 1 and self.drafter is not None and stats.draft is not None and stats.draft.depth > 0:
             yield from self._drafted(
-                prompt, first, max_tokens - 1, cache, sampler, prefill_chunk, stats.draft, draft_switch_off
+                self.drafter,
+                prompt,
+                first,
+                max_tokens - 1,
+                cache,
+                sampler,
+                prefill_chunk,
+                stats.draft,
+                draft_switch_off,
             )
         elif max_tokens > 1:
             steps = generate_step(
@@ -254,6 +224,7 @@ class Model:
 
     def _drafted(
         self,
+        drafter: Model,
         prompt: list[int],
         first: int,
         limit: int,
@@ -264,29 +235,32 @@ class Model:
         switch_off: bool,
     ) -> Iterator[int]:
         """Tokens after `first` drafted by the drafter and verified by this model (engine/speculative.py)."""
-        draft_cache = make_prompt_cache(self.drafter.model)
-        prefill(self.drafter.model, prompt, draft_cache, prefill_chunk)
-        pair = Pair(self.model, cache, self.drafter.model, draft_cache, sampler, self.stream)
+        draft_cache = make_prompt_cache(drafter.model)
+        prefill(drafter.model, prompt, draft_cache, prefill_chunk)
+        pair = Pair(self.model, cache, drafter.model, draft_cache, sampler, self.stream)
         yield from speculative_tokens(pair, first, stats.depth, stats, limit=limit, switch_off=switch_off)
 
-    def _stream_figures(self, stats: GenerationStats, before: StreamFigures | None) -> None:
-        """The stream's counters since `before` (taken as the generation began): a loaded model serves many.
+    def figures(self, settled: bool = False) -> ReadFigures:
+        """What the stream has read and served since the model was opened (nothing for a model held in RAM).
 
-        Settled (`ExpertStream.figures`): the pass mlx-lm has queued beyond the token just made is left to the
+        `settled` (`ExpertStream.figures`): the pass mlx-lm has queued beyond the token just made is left to the
         next count; after the last token that pass is one mlx-lm computes and nobody uses, so the figures of a
-        generation are its own tokens' (the next generation's `before` takes that pass in).
+        generation are its own tokens' (the next generation's first count takes that pass in).
         """
-        if self.stream is None or before is None:
-            return
-        figures = self.stream.figures(settled=True)
-        stats.drive_bytes = {name: d.bytes - before.drives[name].bytes for name, d in figures.drives.items()}
-        stats.cache_hits = figures.cache_hits - before.cache_hits
-        stats.cache_misses = figures.cache_misses - before.cache_misses
-        stats.cache_budget, stats.cache_used = figures.cache_budget, figures.cache_used
-        needed = figures.recall_needed - before.recall_needed
-        stats.prefetch_recall = (figures.recall_hits - before.recall_hits) / needed if needed else 0.0
+        if self.stream is None:
+            return ReadFigures()
+        figures = self.stream.figures(settled=settled)
         barriers = self.stream.trace.barrier_counts()
-        stats.last_landed = max(barriers, key=barriers.get) if barriers else ""
+        return ReadFigures(
+            drive_bytes={name: d.bytes for name, d in figures.drives.items()},
+            cache_hits=figures.cache_hits,
+            cache_misses=figures.cache_misses,
+            cache_budget=figures.cache_budget,
+            cache_used=figures.cache_used,
+            recall_hits=figures.recall_hits,
+            recall_needed=figures.recall_needed,
+            last_landed=max(barriers, key=lambda drive: barriers[drive]) if barriers else "",
+        )
 
     def close(self) -> None:
         """Stop the reader threads of a streamed model (a no-op otherwise)."""
@@ -300,10 +274,12 @@ def open_model(
     drives: list[Drive] | None = None,
     ceilings: Ceilings | None = None,
     drafter: Path | None = None,
-    stage: PipelineStage | None = None,
+    stage: StoreShare | None = None,
+    instruments: Instruments | None = None,
 ) -> Model:
     """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
     (default: the drives its manifest names), starting its read estimates from `ceilings` if given.
     `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding.
-    `stage`: this process is one rank of a pipeline over several hosts (engine/distributed)."""
-    return Model(path, stream, drives, ceilings, drafter, stage)
+    `stage`: this process is one rank of a pipeline over several hosts (engine/distributed).
+    `instruments`: a benchmark's counters and hooks (engine/instruments/probes.py), kept by this model alone."""
+    return Model(path, stream, drives, ceilings, drafter, stage, instruments)

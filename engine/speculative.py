@@ -21,7 +21,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import DraftStats
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.row_attention import attention_row_by_row
 from nightshift.engine.store.manifest import write_json_atomic
@@ -44,63 +45,6 @@ DRAFT_FILE = "draft.json"  # beside the target model: drafter directory name -> 
 
 class DraftError(NightshiftError):
     """A drafter that cannot serve a model (other vocabulary or tokenizer), or a bad draft depth."""
-
-
-@dataclass
-class DraftStats:
-    """What drafting did in one generation; reported live with the generation's statistics."""
-
-    depth: int = 0
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # of those, the ones the target agreed with
-    rounds: int = 0  # draft+verify rounds (= verify passes of the target)
-    plain_steps: int = 0  # single-token target steps (calibration, depth 0, after switch-off)
-    replays: int = 0  # target passes re-run to rewind a recurrent cache after a rejection
-    verify_layer_calls: int = 0  # streaming layer calls during verify passes
-    verify_unique_experts: int = 0  # unique experts those calls read, summed
-    plain_layer_calls: int = 0
-    plain_unique_experts: int = 0
-    plain_step_s: float = 0.0  # measured time of one plain step (calibration)
-    round_s: float = 0.0  # mean time of one draft+verify round (recent window)
-    break_even_acceptance: float | None = None  # acceptance at which a round yields tokens as fast as plain steps
-    switched_off: int = 0  # switch-off events (at most one per generation)
-    switched_off_after: int | None = None  # tokens generated when drafting switched off
-    switch_off_reason: str | None = None
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def union_per_verify(self) -> float:
-        """Mean unique experts one MoE layer read per verify pass (its k+1 rows together)."""
-        return self.verify_unique_experts / self.verify_layer_calls if self.verify_layer_calls else 0.0
-
-    @property
-    def experts_per_plain_step(self) -> float:
-        """Mean unique experts one MoE layer read per plain step (one row: the router's top-k)."""
-        return self.plain_unique_experts / self.plain_layer_calls if self.plain_layer_calls else 0.0
-
-    def describe(self) -> str:
-        """One line for people: what drafting did and whether it switched itself off."""
-        line = (
-            f"draft depth {self.depth}: {self.accepted}/{self.drafted} drafts accepted ({self.acceptance_rate:.0%}) "
-            f"in {self.rounds} verify passes, {self.union_per_verify:.1f} experts per layer per verify "
-            f"({self.experts_per_plain_step:.1f} per plain step)"
-        )
-        if self.break_even_acceptance is not None:
-            line += f"; break-even acceptance {self.break_even_acceptance:.0%}"
-        if self.switched_off:
-            line += f"; switched off after {self.switched_off_after} tokens ({self.switch_off_reason})"
-        return line
-
-    def as_dict(self) -> dict:
-        return {
-            **asdict(self),
-            "acceptance_rate": self.acceptance_rate,
-            "union_per_verify": self.union_per_verify,
-            "experts_per_plain_step": self.experts_per_plain_step,
-        }
 
 
 def check_depth(depth: int) -> int:

@@ -13,11 +13,14 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
+import apscheduler.schedulers.base
 import pytest
 
 from nightshift.app import default_model
+from nightshift.app.daemon import clock
 from nightshift.app.default_model import (
     DEFAULT_MODEL,
     default_gguf_path,
@@ -26,13 +29,19 @@ from nightshift.app.default_model import (
     require_default_model,
 )
 from nightshift.app.paths import cache_dir, data_dir
-from nightshift.engine import NightshiftError, convert_gguf
+from nightshift.app.review.runner import run_checks_for
+from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
 from nightshift.engine.bench.rig import STATE_FILE, RigState, rig_down
+from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.tuning import TUNING_FILE
 from nightshift.engine.moe.warm import PROFILE_FILE
+from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.manifest import read_manifest, write_manifest
-from tests.gguf_files import write_tiny_llama
-from tests.rig_helpers import RigPlace, leftovers
+from tests.helpers.clock import ZONE, Clock
+from tests.helpers.gguf_files import write_tiny_llama
+from tests.helpers.rig import RigPlace, leftovers
+from tests.helpers.stores import PROMPT, QUICK, import_tiny, tiny_checkpoint, tokens_and_stats
+from tests.helpers.waits import wait_for
 
 # The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere; tests only read from it.
 REAL_DATA_DIR = data_dir()
@@ -177,9 +186,7 @@ def rig_place(tmp_path):
             if state.cgroup and Path(state.cgroup).exists():
                 for pid in state.throttle().pids():
                     os.kill(pid, signal.SIGKILL)  # only this test's processes are in its cgroup
-                deadline = time.monotonic() + 5
-                while state.throttle().pids() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_for(lambda: not state.throttle().pids(), 30, "the killed processes to leave the cgroup", 0.05)
             rig_down(place.rig_dir)
         assert leftovers(*place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
 
@@ -216,3 +223,65 @@ def readme_first_command(request, tmp_path_factory) -> Iterator[tuple[subprocess
     finally:
         process.kill()
         process.communicate()
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {arch: tiny_checkpoint(root, arch) for arch in QUICK}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, sources) -> dict[str, Path]:
+    """Stores the tests only read from; a test that damages files imports its own."""
+    root = tmp_path_factory.mktemp("stores")
+    return {arch: import_tiny(root, src, f"{arch}-store") for arch, src in sources.items()}
+
+
+@pytest.fixture(scope="module")
+def in_ram(stores) -> dict[str, list[int]]:
+    return {arch: tokens_and_stats(stores[arch], len(PROMPT), None)[0] for arch in QUICK}
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory):
+    """A tiny dense llama model directory (Q4_1 linears, like the default model)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return convert_gguf(write_tiny_llama(root / "tiny.gguf"), root / "dense")
+
+
+@pytest.fixture(scope="module")
+def month_end() -> tuple:
+    schedule = load_schedule(BUNDLED_DIR / "month-end.toml")
+    return schedule, run_checks_for(schedule, schedule.as_of)
+
+
+@pytest.fixture
+def bundled(home):
+    """The bundled schedules, loaded in the test's data dir."""
+    schedules, errors = load_schedules()
+    assert not errors
+    return schedules
+
+
+@pytest.fixture
+def wall(monkeypatch):
+    wall = Clock(datetime(2026, 10, 28, 12, 0, tzinfo=UTC))
+
+    class FrozenDatetime(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return wall.time.astimezone(tz) if tz else wall.time.replace(tzinfo=None)
+
+    monkeypatch.setattr(apscheduler.schedulers.base, "datetime", FrozenDatetime)
+    monkeypatch.setattr(clock, "now", lambda: wall.time)
+    return wall
+
+
+@pytest.fixture
+def user_zone(monkeypatch):
+    monkeypatch.setenv("TZ", ZONE)
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -22,26 +22,10 @@ from nightshift.app.review.narrative import build_prompt, write_narrative
 from nightshift.app.review.runner import run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
 from nightshift.app.review.sources import SqliteSource
-from nightshift.engine import open_model
+from nightshift.engine.runtime import open_model
+from tests.helpers.reviews import BANK, month_end_on, row
 
-BANK = (BUNDLED_DIR / "sample-data" / "bank-statement.csv").read_text(encoding="utf-8-sig")
 OCTOBER = date(2026, 10, 30)
-
-
-def month_end_on(home: Path, csv: bytes, name: str = "hostile") -> Path:
-    """The bundled month-end review with its bank statement replaced by `csv`."""
-    folder = home / "schedules"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.csv").write_bytes(csv)
-    text = (BUNDLED_DIR / "month-end.toml").read_text().replace('name = "month-end"', f'name = "{name}"')
-    text = text.replace('"sample-data/bank-statement.csv"', f'"{name}.csv"')
-    path = folder / f"{name}.toml"
-    path.write_text(text.replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/'))
-    return path
-
-
-def row(amount: str, reference: str = "X-1", text: str = "Hostile", day: str = "29.10.2026") -> str:
-    return f"{day};{amount};{reference};{text}\n"
 
 
 REFUSED = {

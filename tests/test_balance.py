@@ -12,17 +12,16 @@ import pytest
 from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.moe.load import load_streaming
-from nightshift.engine.moe.reader import MIN_PART_SHARE
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.moe.tickets import MIN_PART_SHARE
 from nightshift.engine.store.loader import load_store
-from tests.test_prefetch import delay_reads
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import delay_reads, import_tiny, tiny_checkpoint
 
 DEVICES = {"d0": 1, "d1": 2, "d2": 3}  # the three drives share this machine's disk: call them three devices
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
+def kimi_on_three_drives(tmp_path_factory) -> Path:
     """A tiny kimi_k3 store (8 experts per layer, 2 active) with every expert on each of three drives."""
     root = tmp_path_factory.mktemp("balance")
     store = import_tiny(root, tiny_checkpoint(root, "kimi_k3"), "kimi", drives=3)
@@ -36,7 +35,7 @@ def read_layer(
     """One layer's 8 experts demanded at once (`ahead`: read ahead at once, then demanded): bytes per drive, each
     expert's tensors, balanced reads, file bytes."""
     model, _, stream = load_streaming(store, StreamSettings(balance_reads=balance, cache_bytes=0, prefetch=False))
-    stream.reader.devices.update(devices)
+    stream.reader.placer.devices.update(devices)
     try:
         reader = stream.reader
         layer = min(reader.layers)
@@ -62,11 +61,11 @@ def read_layer(
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["demanded", "read-ahead"])
-def test_eight_reads_over_three_drives_are_read_as_equal_shares(store, ahead):
+def test_eight_reads_over_three_drives_are_read_as_equal_shares(kimi_on_three_drives, ahead):
     # A read-ahead set is placed as a demand is: whole reads on one drive each took 4x as long to land as the
     # same bytes spread (docs/results.md, [13] read-aheads placed as demands).
-    whole, whole_tensors, none, file_bytes = read_layer(store, balance=False, ahead=ahead)
-    balanced, tensors, cut, _ = read_layer(store, balance=True, ahead=ahead)
+    whole, whole_tensors, none, file_bytes = read_layer(kimi_on_three_drives, balance=False, ahead=ahead)
+    balanced, tensors, cut, _ = read_layer(kimi_on_three_drives, balance=True, ahead=ahead)
     assert none == 0 and sorted(whole.values()) == [2 * file_bytes, 3 * file_bytes, 3 * file_bytes]  # 3/3/2
     # Each drive that would have read 3 gives a third of one read to the drive with 2: 2 2/3 reads each.
     assert cut == 2
@@ -77,17 +76,17 @@ def test_eight_reads_over_three_drives_are_read_as_equal_shares(store, ahead):
         assert all(np.array_equal(got[name], whole_tensors[expert][name]) for name in got)
 
 
-def test_balanced_reads_keep_greedy_tokens_identical(store):
-    model, _, stream = load_streaming(store, StreamSettings(balance_reads=True, cache_bytes=0))
-    stream.reader.devices.update(DEVICES)
+def test_balanced_reads_keep_greedy_tokens_identical(kimi_on_three_drives):
+    model, _, stream = load_streaming(kimi_on_three_drives, StreamSettings(balance_reads=True, cache_bytes=0))
+    stream.reader.placer.devices.update(DEVICES)
     try:
         tokens = greedy_tokens(model, 16)
     finally:
         stream.close()
-    assert tokens == greedy_tokens(load_store(store)[0], 16)
+    assert tokens == greedy_tokens(load_store(kimi_on_three_drives)[0], 16)
     assert stream.reader.counts.balanced_reads > 0  # 2 reads a pass over 3 drives: cut every pass
 
 
-def test_reads_on_one_device_are_never_cut(store):
+def test_reads_on_one_device_are_never_cut(kimi_on_three_drives):
     # The drives' real device: all three on this machine's one disk, so parts would not read in parallel.
-    assert read_layer(store, balance=True, devices={})[2] == 0
+    assert read_layer(kimi_on_three_drives, balance=True, devices={})[2] == 0

@@ -16,13 +16,13 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from nightshift.engine import StreamSettings
-from nightshift.engine.batch import BatchStats, batch_tokens, shared_prefix
+from nightshift.engine.batch import batch_tokens, shared_prefix
+from nightshift.engine.generation import BatchStats
 from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.prefill import prefill
 from nightshift.engine.store.loader import load_store
-from tests.test_prefetch import delay_reads
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import delay_reads, import_tiny, tiny_checkpoint
 
 STEPS = 16
 # Prompts of different lengths (token ids; the tiny models' vocabularies are larger than 250).
@@ -32,7 +32,7 @@ NEAR_TIE = 1e-3  # top-two logit gap below which another summation order may pic
 
 
 @pytest.fixture(scope="module", params=["kimi_k3", "qwen3_moe"])
-def store(request, tmp_path_factory) -> Path:
+def skewed_store(request, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp(request.param)
     return import_tiny(root, tiny_checkpoint(root, request.param, skew=2.0), request.param, drives=2)
 
@@ -63,11 +63,11 @@ def assert_same_or_near_tie(batched: list[int], expected: list[int], logprobs: l
 
 @pytest.mark.parametrize("width", [pytest.param(w, marks=pytest.mark.slow) if w != 2 else w for w in (1, 2, 4, 8)])
 @pytest.mark.parametrize("how", ["streamed", "in RAM"])
-def test_every_sequence_of_a_batch_decodes_as_it_does_alone(store, width, how):
+def test_every_sequence_of_a_batch_decodes_as_it_does_alone(skewed_store, width, how):
     if how == "streamed":
-        model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
+        model, _, stream = load_streaming(skewed_store, StreamSettings(cache_bytes=0))
     else:
-        (model, _), stream = load_store(store), None
+        (model, _), stream = load_store(skewed_store), None
     try:
         prompts = PROMPTS[:width]
         expected = [alone(model, p) for p in prompts]
@@ -79,8 +79,8 @@ def test_every_sequence_of_a_batch_decodes_as_it_does_alone(store, width, how):
         assert_same_or_near_tie(got, tokens, logprobs)
 
 
-def test_a_sequence_that_ends_leaves_the_batch_and_the_others_go_on(store):
-    model, _ = load_store(store)
+def test_a_sequence_that_ends_leaves_the_batch_and_the_others_go_on(skewed_store):
+    model, _ = load_store(skewed_store)
     solo = [alone(model, p)[0] for p in PROMPTS[:3]]
     eos = {solo[1][3]}  # the second sequence's fourth token ends it
     out = batch_tokens(model, PROMPTS[:3], STEPS, eos=eos)
@@ -90,8 +90,8 @@ def test_a_sequence_that_ends_leaves_the_batch_and_the_others_go_on(store):
     assert len(out[1]) <= 4
 
 
-def test_a_batch_reads_the_union_of_its_rows_experts_once_per_layer(store):
-    model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
+def test_a_batch_reads_the_union_of_its_rows_experts_once_per_layer(skewed_store):
+    model, _, stream = load_streaming(skewed_store, StreamSettings(cache_bytes=0))
     try:
         one, four = BatchStats(width=1), BatchStats(width=4)
         batch_tokens(model, PROMPTS[:1], 8, stream, stats=one)
@@ -105,12 +105,12 @@ def test_a_batch_reads_the_union_of_its_rows_experts_once_per_layer(store):
     assert four.rows == sum(t - 1 for t in four.tokens) and four.steps == 7
 
 
-def test_a_batched_decode_step_overlaps_and_caps_its_read_ahead_like_a_one_row_step(store):
+def test_a_batched_decode_step_overlaps_and_caps_its_read_ahead_like_a_one_row_step(skewed_store):
     """Rows of several sequences are a decode step too: each expert runs on its rows as it lands (overlapped,
     d1 reads slowly), the step's compute window is measured for its width, and its read-ahead is capped by it
     (drives that deliver nothing in the window: one guess per pass, not the union of the rows' guesses)."""
-    model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=False))
-    delay_reads(stream.reader, "d1", lambda: time.sleep(0.005))
+    model, _, stream = load_streaming(skewed_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=False))
+    delay_reads(stream.reader, "d1", lambda: time.sleep(0.005))  # a slow drive: the sleep is its slowness
     stream.dispatcher.bandwidth = lambda drives: 0.0
     try:
         prompts = [[p[0]] for p in PROMPTS[:4]]  # one token each: every pass is a decode step
@@ -121,7 +121,7 @@ def test_a_batched_decode_step_overlaps_and_caps_its_read_ahead_like_a_one_row_s
         stream.close()
     four = [p for p in passes if p.rows == 4]
     assert four and sum(p.overlapped for p in four) > 0 and all(p.expert_s > 0 for p in four)
-    assert 4 in stream._windows
+    assert 4 in stream.ahead.windows
     assert read_ahead <= sum(p.predict_s > 0 for p in passes)  # at most one guess read per pass that guessed
 
 
@@ -134,15 +134,15 @@ def test_the_shared_beginning_of_the_prompts_is_read_once_in_whole_chunks():
 
 
 @pytest.mark.parametrize("how", ["streamed", "in RAM"])
-def test_sequences_sharing_a_prompt_prefix_decode_as_they_do_alone(store, how):
+def test_sequences_sharing_a_prompt_prefix_decode_as_they_do_alone(skewed_store, how):
     """The shared chunks are read once and their cache copied; the rest of each prompt is read from the chunk
     boundary it would reach alone, so every sequence equals itself alone (chunks of 4: boundaries at 4 and 8)."""
     head = [5, 17, 42, 99, 3, 250, 7, 64, 11]
     prompts = [[*head, 2, 30, 31], [*head, 140], [*head, 77, 78, 79, 1, 2, 3], [*head[:8], 9, 9]]
     if how == "streamed":
-        model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
+        model, _, stream = load_streaming(skewed_store, StreamSettings(cache_bytes=0))
     else:
-        (model, _), stream = load_store(store), None
+        (model, _), stream = load_store(skewed_store), None
     try:
         stats = BatchStats(width=len(prompts))
         batched = batch_tokens(model, prompts, 8, stream, prefill_chunk=4, stats=stats)

@@ -10,18 +10,18 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.app.commands.bench import add_stream_arguments, settings_from
-from nightshift.engine import StreamSettings
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from nightshift.engine.moe.settings import StreamSettings
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def kimi_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     return import_tiny(root, tiny_checkpoint(root, "kimi_k3"), "k")
 
 
-def test_decode_records_floors_roofline_and_counters(store, home, capsys):
-    assert main(["bench", "decode", "--model", str(store), "--tokens", "4", "--bandwidth-seconds", "0.2"]) == 0
+def test_decode_records_floors_roofline_and_counters(kimi_store, home, capsys):
+    assert main(["bench", "decode", "--model", str(kimi_store), "--tokens", "4", "--bandwidth-seconds", "0.2"]) == 0
     err = capsys.readouterr().err
     assert "disk floor" in err and "compute floor" in err and "recorded as run 1" in err
     assert main(["runs", "show", "1"]) == 0
@@ -53,13 +53,13 @@ def ab(store, mechanism: str) -> int:
     )
 
 
-def test_ab_is_recorded_only_when_the_mechanism_fired(store, home, capsys):
+def test_ab_is_recorded_only_when_the_mechanism_fired(kimi_store, home, capsys):
     # The store has one replica per expert: split reads cannot happen, so nothing is recorded.
-    assert ab(store, "split") == 1
+    assert ab(kimi_store, "split") == 1
     assert "not recorded" in capsys.readouterr().err
     assert main(["runs", "list"]) == 0
     assert "no runs recorded yet" in capsys.readouterr().err
-    assert ab(store, "prefetch") == 0
+    assert ab(kimi_store, "prefetch") == 0
     assert main(["runs", "list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 2 and "baseline" in listed[1] and ("win" in listed[0] or "loss" in listed[0])
@@ -107,18 +107,18 @@ def test_every_setting_is_a_flag_under_its_documented_name():
             parser.parse_args(["--model", "m", *wrong])
 
 
-def test_verify_passes_for_streaming_and_fails_on_a_different_record(store, home, capsys):
-    assert main(["verify", "--model", str(store), "--memory-budget", "1M"]) == 0
+def test_verify_passes_for_streaming_and_fails_on_a_different_record(kimi_store, home, capsys):
+    assert main(["verify", "--model", str(kimi_store), "--memory-budget", "1M"]) == 0
     assert "pass" in capsys.readouterr().err
-    record = home / "verify" / f"{store.name}.json"
+    record = home / "verify" / f"{kimi_store.name}.json"
     data = json.loads(record.read_text())
     data["tokens"][5] = (data["tokens"][5] + 1) % 512
     record.write_text(json.dumps(data))
-    assert main(["verify", "--model", str(store)]) == 1
+    assert main(["verify", "--model", str(kimi_store)]) == 1
     assert "token 5 differs" in capsys.readouterr().err
 
 
-def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys, tmp_path):
+def test_ladder_runs_the_same_layout_on_one_then_two_drives(kimi_store, home, capsys, tmp_path):
     replicated = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "qwen3_moe"), "q")
     assert main(["bench", "replicate", "--model", str(replicated)]) == 0
     assert "copied" in capsys.readouterr().err
@@ -131,14 +131,14 @@ def test_ladder_runs_the_same_layout_on_one_then_two_drives(store, home, capsys,
     assert runs[0]["drives"]["d1"]["bytes"] == 0 and runs[1]["drives"]["d1"]["bytes"] > 0
 
 
-def test_prefill_records_read_amplification_floors_and_the_row_by_row_figure(store, home, capsys):
+def test_prefill_records_read_amplification_floors_and_the_row_by_row_figure(kimi_store, home, capsys):
     assert (
         main(
             [
                 "bench",
                 "prefill",
                 "--model",
-                str(store),
+                str(kimi_store),
                 "--prompt-tokens",
                 "40",
                 "--chunk",
@@ -162,8 +162,8 @@ def test_prefill_records_read_amplification_floors_and_the_row_by_row_figure(sto
     assert run["counters"]["prefill_unique_bytes"] == f["unique_bytes"] > 0
 
 
-def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hit_rate(store, home, capsys):
-    args = ["bench", "cache", "--model", str(store), "--tokens", "3", "--bandwidth-seconds", "0.1"]
+def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hit_rate(kimi_store, home, capsys):
+    args = ["bench", "cache", "--model", str(kimi_store), "--tokens", "3", "--bandwidth-seconds", "0.1"]
     assert main([*args, "--shares", "0.25,1", "--measure", "0.25"]) == 0
     err = capsys.readouterr().err
     assert "| budget | lru | lru-admit | frequency | frequency-open | s3fifo |" in err  # then any profile's columns

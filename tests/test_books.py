@@ -1,4 +1,4 @@
-"""Generated books (tests/books.py): on every dataset every planted fault is found and no finding is unexplained."""
+"""Generated books (tests/helpers/books.py): on every dataset every planted fault is found and no finding is unexplained."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from nightshift.app.review.runner import run_checks_for
 from nightshift.app.review.schedule import load_schedule
-from tests.books import LANGUAGES, make_books
+from tests.helpers.books import LANGUAGES, make_books
 
 SEEDS = range(20)
 

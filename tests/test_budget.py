@@ -11,14 +11,14 @@ import pytest
 
 from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracle
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.budget import Budget, Pressure, size_budget
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
 from nightshift.engine.moe.warm import PROFILE_FILE, load_profile
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_prefill import PROMPT, in_ram, tokens_and_stats  # noqa: F401  (module fixture)
-from tests.test_stream import sources, stores  # noqa: F401  (module fixtures: tiny two-drive stores)
+from tests.helpers.stores import PROMPT
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def test_other_budgets_are_refused_with_the_forms_that_work(text):
         parse_budget(text)
 
 
-def test_auto_leaves_room_for_the_model_and_the_system_and_never_exceeds_the_experts(stores):  # noqa: F811
+def test_auto_leaves_room_for_the_model_and_the_system_and_never_exceeds_the_experts(stores):
     store = stores["qwen3_moe"]
     manifest = read_manifest(store)
     budget = size_budget(AUTO_BUDGET, manifest, store, reader_threads=12)
@@ -47,7 +47,7 @@ def test_auto_leaves_room_for_the_model_and_the_system_and_never_exceeds_the_exp
     assert not given.auto and given.bytes == 1000
 
 
-def test_a_store_that_fits_is_read_once_then_resident_with_the_tokens_of_the_model_in_ram(stores, in_ram):  # noqa: F811
+def test_a_store_that_fits_is_read_once_then_resident_with_the_tokens_of_the_model_in_ram(stores, in_ram):
     store = stores["qwen3_moe"]
     model = open_model(store, stream=StreamSettings())
     try:
@@ -66,7 +66,7 @@ def test_a_store_that_fits_is_read_once_then_resident_with_the_tokens_of_the_mod
     assert after_second.cache_hits > after_first.cache_hits  # resident calls are counted as hits
 
 
-def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):  # noqa: F811
+def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):
     """mlx-lm builds the next token's pass before it yields a token: per-token figures must not wait for it."""
     import mlx.core as mx
 
@@ -76,7 +76,7 @@ def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):  #
     try:
         chunks = list(model.generate_tokens(PROMPT, max_tokens=12))
         layers = len(read_manifest(store).layers)
-        assert len(stream.stacks) == layers  # every layer resident: its calls are counted when asked for
+        assert len(stream.residency.stacks) == layers  # every layer resident: its calls are counted when asked for
         stats = chunks[-1].stats
         # the pass mlx-lm queued beyond the last token is nobody's: left out of the generation's figures
         assert 0 < stats.cache_hits < stream.figures().cache_hits
@@ -89,18 +89,20 @@ def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):  #
         model.close()
 
 
-def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):  # noqa: F811
+def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
     """A margin larger than what is available stands for another process taking the RAM: the cache shrinks."""
     store = stores["qwen3_moe"]
     model, _, stream = load_streaming(store, StreamSettings())
     try:
-        from tests.test_family_conformance import greedy_tokens
+        from bench.trunk_bits import greedy_tokens
 
         tokens = greedy_tokens(model, 8)
-        held = stream.cache.used
-        assert held > 0 and stream.stacks
+        held = stream.residency.cache.used
+        assert held > 0 and stream.residency.stacks
         short = psutil.virtual_memory().available + held // 2  # half of what the cache holds must go
-        stream.pressure = Pressure(Budget(stream.budget.bytes, True, stream.budget.expert_bytes, margin=short))
+        stream.residency.pressure = Pressure(
+            Budget(stream.budget.bytes, True, stream.budget.expert_bytes, margin=short)
+        )
         assert greedy_tokens(model, 8) == tokens  # still the same answer, reading again what it gave back
         figures = stream.figures()
     finally:
@@ -109,19 +111,19 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):  # noqa: 
     assert figures.resident_layers == 0 and figures.cache_evictions > 0
 
 
-def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):  # noqa: F811
+def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):
     store = stores["kimi_k3"]
     manifest = read_manifest(store)
     sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
     budget = manifest.expert_bytes // 3
     for policy in CACHE_POLICIES:
         settings = StreamSettings(cache_bytes=budget, cache_policy=policy, warm_start=False)  # a cold cache
-        model = open_model(store, stream=settings)
-        model.stream.record_routing()
+        instruments = Instruments(routing=[])
+        model = open_model(store, stream=settings, instruments=instruments)
         try:
             list(model.generate_tokens(PROMPT[:20], max_tokens=10))
             figures = model.stream.figures()
-            calls = [Call(*entry) for entry in model.stream.routing]
+            calls = [Call(*entry) for entry in instruments.routing]
         finally:
             model.close()
         predicted = replay(calls, sizes, budget, policy)
@@ -158,7 +160,7 @@ def test_the_static_oracle_and_a_warm_belady_bound_what_they_should():
 def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predicts_it(tmp_path_factory):
     """Past runs' counts saved at close; the next open fills the cache from them in the background, the same
     tokens, and the simulator's warm replay equal to the engine's hits."""
-    from tests.test_stream import tiny_store
+    from tests.helpers.stores import tiny_store
 
     store = tiny_store(tmp_path_factory, "kimi_k3")
     manifest = read_manifest(store)
@@ -169,7 +171,7 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
     cold = open_model(store, stream=settings)  # no profile yet: nothing to warm
     try:
         cold_tokens = [c.token for c in cold.generate_tokens(PROMPT[:20], max_tokens=10)]
-        assert cold.stream.warm is None
+        assert cold.stream.residency.warm is None
     finally:
         cold.close()
     profile = load_profile(store)
@@ -177,13 +179,13 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
     rows = json.loads((store / PROFILE_FILE).read_text())["layers"]
     assert {int(k): len(v) for k, v in rows.items()} == {layer.layer: layer.num_experts for layer in manifest.layers}
 
-    model = open_model(store, stream=settings)
+    instruments = Instruments(routing=[])  # the warm start's reads are not calls: only the generation's are logged
+    model = open_model(store, stream=settings, instruments=instruments)
     try:
-        model.stream.warm.wait()  # as if the warm start finished before the first token (it runs meanwhile)
-        model.stream.record_routing()
+        model.stream.residency.warm.wait()  # as if the warm start finished before the first token (it runs meanwhile)
         tokens = [c.token for c in model.generate_tokens(PROMPT[:20], max_tokens=10)]
         figures = model.stream.figures()
-        calls = [Call(*entry) for entry in model.stream.routing]
+        calls = [Call(*entry) for entry in instruments.routing]
     finally:
         model.close()
     assert tokens == cold_tokens
@@ -193,8 +195,8 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
     assert load_profile(store).runs == 2
 
 
-def test_a_warm_start_of_a_model_that_fits_makes_it_resident_without_demand_reads(tmp_path_factory, in_ram):  # noqa: F811
-    from tests.test_stream import tiny_store
+def test_a_warm_start_of_a_model_that_fits_makes_it_resident_without_demand_reads(tmp_path_factory, in_ram):
+    from tests.helpers.stores import tiny_store
 
     store = tiny_store(tmp_path_factory, "qwen3_moe")
     first = open_model(store, stream=StreamSettings())
@@ -202,7 +204,7 @@ def test_a_warm_start_of_a_model_that_fits_makes_it_resident_without_demand_read
     first.close()
     model = open_model(store, stream=StreamSettings(warm_start=True))
     try:
-        model.stream.warm.wait()
+        model.stream.residency.warm.wait()
         tokens = [c.token for c in model.generate_tokens(PROMPT, max_tokens=12)]
         figures = model.stream.figures()
     finally:
@@ -214,13 +216,13 @@ def test_a_warm_start_of_a_model_that_fits_makes_it_resident_without_demand_read
 
 
 def test_an_unreadable_profile_is_ignored_and_rewritten(tmp_path_factory, caplog):
-    from tests.test_stream import tiny_store
+    from tests.helpers.stores import tiny_store
 
     store = tiny_store(tmp_path_factory, "qwen3_moe")
     (store / PROFILE_FILE).write_text("{not json")
     model = open_model(store, stream=StreamSettings(warm_start=True))
     try:
-        assert model.stream.warm is None and "routing profile" in caplog.text
+        assert model.stream.residency.warm is None and "routing profile" in caplog.text
         list(model.generate_tokens(PROMPT[:8], max_tokens=2))
     finally:
         model.close()
@@ -268,7 +270,7 @@ def test_a_schedule_names_its_memory_budget_and_a_bad_one_is_refused(tmp_path):
                 load_schedule(path)
 
 
-def test_mlx_keeps_no_more_freed_buffers_than_the_working_set_the_budget_reserves(stores):  # noqa: F811
+def test_mlx_keeps_no_more_freed_buffers_than_the_working_set_the_budget_reserves(stores):
     import mlx.core as mx
 
     from nightshift.engine.moe.budget import working_set_bytes

@@ -158,7 +158,8 @@ def test_a_balances_source_without_the_account_cannot_run_and_says_so():
     balances = table("balances", [("2026-09-30", "1000.00", ""), ("2026-10-31", "1130.00", "")])  # no account
     result = run_checks(BALANCE, context({"balances": balances, "bank": BANK}))
     assert not_run(result) == ["could not run: balances has no balances for account 'Bank' (it has no account "
-                               "column or values); map the account column or name an account it has"]  # fmt: skip
+                               "column or values); map the account column, give the source a fixed `account`, or name an "
+                               "account it has"]  # fmt: skip
     assert result.findings[0].severity == "high" and result.runs[0].state == "not run"
     other = table("balances", [("2026-09-30", "1000.00", "", "Cash"), ("2026-10-31", "1130.00", "", "Cash")])
     assert "its accounts are Cash" in not_run(run_checks(BALANCE, context({"balances": other, "bank": BANK})))[0]

@@ -13,8 +13,8 @@ import pytest
 from nightshift.app.cli import build_parser, main
 from nightshift.app.default_model import DEFAULT_MODEL
 from nightshift.app.models import resolve_model
-from nightshift.engine import NightshiftError
-from tests.gguf_files import write_tiny_llama
+from nightshift.engine.errors import NightshiftError
+from tests.helpers.gguf_files import write_tiny_llama
 
 
 def _command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

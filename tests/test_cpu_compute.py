@@ -7,9 +7,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from nightshift.engine import convert_gguf, open_model
 from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
-from tests.gguf_files import write_tiny_llama
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.gguf_import import convert_gguf
+from tests.helpers.gguf_files import write_tiny_llama
 
 
 def _layer(seed: int = 0) -> nn.QuantizedLinear:

@@ -1,8 +1,10 @@
-"""A decode step's experts spread over CPU streams compute the same bits as one call, and the split fires."""
+"""A decode step's experts spread over CPU streams compute the same bits as one call, and the split fires,
+counted by each model's own instruments."""
 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -10,16 +12,18 @@ import pytest
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from bench.trunk_bits import greedy_tokens
+from nightshift.engine.bench.decode import time_decode
 from nightshift.engine.cpu_prefill import PrefillQuantizedSwitchLinear, PrefillSwitchLinear, use_gemm_prefill
-from nightshift.engine.cpu_streams import ENV, MIN_PART_BYTES, SplitCounter, cpu_streams, split_experts, stream_count
+from nightshift.engine.cpu_streams import ENV, MIN_PART_BYTES, cpu_streams, split_experts, stream_count
 from nightshift.engine.errors import SettingError
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.synth import synthesize
-from tests.test_store_equivalence import import_tiny
+from tests.helpers.stores import import_tiny
 
 IN, OUT, EXPERTS = 512, 384, 12  # a 4-bit expert's weight: 96 KiB, over MIN_PART_BYTES
 
@@ -49,10 +53,10 @@ def test_split_over_streams_is_bit_identical_to_one_call(monkeypatch, kind, rows
     x = mx.random.normal((rows, k if per_slot else 1, 1, IN))  # gate/up see one x, down one per slot
     want = np.array(type(layer).__call__(layer, x, indices))
     layer.__class__ = _prefill_kind(layer)
+    layer.instruments = Instruments()
     monkeypatch.setenv(ENV, "2")
-    before = SplitCounter.calls
     got = np.array(layer(x, indices))
-    assert SplitCounter.calls == before + 1  # the split did run
+    assert layer.instruments.split_calls == 1  # the split did run
     np.testing.assert_array_equal(got, want)
     monkeypatch.setenv(ENV, "1")
     assert split_experts(lambda *a: None, x, indices, 1 << 30) is None  # 1 turns it off
@@ -67,13 +71,13 @@ def test_experts_too_small_to_pay_for_a_thread_stay_on_one_stream(monkeypatch):
     monkeypatch.setenv(ENV, "2")
     layer = _switch("affine4", inputs=64)  # 12 KiB an expert: two a part is under MIN_PART_BYTES
     layer.__class__ = PrefillQuantizedSwitchLinear
-    before = SplitCounter.calls
+    layer.instruments = Instruments()
     indices = mx.array([[0, 1, 2, 3]], dtype=mx.uint32)
     x = mx.random.normal((1, 1, 1, 64))
     np.testing.assert_array_equal(
         np.array(layer(x, indices)), np.array(QuantizedSwitchLinear.__call__(layer, x, indices))
     )
-    assert SplitCounter.calls == before
+    assert layer.instruments.split_calls == 0
     kernel = partial(QuantizedSwitchLinear.__call__, layer)
     assert split_experts(kernel, x, indices, MIN_PART_BYTES // 2) is not None  # two at the line: split
 
@@ -97,25 +101,58 @@ def test_the_callers_stream_comes_first_and_none_twice(monkeypatch):
         assert inner[0] == current and len(inner) == 2 and inner[1] != current
 
 
-def test_streamed_and_in_ram_decode_spread_the_experts_and_keep_their_tokens(monkeypatch, tmp_path):
-    # The small preset (0.42 MB experts: worth a stream each), 3 layers: 2 MoE layers of 64 experts, 8 active.
-    root = tmp_path / "kimi"
-    store = import_tiny(root, synthesize("kimi_k3", "small", root / "src", seed=1, layers=3), "store")
-    resident = load_store(store)[0]
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> Path:
+    """The small preset (0.42 MB experts: worth a stream each), 3 layers: 2 MoE layers of 64 experts, 8 active."""
+    root = tmp_path_factory.mktemp("kimi")
+    return import_tiny(root, synthesize("kimi_k3", "small", root / "src", seed=1, layers=3), "store")
+
+
+def test_streamed_and_in_ram_decode_spread_the_experts_and_keep_their_tokens(monkeypatch, small_store):
+    resident = load_store(small_store)[0]
+    in_ram = Instruments()
     for site in switch_sites(resident):  # the prompt's experts as the streamed layers compute them
-        use_gemm_prefill(module_at(resident, site.path))
+        use_gemm_prefill(module_at(resident, site.path), in_ram)
     monkeypatch.setenv(ENV, "1")
     one_stream = greedy_tokens(resident)
+    assert in_ram.split_calls == 0  # one stream: nothing split
     monkeypatch.setenv(ENV, "2")
-    before = SplitCounter.snapshot()
     assert greedy_tokens(resident) == one_stream
-    assert SplitCounter.calls > before["split_calls"]  # the in-RAM decode split its experts
+    assert in_ram.split_calls > 0  # the in-RAM decode split its experts
     # No cache: every expert is read. Half the experts' bytes: some run from the cache, the rest as they land.
-    for budget in (0, read_manifest(store).expert_bytes // 2):
-        model, _, stream = load_streaming(store, StreamSettings(cache_bytes=budget, overlap=True))
+    for budget in (0, read_manifest(small_store).expert_bytes // 2):
+        instruments = Instruments()
+        model, _, stream = load_streaming(
+            small_store, StreamSettings(cache_bytes=budget, overlap=True), instruments=instruments
+        )
         try:
             assert greedy_tokens(model) == one_stream
         finally:
             stream.close()
         assert stream.figures().resident_layers == 0 and (stream.figures().cache_hits > 0) == (budget > 0)
-    assert SplitCounter.spread_experts > before["spread_experts"]  # landed experts ran on the second stream
+        assert instruments.spread_experts > 0  # landed experts ran on the second stream
+
+
+@pytest.mark.slow
+def test_two_streams_in_one_process_count_apart(monkeypatch, small_store):
+    """Each model counts into the instruments it was opened with, and a model opened without any counts nowhere."""
+    monkeypatch.setenv(ENV, "2")
+    settings = StreamSettings(cache_bytes=0, overlap=True)
+    first, second = Instruments(routing=[]), Instruments(routing=[])
+    opened = [load_streaming(small_store, settings, instruments=i) for i in (first, second)]
+    bare_model, _, bare = load_streaming(small_store, settings)
+    try:
+        prompt = list(range(40, 80))  # 40 rows x 8 experts: a prompt through the grouped GEMM
+        tokens = time_decode(opened[0][0], 3, prompt).tokens
+        counted = first.counts()
+        assert counted["spread_experts"] > 0 and counted["expert_gemm_calls"] > 0 and first.routing
+        assert second.counts() == dict.fromkeys(counted, 0) and second.routing == []  # the other stream: nothing
+        assert time_decode(opened[1][0], 3, prompt).tokens == tokens
+        assert second.counts() == counted and second.routing == first.routing  # the same decode, counted apart
+        assert first.counts() == counted
+        assert time_decode(bare_model, 3, prompt).tokens == tokens
+        assert first.counts() == counted and second.counts() == counted and bare.instruments is None
+    finally:
+        for _, _, stream in opened:
+            stream.close()
+        bare.close()

@@ -12,8 +12,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from nightshift.engine import open_model
-from tests.llama_reference import Float64Llama
+from nightshift.engine.runtime import open_model
+from tests.helpers.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

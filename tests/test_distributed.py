@@ -18,28 +18,23 @@ import psutil
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import Drive, ImportOptions, StreamSettings, import_checkpoint, open_model, synthesize
 from nightshift.engine.distributed.experts import ExpertShare, owner
 from nightshift.engine.distributed.hosts import PipelineError, load_hosts
 from nightshift.engine.distributed.launch import Timeouts, free_port, generate_over_hosts
 from nightshift.engine.distributed.placement import (
     PIPELINE_FILE,
     balanced_split,
-    plan_hosts,
-    planner_by_host,
-    write_plan,
 )
 from nightshift.engine.distributed.stage import PipelineStage, RankOf, family_split, layer_ranges
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.manifest import read_manifest, write_manifest
-from nightshift.engine.store.upkeep import place_store
-
-PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-TOKENS = 10
-LAYERS = 4  # the first dense where the family has one: 3 ranks still get an MoE layer each
+from nightshift.engine.store.synth import synthesize
+from tests.helpers.hosts import LAYERS, PROMPT, TOKENS, hosts_file, place_by_hosts, single_process
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory) -> dict[str, Path]:
+def pipeline_stores(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("pipelined")
     out = {}
     for arch in ("qwen3_moe", "kimi_k3"):
@@ -48,26 +43,6 @@ def stores(tmp_path_factory) -> dict[str, Path]:
         import_checkpoint(src, root / arch, drives, ImportOptions(trunk_bits=16))
         out[arch] = root / arch
     return out
-
-
-def hosts_file(path: Path, store: Path, ranks: int, drives_each: int = 2, mbps: list[float] | None = None) -> Path:
-    """hosts.json for `ranks` local hosts, each with its own drives (directories under the test's folder)."""
-    hosts = []
-    for rank in range(ranks):
-        drives = {f"h{rank}d{i}": str(path / f"{store.name}-h{rank}d{i}") for i in range(drives_each)}
-        hosts.append({"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "drives": drives})
-        if mbps:
-            hosts[-1]["read_mbps"] = mbps[rank]
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "hosts.json").write_text(json.dumps({"hosts": hosts}))
-    return path / "hosts.json"
-
-
-def place_by_hosts(store: Path, hosts_json: Path) -> None:
-    hosts = load_hosts(hosts_json)
-    plan = plan_hosts(read_manifest(store), hosts)
-    place_store(store, [d for h in hosts for d in h.drives], planner=planner_by_host(plan, hosts))
-    write_plan(store, plan, hosts)
 
 
 def copy_store(src: Path, dst: Path) -> Path:
@@ -80,14 +55,6 @@ def copy_store(src: Path, dst: Path) -> Path:
         manifest.drives[name] = str(copy)
     write_manifest(dst, manifest)
     return dst
-
-
-def single_process(store: Path) -> list[int]:
-    model = open_model(store, stream=StreamSettings(cache_bytes=0))
-    try:
-        return [c.token for c in model.generate_tokens(PROMPT, max_tokens=TOKENS)]
-    finally:
-        model.close()
 
 
 # Quick: the split, the stage, the hosts file.
@@ -107,14 +74,14 @@ def test_balanced_split_gives_every_host_an_moe_layer():
         balanced_split([0, 5, 5], [1.0, 1.0, 1.0])
 
 
-def test_kimi_k3_keeps_its_own_split_and_mixin_families_take_any(stores):
-    kimi = read_manifest(stores["kimi_k3"]).config
+def test_kimi_k3_keeps_its_own_split_and_mixin_families_take_any(pipeline_stores):
+    kimi = read_manifest(pipeline_stores["kimi_k3"]).config
     assert family_split(kimi, 3) == [1, 1, 2]  # kimi_k3's pipeline gives the first ranks' extra layer to the last rank
-    assert family_split(read_manifest(stores["qwen3_moe"]).config, 3) is None
+    assert family_split(read_manifest(pipeline_stores["qwen3_moe"]).config, 3) is None
 
 
-def test_a_stage_keeps_its_layers_trunk_and_experts_only(stores):
-    manifest = read_manifest(stores["qwen3_moe"])
+def test_a_stage_keeps_its_layers_trunk_and_experts_only(pipeline_stores):
+    manifest = read_manifest(pipeline_stores["qwen3_moe"])
     stage = PipelineStage(RankOf(1, 2), (3, 1))  # rank 1 of 2 runs layer 0 only
     assert stage.layers == (0, 1)
     assert stage.keeps("model.layers.0.self_attn.q_proj.weight") and stage.keeps("model.embed_tokens.weight")
@@ -124,8 +91,8 @@ def test_a_stage_keeps_its_layers_trunk_and_experts_only(stores):
     assert mine.expert_bytes < manifest.expert_bytes
 
 
-def test_an_expert_share_keeps_every_layer_and_its_own_experts_replicas_only(stores):
-    manifest = read_manifest(stores["qwen3_moe"])
+def test_an_expert_share_keeps_every_layer_and_its_own_experts_replicas_only(pipeline_stores):
+    manifest = read_manifest(pipeline_stores["qwen3_moe"])
     share = ExpertShare(RankOf(1, 3))
     assert share.keeps("model.layers.2.self_attn.q_proj.weight") and share.keeps("lm_head.weight")
     mine = share.manifest(manifest)
@@ -142,8 +109,8 @@ def place_by_expert(store: Path, hosts_json: Path) -> None:
     assert json.loads((store / PIPELINE_FILE).read_text())["shape"] == "experts"
 
 
-def test_placement_by_expert_puts_each_expert_on_its_owners_drives(stores, tmp_path):
-    store = copy_store(stores["kimi_k3"], tmp_path / "k")
+def test_placement_by_expert_puts_each_expert_on_its_owners_drives(pipeline_stores, tmp_path):
+    store = copy_store(pipeline_stores["kimi_k3"], tmp_path / "k")
     place_by_expert(store, hosts_file(tmp_path, store, 2))
     placed = read_manifest(store)
     for layer, experts in placed.experts.items():
@@ -151,8 +118,10 @@ def test_placement_by_expert_puts_each_expert_on_its_owners_drives(stores, tmp_p
             assert e["replicas"] and all(r.startswith(f"h{owner(i, 2)}") for r in e["replicas"]), (layer, i)
 
 
-def test_placement_by_host_puts_each_layer_on_its_hosts_drives(stores, tmp_path):
-    store = copy_store(stores["qwen3_moe"], tmp_path / "q")  # its own drives: placing moves none of the module's
+def test_placement_by_host_puts_each_layer_on_its_hosts_drives(pipeline_stores, tmp_path):
+    store = copy_store(
+        pipeline_stores["qwen3_moe"], tmp_path / "q"
+    )  # its own drives: placing moves none of the module's
     manifest = read_manifest(store)
     for layer in manifest.layers:
         assert all(
@@ -187,8 +156,8 @@ def test_hosts_file_is_checked(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("arch", "ranks"), [("qwen3_moe", 2), ("qwen3_moe", 3), ("kimi_k3", 2), ("kimi_k3", 3)])
-def test_pipelined_greedy_tokens_equal_one_process(stores, tmp_path, arch, ranks):
-    store = copy_store(stores[arch], tmp_path / arch)
+def test_pipelined_greedy_tokens_equal_one_process(pipeline_stores, tmp_path, arch, ranks):
+    store = copy_store(pipeline_stores[arch], tmp_path / arch)
     expected = single_process(store)
     place_by_hosts(store, hosts_file(tmp_path, store, ranks))
     result = generate_over_hosts(store, load_hosts(tmp_path / "hosts.json"), PROMPT, TOKENS, port=free_port(ranks))
@@ -200,8 +169,8 @@ def test_pipelined_greedy_tokens_equal_one_process(stores, tmp_path, arch, ranks
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("arch", "ranks"), [("qwen3_moe", 2), ("qwen3_moe", 3), ("kimi_k3", 2)])
-def test_expert_parallel_greedy_tokens_equal_one_process(stores, tmp_path, arch, ranks):
-    store = copy_store(stores[arch], tmp_path / arch)
+def test_expert_parallel_greedy_tokens_equal_one_process(pipeline_stores, tmp_path, arch, ranks):
+    store = copy_store(pipeline_stores[arch], tmp_path / arch)
     expected = single_process(store)
     place_by_expert(store, hosts_file(tmp_path, store, ranks))
     hosts = load_hosts(tmp_path / "hosts.json")
@@ -213,8 +182,8 @@ def test_expert_parallel_greedy_tokens_equal_one_process(stores, tmp_path, arch,
 
 
 @pytest.mark.slow
-def test_cluster_command_writes_its_answer_only_when_done(stores, tmp_path):
-    store = copy_store(stores["qwen3_moe"], tmp_path / "q")
+def test_cluster_command_writes_its_answer_only_when_done(pipeline_stores, tmp_path):
+    store = copy_store(pipeline_stores["qwen3_moe"], tmp_path / "q")
     hosts_json = hosts_file(tmp_path, store, 2)
     place_by_hosts(store, hosts_json)
     out = tmp_path / "answer.json"
@@ -247,8 +216,8 @@ def worker_process(rank: int) -> psutil.Process:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "why"), [(signal.SIGKILL, "exited with code"), (signal.SIGSTOP, "stopped answering")])
-def test_a_rank_that_stops_stops_the_run_naming_its_host(stores, tmp_path, sig, why):
-    store = copy_store(stores["qwen3_moe"], tmp_path / "q")
+def test_a_rank_that_stops_stops_the_run_naming_its_host(pipeline_stores, tmp_path, sig, why):
+    store = copy_store(pipeline_stores["qwen3_moe"], tmp_path / "q")
     place_by_hosts(store, hosts_file(tmp_path, store, 3))
     hosts = load_hosts(tmp_path / "hosts.json")
     seen, victim = [], []

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from nightshift.engine import Drive, ImportOptions, import_checkpoint, synthesize
 from nightshift.engine.bench.rig import RigSpec, inside_rig, rig_up
 from nightshift.engine.distributed.hosts import load_hosts
 from nightshift.engine.distributed.launch import free_port, generate_over_hosts
-from tests.rig_helpers import requires_rig
-from tests.test_distributed import LAYERS, PROMPT, TOKENS, place_by_hosts, single_process
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.synth import synthesize
+from tests.helpers.hosts import LAYERS, PROMPT, TOKENS, place_by_hosts, single_process
+from tests.helpers.rig import requires_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.slow, requires_rig]
 

@@ -21,16 +21,19 @@ from nightshift.app.cli import main
 from nightshift.app.daemon.control import request
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from nightshift.engine import Drive, ImportOptions, import_checkpoint, synthesize
 from nightshift.engine.distributed.hosts import PipelineError
 from nightshift.engine.distributed.model import Cluster
-from tests.test_distributed import hosts_file, place_by_hosts
-from tests.test_review_run import serve as serve_with
-from tests.test_review_run import states, user_schedule, wait_for
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.synth import synthesize
+from tests.helpers.hosts import hosts_file, place_by_hosts
+from tests.helpers.service import serve as serve_with
+from tests.helpers.service import states, user_schedule
+from tests.helpers.waits import wait_for
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
+def hosts_store(tmp_path_factory) -> Path:
     """A tiny qwen3_moe store placed over two local hosts (hosts.json next to it), its context widened so a
     review's prompt fits."""
     root = tmp_path_factory.mktemp("served")
@@ -82,13 +85,13 @@ def split_schedule(home: Path, store: Path, name: str) -> None:
 
 
 @pytest.mark.slow
-def test_serve_over_two_hosts_writes_the_narrative_one_process_writes(home, store, capsys):
-    split_schedule(home, store, "alone")
+def test_serve_over_two_hosts_writes_the_narrative_one_process_writes(home, hosts_store, capsys):
+    split_schedule(home, hosts_store, "alone")
     assert main(["review", "run", "alone"]) == 0  # one process, in the foreground: run 1
     capsys.readouterr()
-    split_schedule(home, store, "split")
-    user_schedule(home, store, "single", max_tokens=12)
-    service = serve(home, store.parent / "hosts.json")
+    split_schedule(home, hosts_store, "split")
+    user_schedule(home, hosts_store, "single", max_tokens=12)
+    service = serve(home, hosts_store.parent / "hosts.json")
     try:
         hosts = request("jobs")["hosts"]
         assert [h["host"] for h in hosts] == ["host 127.0.0.1 (rank 0)", "host 127.0.0.1 (rank 1)"]
@@ -102,7 +105,7 @@ def test_serve_over_two_hosts_writes_the_narrative_one_process_writes(home, stor
     assert {d[:2] for d in read} == {"h0", "h1"}
     # One prompt (a single narrative) over the hosts equals one process too.
     assert main(["review", "run", "single"]) == 0  # run 3, one process
-    service = serve(home, store.parent / "hosts.json")
+    service = serve(home, hosts_store.parent / "hosts.json")
     try:
         assert main(["review", "run", "single", "--no-wait"]) == 0  # run 4, over the hosts
         wait_for(lambda: [s for _, _, s in states(home)][3:] == ["done"], 300)
@@ -112,10 +115,10 @@ def test_serve_over_two_hosts_writes_the_narrative_one_process_writes(home, stor
 
 
 @pytest.mark.slow
-def test_a_host_killed_mid_run_fails_that_run_naming_it_and_the_service_goes_on(home, store):
-    user_schedule(home, store, "long", max_tokens=4000)
-    user_schedule(home, store, "short", max_tokens=4)
-    service = serve(home, store.parent / "hosts.json")
+def test_a_host_killed_mid_run_fails_that_run_naming_it_and_the_service_goes_on(home, hosts_store):
+    user_schedule(home, hosts_store, "long", max_tokens=4000)
+    user_schedule(home, hosts_store, "short", max_tokens=4)
+    service = serve(home, hosts_store.parent / "hosts.json")
     try:
         assert main(["review", "run", "long", "--no-wait"]) == 0
         wait_for(lambda: generated(1) >= 3)
@@ -192,13 +195,13 @@ def test_the_hosts_panel_shows_every_hosts_drives_and_hides_without_hosts():
 
 
 @pytest.mark.slow
-def test_the_dashboard_shows_every_hosts_drives_while_a_run_reads_them(home, store):
+def test_the_dashboard_shows_every_hosts_drives_while_a_run_reads_them(home, hosts_store):
     from nightshift.app.tui.app import Dashboard
     from nightshift.app.tui.widgets.hosts import HostsPanel
-    from tests.test_tui import until
+    from tests.helpers.waits import until
 
-    user_schedule(home, store, "long", max_tokens=4000)
-    service = serve(home, store.parent / "hosts.json")
+    user_schedule(home, hosts_store, "long", max_tokens=4000)
+    service = serve(home, hosts_store.parent / "hosts.json")
 
     def reading(app: Dashboard, rank: int) -> bool:
         """Rank `rank`'s line shows a rate for one of its drives (a figure, not the dash of no record)."""
@@ -219,4 +222,4 @@ def test_the_dashboard_shows_every_hosts_drives_while_a_run_reads_them(home, sto
         stop(service)
     # The service stopped mid-run: the run is interrupted (queued again) and no rank is left anywhere.
     assert states(home)[0][2] == "interrupted"
-    assert not [p for p in psutil.process_iter(["cmdline"]) if str(store) in " ".join(p.info["cmdline"] or [])]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(hosts_store) in " ".join(p.info["cmdline"] or [])]

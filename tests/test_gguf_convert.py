@@ -11,10 +11,10 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.utils import load_model
 
-from nightshift.engine import ModelFormatError, UnsupportedModelError, convert_gguf
-from nightshift.engine.store.gguf_import import GGUFFile
+from nightshift.engine.errors import ModelFormatError, UnsupportedModelError
+from nightshift.engine.store.gguf_import import GGUFFile, convert_gguf
 from nightshift.engine.store.gguf_quant import convert_quantized
-from tests.gguf_files import TINY, dequantize_blocks, write_tiny_llama
+from tests.helpers.gguf_files import TINY, dequantize_blocks, write_tiny_llama
 
 
 @pytest.fixture(scope="module")

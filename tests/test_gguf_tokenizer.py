@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from nightshift.engine import UnsupportedModelError, convert_gguf
-from nightshift.engine.store.gguf_import import GGUFFile
+from nightshift.engine.errors import UnsupportedModelError
+from nightshift.engine.store.gguf_import import GGUFFile, convert_gguf
 from nightshift.engine.store.gguf_tokenizer import build_tokenizer
-from tests.gguf_files import write_tiny_llama
+from tests.helpers.gguf_files import write_tiny_llama
 
 TEXTS = [
     "hello world",

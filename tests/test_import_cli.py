@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import convert_gguf, read_manifest
 from nightshift.engine.store.families import build_model, switch_sites
+from nightshift.engine.store.gguf_import import convert_gguf
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.synth import FAMILIES, PRESETS
-from tests.gguf_files import write_tiny_llama
+from tests.helpers.gguf_files import write_tiny_llama
 
 
 @pytest.mark.parametrize("action", ["import", "synth", "verify", "place"])

@@ -9,20 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from nightshift.engine import (
-    Drive,
-    ImportOptions,
-    ModelFormatError,
-    NightshiftError,
-    NoSpaceError,
-    import_checkpoint,
-    open_model,
-    read_manifest,
-    verify_store,
-)
+from nightshift.engine.errors import ModelFormatError, NightshiftError, NoSpaceError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import copied_tensor, read_header, write_safetensors
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from nightshift.engine.store.upkeep import verify_store
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from nightshift.engine import read_manifest, synthesize
+from nightshift.engine.store.manifest import read_manifest
+from nightshift.engine.store.synth import synthesize
 
 # Runs one import in a fresh interpreter and prints its peak resident memory in bytes.
 IMPORT_AND_REPORT = """
 import resource, sys
 from pathlib import Path
-from nightshift.engine import Drive, import_checkpoint
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import import_checkpoint
 src, store = Path(sys.argv[1]), Path(sys.argv[2])
 import_checkpoint(src, store, [Drive("d", store.with_name(store.name + "-drive"))])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -6,12 +6,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import ModelFormatError, open_model, read_manifest, synthesize, verify_store
+from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.manifest import read_manifest
+from nightshift.engine.store.synth import synthesize
+from nightshift.engine.store.upkeep import verify_store
+from tests.helpers.waits import wait_for
 
 
 @pytest.mark.slow
@@ -22,11 +26,9 @@ def test_killed_import_resumes_from_the_layers_already_done(home, tmp_path, caps
     env = {**os.environ, "NIGHTSHIFT_HOME": str(home)}
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not (store / ".import" / "layer-0002.done.json").exists():
-            assert child.poll() is None, "the import ended before it could be interrupted"
-            assert time.monotonic() < deadline, "the import made no progress"
-            time.sleep(0.02)
+        done = store / ".import" / "layer-0002.done.json"
+        wait_for(lambda: done.exists() or child.poll() is not None, 120, "the import's third layer", 0.02)
+        assert child.poll() is None, "the import ended before it could be interrupted"
         child.send_signal(signal.SIGKILL)
     finally:
         child.wait()

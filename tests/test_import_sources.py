@@ -12,11 +12,12 @@ import pytest
 from huggingface_hub import constants
 
 from nightshift.app.cli import main
-from nightshift.engine import Drive, ImportOptions, ModelFormatError, import_checkpoint, read_manifest
-from nightshift.engine.errors import MemoryFitError, UnsupportedModelError
-from nightshift.engine.store.importer import plan_import
+from nightshift.engine.errors import MemoryFitError, ModelFormatError, UnsupportedModelError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint, plan_import
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.source import resolve_source
-from tests.test_store_equivalence import tiny_checkpoint
+from tests.helpers.stores import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ Needs llama-cpp-python, either importable here or in the interpreter named by
 NIGHTSHIFT_LLAMA_CPP_PYTHON (it is not a nightshift dependency); skips otherwise.
 llama.cpp quantizes activations to 8 bits for its dot products, so where the two
 greedy outputs part, the step must be a near-tie in llama.cpp's logits, and the
-exact float64 math (tests/llama_reference.py) must side with nightshift.
+exact float64 math (tests/helpers/llama_reference.py) must side with nightshift.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from mlx_lm import stream_generate
 
-from nightshift.engine import open_model
 from nightshift.engine.bench.peer import llama_cpp_python
-from tests.llama_reference import Float64Llama
+from nightshift.engine.runtime import open_model
+from tests.helpers.llama_reference import Float64Llama
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

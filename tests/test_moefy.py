@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine import NightshiftError, UnsupportedModelError, convert_gguf, open_model
+from nightshift.engine.errors import NightshiftError, UnsupportedModelError
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.moefy import (
     CALIBRATION_TEXT,
     EVALUATION_TEXT,
@@ -24,24 +25,9 @@ from nightshift.engine.store.moefy import (
     _unit_means,
     fit_linear_router,
     group_neurons,
-    moefy,
 )
-from tests.gguf_files import TINY, write_tiny_llama
-
-EXPERTS = 8
-# Enough tokens for the tiny model's 128 neurons and 64-wide routers, few enough to keep the tests quick.
-SHORT_CALIBRATION = CALIBRATION_TEXT.read_text()[:2500]
-
-
-def tiny_moefy(dense, out, experts=EXPERTS, k=EXPERTS):
-    return moefy(dense, out, experts=experts, k=k, calibration=SHORT_CALIBRATION, say=lambda message: None)
-
-
-@pytest.fixture(scope="module")
-def tiny_dense(tmp_path_factory):
-    """A tiny dense llama model directory (Q4_1 linears, like the default model)."""
-    root = tmp_path_factory.mktemp("tiny")
-    return convert_gguf(write_tiny_llama(root / "tiny.gguf"), root / "dense")
+from tests.helpers.gguf_files import TINY
+from tests.helpers.stores import EXPERTS, SHORT_CALIBRATION, tiny_moefy
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +264,7 @@ def test_down_slices_hold_the_quantized_values_exactly(tiny_dense, tiny_moe):
 
 def test_a_moefied_model_loads_without_a_transformers_warning(tiny_moe):
     """transformers is told what llama_moe is (engine/models), so loading the tokenizer warns no one about it."""
-    code = "import sys; from nightshift.engine import open_model; open_model(sys.argv[1]).close()"
+    code = "import sys; from nightshift.engine.runtime import open_model; open_model(sys.argv[1]).close()"
     result = subprocess.run([sys.executable, "-c", code, str(tiny_moe)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "llama_moe" not in result.stderr

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from nightshift.app.default_model import prepare_sparse_default_model, require_default_model
-from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, open_model
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.moefy_defaults import DEFAULT_EXPERTS, DEFAULT_K
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 

@@ -12,7 +12,7 @@ from nightshift.engine.instruments.monitor import ENGINE_BYTES, ENGINE_IN_FLIGHT
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.direct import open_direct
-from tests.rig_helpers import requires_rig
+from tests.helpers.rig import requires_rig
 
 pytestmark = [pytest.mark.rig, requires_rig]
 MiB = 1 << 20

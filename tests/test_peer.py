@@ -65,7 +65,7 @@ def test_read_gguf_counts_expert_and_trunk_bytes_over_every_split_file(tmp_path)
 
 
 def test_a_gguf_without_routed_experts_is_refused(tmp_path):
-    from tests.gguf_files import write_tiny_llama
+    from tests.helpers.gguf_files import write_tiny_llama
 
     with pytest.raises(PeerError, match="no routed expert tensors"):
         read_gguf(write_tiny_llama(tmp_path / "dense.gguf"))

@@ -5,20 +5,16 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from bench.trunk_bits import PROMPT
 from nightshift.app.cli import main
-from nightshift.engine import (
-    Drive,
-    NoSpaceError,
-    calibration_prompts,
-    measure_routing,
-    open_model,
-    place_store,
-    read_manifest,
-    verify_store,
-)
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.placement import DriveRoom, plan_placement
-from tests.test_store_equivalence import PROMPT, import_tiny, tiny_checkpoint
+from nightshift.engine.store.upkeep import calibration_prompts, measure_routing, place_store, verify_store
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 MB = 1_000_000
 

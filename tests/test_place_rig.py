@@ -6,20 +6,17 @@ import mlx.core as mx
 import pytest
 
 from bench.trunk_bits import PROMPT
-from nightshift.engine import (
-    NoSpaceError,
-    import_checkpoint,
-    load_drives,
-    place_store,
-    read_manifest,
-    synthesize,
-    verify_store,
-)
 from nightshift.engine.bench.rig import RigSpec, rig_up
+from nightshift.engine.errors import NoSpaceError
+from nightshift.engine.io.drives import load_drives
+from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.placement import drive_device
-from tests.rig_helpers import requires_rig
-from tests.test_store_equivalence import tiny_checkpoint
+from nightshift.engine.store.synth import synthesize
+from nightshift.engine.store.upkeep import place_store, verify_store
+from tests.helpers.rig import requires_rig
+from tests.helpers.stores import tiny_checkpoint
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]
 

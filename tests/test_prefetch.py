@@ -6,7 +6,6 @@ Every stream here has no RAM cache: a store this small would otherwise become re
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -14,13 +13,13 @@ from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
-from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.settings import StreamSettings
-from tests.test_stream import streamed_tokens, tiny_store
+from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
+from tests.helpers.waits import wait_for
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def mixtral_store(tmp_path_factory):
     return tiny_store(tmp_path_factory, "mixtral")
 
 
@@ -28,9 +27,9 @@ def figures(store, settings):
     return streamed_tokens(store, settings, steps=8)
 
 
-def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
-    tokens, on = figures(store, StreamSettings(cache_bytes=0, prefetch=True))
-    same, off = figures(store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=False))
+def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(mixtral_store):
+    tokens, on = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True))
+    same, off = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=False))
     assert tokens == same
     reads = on.reads
     assert reads.joined_prefetch > 0 and reads.prefetch_reads > 0
@@ -44,22 +43,22 @@ def test_prefetch_is_joined_not_read_twice_and_recall_is_measured(store):
     assert off.reads.prefetch_reads == 0 and off.recall_per_layer == {}
 
 
-def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(store):
-    _, prefill_only = figures(store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=True))
+def test_prefill_prefetch_reads_ahead_only_during_passes_of_many_rows(mixtral_store):
+    _, prefill_only = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=False, prefill_prefetch=True))
     reads = prefill_only.reads
     assert reads.prefetch_reads > 0 and reads.joined_prefetch > 0
     # the prompt's one pass per predicting layer (2 of 3 MoE layers) predicts at most all 8 experts each
     assert reads.prefetch_reads <= 2 * 8
 
 
-def test_prefetch_can_be_turned_off_for_one_layer(store):
-    _, some = figures(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_off=frozenset({2})))
+def test_prefetch_can_be_turned_off_for_one_layer(mixtral_store):
+    _, some = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_off=frozenset({2})))
     assert set(some.recall_per_layer) == {1}
 
 
-def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(store):
-    _, all_k = figures(store, StreamSettings(cache_bytes=0, prefetch=True))
-    _, one = figures(store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_limit=1))
+def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(mixtral_store):
+    _, all_k = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True))
+    _, one = figures(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_limit=1))
     assert 0 < one.reads.prefetch_reads < all_k.reads.prefetch_reads
     predicting_calls = one.calls.calls * 2 // 3  # 3 MoE layers: the first two predict the next one
     assert one.reads.prefetch_reads <= predicting_calls  # at most one read ahead per predicting call
@@ -76,34 +75,22 @@ def test_predict_orders_the_union_of_rows_by_confidence():
     assert ranked[:2] == [3, 2] and set(ranked) <= {0, 1, 2, 3} and 1 in ranked
 
 
-def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(store):
-    _, _, stream = load_streaming(store, StreamSettings(cache_bytes=0, prefetch=True))
+def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_window(mixtral_store):
+    _, _, stream = load_streaming(mixtral_store, StreamSettings(cache_bytes=0, prefetch=True))
     try:
         layer = stream.manifest.layers[1].layer
         file_bytes = stream.reader.layers[layer].file_bytes
-        assert stream._window_fill(layer, 1) is None  # nothing measured yet: no cap
+        assert stream.ahead.window_fill(layer, 1) is None  # nothing measured yet: no cap
         for est in stream.dispatcher._drives.values():
             est.bandwidth = 2.5 * file_bytes  # per second, on each of the 2 drives
-        stream._windows[1] = 0.8  # seconds of compute before the next layer asks, in one-row steps
-        assert stream._window_fill(layer, 1) == 4  # 0.8 s x 5 files/s
-        stream._windows[1] = 0.01
-        assert stream._window_fill(layer, 1) == 1  # always at least the most confident guess
-        stream._windows[4] = 1.6  # a step of 4 sequences computes longer: its own window
-        assert stream._window_fill(layer, 4) == 8 and stream._window_fill(layer, 2) is None
+        stream.ahead.windows[1] = 0.8  # seconds of compute before the next layer asks, in one-row steps
+        assert stream.ahead.window_fill(layer, 1) == 4  # 0.8 s x 5 files/s
+        stream.ahead.windows[1] = 0.01
+        assert stream.ahead.window_fill(layer, 1) == 1  # always at least the most confident guess
+        stream.ahead.windows[4] = 1.6  # a step of 4 sequences computes longer: its own window
+        assert stream.ahead.window_fill(layer, 4) == 8 and stream.ahead.window_fill(layer, 2) is None
     finally:
         stream.close()
-
-
-def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) -> None:
-    """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
-    read_part = reader._read_part
-
-    def delayed(buffer, ticket, problems):
-        if ticket.drive == drive:
-            wait()
-        return read_part(buffer, ticket, problems)
-
-    reader._read_part = delayed
 
 
 class HeldBack:
@@ -131,12 +118,6 @@ class HeldBack:
         assert {self.reader._inflight[(self.layer, e)].tickets[0].drive for e in experts} == on
         return pending
 
-    def tail_reads_after(self, seconds: float) -> int:
-        deadline = time.monotonic() + seconds
-        while self.reader.counts.tail_prefetch < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.reader.counts.tail_prefetch
-
     def close(self) -> None:
         self.gate.set()
         self.stream.close()
@@ -150,7 +131,8 @@ def test_a_drive_done_with_its_share_reads_the_next_layers_guesses_while_another
         reader, layer, following = probe.reader, probe.layer, probe.following
         pending = probe.demand([0, 1, 2, 3], on={"d0", "d1"})
         reader.hold_tail(following, [5, 6, 7])
-        assert probe.tail_reads_after(30) == 3  # d0 kept reading guesses while d1 still held its share
+        wait_for(lambda: reader.counts.tail_prefetch >= 3, 30, "three guesses started on d0", 0.01)
+        assert reader.counts.tail_prefetch == 3  # d0 kept reading guesses while d1 still held its share
         assert all(reader._inflight[(following, e)].tickets[0].drive == "d0" for e in (5, 6, 7))
         probe.gate.set()
         reader.wait(layer, [0, 1, 2, 3], pending)
@@ -176,7 +158,8 @@ def test_no_guess_starts_when_it_would_end_long_after_the_layers_last_read(tmp_p
         probe.stream.dispatcher._drives["d0"].bandwidth = probe.file_bytes  # one file per second
         pending = probe.demand([0, 1, 2, 3], on={"d1"})
         probe.reader.hold_tail(probe.following, [5, 6, 7])
-        assert probe.tail_reads_after(0.5) == 0
+        time.sleep(0.5)  # d1 held back a while (the behaviour under test): the tail is not judged again meanwhile
+        assert probe.reader.counts.tail_prefetch == 0
         probe.gate.set()
         probe.reader.wait(probe.layer, [0, 1, 2, 3], pending)
         assert probe.reader.end_tail() == []
@@ -184,15 +167,15 @@ def test_no_guess_starts_when_it_would_end_long_after_the_layers_last_read(tmp_p
         probe.close()
 
 
-def test_tail_read_ahead_keeps_greedy_tokens(store):
+def test_tail_read_ahead_keeps_greedy_tokens(mixtral_store):
     """With d1 slower, d0 is done with its share of a decode layer first and reads guesses in the tail: the
     tokens are those of the same stream without the tail (the default has it on, so both are named)."""
 
     def tokens(prefetch_tail: bool) -> tuple[list[int], int]:
         model, _, stream = load_streaming(
-            store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=prefetch_tail)
+            mixtral_store, StreamSettings(cache_bytes=0, prefetch=True, prefetch_tail=prefetch_tail)
         )
-        delay_reads(stream.reader, "d1", lambda: time.sleep(0.01))
+        delay_reads(stream.reader, "d1", lambda: time.sleep(0.01))  # a slow drive: the sleep is its slowness
         try:
             return greedy_tokens(model, 8), stream.figures().reads.tail_prefetch
         finally:
@@ -203,11 +186,11 @@ def test_tail_read_ahead_keeps_greedy_tokens(store):
     assert with_tail == without
 
 
-def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_for(store):
+def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_for(mixtral_store):
     settings = StreamSettings(cache_bytes=0, prefetch=True, prefetch_fill=False)
-    recorded = streamed_decode(store, settings, 6, routing=True)
+    recorded = streamed_decode(mixtral_store, settings, 6, routing=True)
     known = [(layer, experts) for layer, experts, _ in recorded.routing]
-    foreseen = streamed_decode(store, settings, 6, foresight=known)
+    foreseen = streamed_decode(mixtral_store, settings, 6, foresight=known)
     assert foreseen.timing.tokens == recorded.timing.tokens
     f = foreseen.figures
     assert f.recall_needed > 0 and f.recall_hits == f.recall_needed  # every predicted layer's experts guessed

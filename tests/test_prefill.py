@@ -9,39 +9,17 @@ it selects once, but the next chunk reads it again.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import open_model
-from tests.test_stream import (  # noqa: F401  (module fixtures: tiny two-drive stores)
-    QUICK,
-    sources,
-    stores,
-)
-
-PROMPT = np.random.default_rng(7).integers(3, 500, size=71).tolist()
-TOKENS = 12
-
-
-def tokens_and_stats(store, chunk: int, stream: StreamSettings | None):
-    model = open_model(store, stream=stream)
-    try:
-        chunks = list(model.generate_tokens(PROMPT, max_tokens=TOKENS, prefill_chunk=chunk))
-    finally:
-        model.close()
-    return [c.token for c in chunks], chunks[-1].stats
-
-
-@pytest.fixture(scope="module")
-def in_ram(stores) -> dict[str, list[int]]:  # noqa: F811
-    return {arch: tokens_and_stats(stores[arch], len(PROMPT), None)[0] for arch in QUICK}
+from tests.helpers.stores import PROMPT, QUICK, tokens_and_stats
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 @pytest.mark.parametrize("arch", QUICK)
-def test_streamed_prefill_in_chunks_gives_the_tokens_of_the_model_in_ram(arch, chunk, stores, in_ram):  # noqa: F811
+def test_streamed_prefill_in_chunks_gives_the_tokens_of_the_model_in_ram(arch, chunk, stores, in_ram):
     tokens, stats = tokens_and_stats(stores[arch], chunk, StreamSettings())
     assert tokens == in_ram[arch]
     assert stats.prefill_unique_bytes > 0
@@ -49,7 +27,7 @@ def test_streamed_prefill_in_chunks_gives_the_tokens_of_the_model_in_ram(arch, c
     assert stats.last_landed in {"d0", "d1"}  # the drive that most often held the barrier
 
 
-def test_one_chunk_reads_each_needed_expert_once_and_small_chunks_read_more(stores):  # noqa: F811
+def test_one_chunk_reads_each_needed_expert_once_and_small_chunks_read_more(stores):
     store = stores["qwen3_moe"]
     no_cache = StreamSettings(cache_bytes=0)  # what the reads cost when nothing is kept in RAM
     _, whole = tokens_and_stats(store, len(PROMPT), no_cache)
@@ -62,7 +40,7 @@ def test_one_chunk_reads_each_needed_expert_once_and_small_chunks_read_more(stor
     assert cached.prefill_read_amplification < rows.prefill_read_amplification / 2  # kept, not read again
 
 
-def test_a_chunk_of_zero_rows_is_refused(stores):  # noqa: F811
+def test_a_chunk_of_zero_rows_is_refused(stores):
     model = open_model(stores["qwen3_moe"], stream=StreamSettings())
     try:
         with pytest.raises(NightshiftError, match="chunk size 0"):

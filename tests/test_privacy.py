@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.test_abuse_inputs import BANK, month_end_on, row
-from tests.test_review_run import serve
+from tests.helpers.reviews import BANK, month_end_on, row
+from tests.helpers.service import serve
 
 ROOT = os.geteuid() == 0
 CONNECT = "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print('connected')"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import io
-import time
 
 from nightshift.app import progress
 from nightshift.app.progress import Heartbeat
+from tests.helpers.waits import wait_for
 
 
 def test_off_a_terminal_the_status_is_said_again_with_its_seconds(monkeypatch):
@@ -14,9 +14,9 @@ def test_off_a_terminal_the_status_is_said_again_with_its_seconds(monkeypatch):
     lines: list[str] = []
     with Heartbeat(lines.append) as beat:
         beat.say("calibrating")
-        time.sleep(0.35)
+        wait_for(lambda: len(lines) > 1, 30, "the status said again", 0.01)
         beat.note("layer 3/30")
-        time.sleep(0.35)
+        wait_for(lambda: lines[-1].startswith("layer 3/30 ("), 30, "the note said again", 0.01)
     assert lines[0] == "calibrating"
     repeats = lines[1:]
     assert any(line.startswith("calibrating (") and line.endswith(" s)") for line in repeats)
@@ -31,7 +31,9 @@ def test_on_a_terminal_the_status_is_redrawn_in_place_and_a_said_line_starts_bel
     with Heartbeat(said.append, in_place=terminal) as beat:
         beat.say("writing the narrative")
         beat.note("reading the 430-token prompt")
-        time.sleep(1.3)  # in place, the timer moves every second
+        wait_for(
+            lambda: "(1 s)" in terminal.getvalue(), 30, "the timer at 1 s", 0.01
+        )  # in place, it moves every second
         beat.say("report written")
     drawn = terminal.getvalue()
     assert said == ["writing the narrative", "report written"]  # nothing repeated as new lines
@@ -45,8 +47,8 @@ def test_a_status_that_carries_its_own_time_gets_no_seconds_added(monkeypatch):
     lines: list[str] = []
     with Heartbeat(lines.append) as beat:
         beat.note("12 tokens, 2.1 tok/s, 6 s", timed=False)
-        time.sleep(0.35)
-    assert lines and set(lines) == {"12 tokens, 2.1 tok/s, 6 s"}
+        wait_for(lambda: len(lines) > 1, 30, "the status said again", 0.01)
+    assert set(lines) == {"12 tokens, 2.1 tok/s, 6 s"}
 
 
 def test_the_last_note_is_shown_when_the_work_ends_even_if_2_s_have_not_passed():

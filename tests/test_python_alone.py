@@ -16,20 +16,21 @@ from pathlib import Path
 import pytest
 
 from nightshift.engine.cpu_blas import BUNDLED, system_candidates, wheel_library
-from tests.test_review_run import user_schedule
+from tests.helpers.service import user_schedule
 
 HIDE = Path(__file__).parents[1] / "bench" / "without_system_blas.sh"
 
 # What MLX computes with the BLAS it got: a float32 GEMM (BLAS) and an inverse (LAPACK), against numpy in float64.
 PROBE = """
-import json, nightshift.engine
+import json
+from nightshift.engine import cpu_blas
 import mlx.core as mx, numpy as np
 rng = np.random.default_rng(0)
 a, b = rng.standard_normal((257, 129), dtype=np.float32), rng.standard_normal((129, 65), dtype=np.float32)
 product = np.array(mx.matmul(mx.array(a), mx.array(b), stream=mx.cpu))
 m = rng.standard_normal((64, 64), dtype=np.float32) + 8 * np.eye(64, dtype=np.float32)
 inverse = np.array(mx.linalg.inv(mx.array(m), stream=mx.cpu))
-print(json.dumps({"blas": nightshift.engine.BLAS_IN_USE, "slow": nightshift.engine.SLOW_BLAS,
+print(json.dumps({"blas": cpu_blas.BLAS_IN_USE, "slow": cpu_blas.SLOW_BLAS,
                   "matmul_error": float(np.abs(product - a.astype(np.float64) @ b).max()),
                   "inverse_error": float(np.abs(inverse.astype(np.float64) @ m - np.eye(64)).max())}))
 """

@@ -12,7 +12,7 @@ from nightshift.app.daemon.work import execute
 from nightshift.app.paths import reports_index
 from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
 from nightshift.app.review.window import window_containing
-from tests.test_abuse_inputs import BANK, month_end_on
+from tests.helpers.reviews import BANK, month_end_on
 
 EARLIER = {"state": "done", "run": 1, "as_of": "2026-09-30", "review": "month-end", "title": "Month-end review",
            "period": "September 2026", "start": "2026-09-01", "end": "2026-09-30",
@@ -95,7 +95,8 @@ def test_interrupted_runs_get_no_entry(home):
 
 def test_the_dashboard_shows_a_failed_run_apart_from_the_reports(home):
     from nightshift.app.tui.app import Dashboard
-    from tests.test_tui import cells, text, until
+    from tests.helpers.dashboard import cells, text
+    from tests.helpers.waits import until
 
     add_to_index(IndexEntry(**EARLIER, path=str(home / "gone.pdf")))
     add_failure("month-end", "source 'bank': no file at /data/bank.csv; fix `path` in the schedule", 7,

@@ -19,11 +19,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from tests.test_review_run import serve, user_schedule, wait_for
+from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.service import serve, user_schedule
+from tests.helpers.waits import wait_for
 
 pytestmark = pytest.mark.slow
 DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
@@ -99,7 +102,8 @@ def test_a_foreground_run_beside_a_starting_service_is_left_to_finish(home, tiny
             assert run.state == "running" and run.pid == foreground.pid  # not interrupted, not run again
             assert "running     fore" in nightshift(home, "jobs").stdout
             assert foreground.wait(timeout=300) == 0
-            time.sleep(3)  # the service looks at the queue every 2 s: nothing to do
+            # `jobs` makes the service look for runs whose process ended: the foreground's is done, not one of them.
+            assert "done        fore" in nightshift(home, "jobs").stdout
         finally:
             stop(service)
     finally:
@@ -129,7 +133,12 @@ def test_an_endless_sqlite_query_stops_at_sigterm_and_at_its_budget(home, tiny_m
     try:
         endless = RunQueue().enqueue("endless", due=DUE, origin="schedule")
         wait_for(lambda: RunQueue().get(endless).state == "running", 120)
-        time.sleep(2)  # in the query
+        ledger = str((BUNDLED_DIR / "sample-data" / "ledger.sqlite").resolve())
+
+        def in_query() -> bool:  # the ledger is open only while its query runs
+            return ledger in {file.path for file in psutil.Process(service.pid).open_files()}
+
+        wait_for(in_query, 120, "the service in the ledger's query", 0.05)
         service.send_signal(signal.SIGTERM)
         started = time.monotonic()
         assert service.wait(timeout=60) == 0
@@ -210,7 +219,7 @@ def test_a_full_data_dir_fails_the_run_with_its_reason_and_the_worker_goes_on(sm
         wait_for(lambda: WHEN["writing"](RunQueue().get(first)), 300)
         filler = fill(small_home)  # mid-generation: live figures, the PDF and the queue's writes all fail
         wait_for(lambda: "No space left" in (small_home / "nightshift.log").read_text(errors="replace"), 300)
-        time.sleep(2)
+        time.sleep(2)  # the service lives on with its disk full: the time it lasts is what is tested
         assert service.poll() is None and "Traceback" not in nightshift(small_home, "jobs").stderr
         filler.unlink()  # the cause clears: the failure is recorded with its reason, the queue moves on
         wait_for(lambda: RunQueue().get(first).state != "running", 120)

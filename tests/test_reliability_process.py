@@ -8,7 +8,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ import pytest
 from nightshift.app.cli import main
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
-from tests.test_review_run import serve, states, user_schedule, wait_for
+from tests.helpers.service import serve, states, user_schedule
+from tests.helpers.waits import wait_for
 
 ROOT = os.geteuid() == 0
 
@@ -43,10 +43,12 @@ def kill_while_writing(home: Path, reports: Path) -> bool:
     service = serve(home)
     try:
         assert main(["review", "run", "pdf", "--no-wait"]) == 0
-        deadline = time.monotonic() + 300
-        while not (reports.is_dir() and list(reports.glob(".*.pdf.part"))):
-            assert time.monotonic() < deadline and service.poll() is None, "no PDF was being written"
-            time.sleep(0.002)
+
+        def writing() -> bool:
+            assert service.poll() is None, "the service ended before it wrote a PDF"
+            return reports.is_dir() and bool(list(reports.glob(".*.pdf.part")))
+
+        wait_for(writing, 300, "a PDF being written", 0.002)
     finally:
         service.send_signal(signal.SIGKILL)
         service.wait()

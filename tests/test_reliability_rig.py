@@ -13,14 +13,17 @@ from pathlib import Path
 import pytest
 
 from bench.trunk_bits import greedy_tokens
-from nightshift.engine import ExpertReadError, import_checkpoint, load_drives
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.bench.rig import RigSpec, RigState, inside_rig, rig_up
+from nightshift.engine.io.drives import load_drives
 from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.reads import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
-from tests.rig_helpers import requires_rig
-from tests.test_store_equivalence import tiny_checkpoint
+from tests.helpers.rig import requires_rig
+from tests.helpers.stores import tiny_checkpoint
+from tests.helpers.waits import wait_for
 
 pytestmark = [pytest.mark.rig, requires_rig, pytest.mark.slow]
 STALLED_BPS = 65536  # 64 kB/s, 1/3000 of its healthy rate: a drive that has all but stopped
@@ -48,8 +51,7 @@ def test_a_drive_stalled_mid_generation_is_routed_around(rig_place, tmp_path):
             return {name: figures.bytes for name, figures in stream.figures().drives.items()}
 
         def stall_when_reading() -> None:
-            while bytes_read()[stalled.name] == 0:
-                time.sleep(0.001)
+            wait_for(lambda: bytes_read()[stalled.name] > 0, 300, "a read on the drive to stall", 0.001)
             state.throttle().limit_reads(stalled.major, stalled.minor, STALLED_BPS)
             at_cut.update(bytes_read())
 

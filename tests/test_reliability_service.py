@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import stat
-import subprocess
-import sys
 import threading
-import time
 from contextlib import closing, suppress
 
 import pytest
@@ -23,20 +21,20 @@ from nightshift.app.daemon.runs import ERROR_KEPT, RunQueue, process_start
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import REASON_KEPT, add_failure, read_index
 from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.service import dead_pid
+from tests.helpers.waits import wait_for
 
 
-def dead_pid() -> int:
-    """The pid of a process that has ended (and been reaped)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+class Watched(threading.Event):
+    """An event that says when a thread waits on it: the worker waits on its wake event once it found nothing to do."""
 
+    def __init__(self):
+        super().__init__()
+        self.waited = threading.Event()
 
-def wait_for(condition, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.set()
+        return super().wait(timeout)
 
 
 def test_recovery_queues_a_dead_owners_run_again_once_and_never_touches_a_live_one(home):
@@ -103,8 +101,8 @@ def service(home):
 def test_a_locked_queue_fails_nothing_silently_and_the_worker_goes_on(home, service, monkeypatch, caplog):
     monkeypatch.setattr(RunQueue, "busy_timeout_s", 0.2)
     monkeypatch.setattr(service_module, "IDLE_S", 60)  # the worker looks at the queue when woken below
-    running = service()
-    time.sleep(0.5)  # its first look: nothing queued
+    running = service(wake_worker=Watched())
+    assert running.wake_worker.waited.wait(30)  # its first look: nothing queued, so it waits to be woken
     waiting = RunQueue().enqueue("vanished")  # no such review: fails at once, with its reason
     blocker = RunQueue()._connect()
     blocker.execute("BEGIN EXCLUSIVE")  # another process holds the queue: every write fails
@@ -152,8 +150,16 @@ def test_the_socket_closes_idle_connections_caps_them_and_bounds_requests(home, 
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         client.connect(str(home / "nightshift.sock"))
         idle.append(client)
-    time.sleep(0.2)
-    assert threading.active_count() <= threads + control.MAX_CONNECTIONS  # not one thread each
+    most = threading.active_count()
+
+    def dealt_with() -> bool:
+        """Every idle connection closed at its timeout or answered busy (readable), the threads counted meanwhile."""
+        nonlocal most
+        most = max(most, threading.active_count())
+        return len(select.select(idle, [], [], 0)[0]) == len(idle)
+
+    wait_for(dealt_with, 30, "the idle connections to be closed or refused", 0.01)
+    assert most <= threads + control.MAX_CONNECTIONS  # not one thread each
     assert control.service_pid() == os.getpid()  # answered once the idle ones time out
     for client in idle:
         client.settimeout(5)

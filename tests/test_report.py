@@ -20,7 +20,7 @@ from nightshift.app.review.runner import Provenance, build_report_context, run_c
 from nightshift.app.review.schedule import BUNDLED_DIR, Schedule, load_schedule, load_schedules
 from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import window_containing
-from nightshift.engine import GenerationStats
+from nightshift.engine.generation import GenerationStats
 
 NARRATIVE = """The bank shows 1,480.00 not in the ledger and the balance is off by 100.00; roughly 7,777 is at risk. <script>alert(1)</script>
 F1: Check INV-5010 & its duplicate.

@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.app.daemon.control import request
-from nightshift.app.review.schedule import BUNDLED_DIR
-
-
-def user_schedule(
-    home: Path, model: Path, name: str = "tiny", max_tokens: int = 8, bundled: Path = BUNDLED_DIR
-) -> Path:
-    """The bundled month-end review (from `bundled`, another install's schedules if given), as a user's
-    schedule that writes with the tiny model, one answer of `max_tokens` (a run's length is set by it)."""
-    text = (bundled / "month-end.toml").read_text()
-    text = text.replace('name = "month-end"', f'name = "{name}"').replace('"sample-data/', f'"{bundled}/sample-data/')
-    text = text.replace("max_tokens = 160", f'name = "{model}"\nnarrative = "single"\nmax_tokens = {max_tokens}')
-    text = text.replace('output = "reports/month-end"', f'output = "reports/{name}"')
-    path = home / "schedules" / f"{name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
+from tests.helpers.service import serve, states, user_schedule
+from tests.helpers.waits import wait_for
 
 
 @pytest.mark.slow
@@ -89,32 +72,6 @@ def test_serve_install_writes_a_user_unit(home, tmp_path, monkeypatch, capsys):
     from nightshift.app.daemon.install import launchd_plist
 
     assert "<string>serve</string>" in launchd_plist() and "org.nightshift.serve" in launchd_plist()
-
-
-def serve(home: Path, *options: str) -> subprocess.Popen:
-    """`nightshift serve [options]` on `home`, once it answers on its socket (a killed service's socket may still
-    be there)."""
-    process = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve", *options],
-                               env={**os.environ, "NIGHTSHIFT_HOME": str(home)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while (request("ping") or {}).get("pid") != process.pid:
-        assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline, "the service did not answer on its socket"
-        time.sleep(0.1)
-    return process
-
-
-def states(home: Path) -> list[tuple[int, str, str]]:
-    with sqlite3.connect(home / "runs.sqlite") as db:
-        return db.execute("SELECT id, review, state FROM runs ORDER BY id").fetchall()
-
-
-def wait_for(condition, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
 
 
 @pytest.mark.slow

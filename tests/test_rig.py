@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,8 @@ from nightshift.engine.bench.rig import (
 )
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.drives import load_drives
-from tests.rig_helpers import leftovers, requires_rig
+from tests.helpers.rig import leftovers, requires_rig
+from tests.helpers.waits import wait_for
 
 pytestmark = [pytest.mark.rig, requires_rig]
 
@@ -158,8 +158,7 @@ def test_ctrl_c_during_up_leaves_nothing_behind(rig_place, tmp_path):
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    while up.poll() is None and not started.exists():
-        time.sleep(0.005)
+    wait_for(lambda: up.poll() is not None or started.exists(), 120, "`rig up` to format its first drive", 0.005)
     up.send_signal(signal.SIGINT)
     _, err = up.communicate(timeout=60)
     assert up.returncode != 0 and "KeyboardInterrupt" in err

@@ -5,72 +5,21 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from contextlib import closing
 from datetime import UTC, date, datetime, timedelta
 
-import apscheduler.schedulers.base
 import pytest
 
-from nightshift.app.daemon import clock, control
+from nightshift.app.daemon import control
 from nightshift.app.daemon.lock import ServiceRunningError
 from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.review.index import IndexEntry, add_failure, add_to_index, read_index
-from nightshift.app.review.schedule import BUNDLED_DIR, load_schedules
-from tests.test_reliability_service import dead_pid
+from nightshift.app.review.schedule import BUNDLED_DIR
+from tests.helpers.service import dead_pid, queued, start, step
+from tests.helpers.waits import wait_for
 
 UTC = UTC
-
-
-class Clock:
-    """Wall time that moves only when a test says so; APScheduler and the service both read it."""
-
-    def __init__(self, start: datetime):
-        self.time = start
-
-    def set(self, when: datetime) -> None:
-        self.time = when
-
-
-@pytest.fixture
-def wall(monkeypatch):
-    wall = Clock(datetime(2026, 10, 28, 12, 0, tzinfo=UTC))
-
-    class FrozenDatetime(datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return wall.time.astimezone(tz) if tz else wall.time.replace(tzinfo=None)
-
-    monkeypatch.setattr(apscheduler.schedulers.base, "datetime", FrozenDatetime)
-    monkeypatch.setattr(clock, "now", lambda: wall.time)
-    return wall
-
-
-@pytest.fixture
-def bundled(home):
-    schedules, errors = load_schedules()
-    assert not errors
-    return schedules
-
-
-def start(schedules, names) -> Service:
-    service = Service({name: schedules[name] for name in names}, work=False)
-    service.start()
-    service.scheduler.check_now()
-    return service
-
-
-def queued(review: str | None = None) -> list[str]:
-    """Due times (UTC, ISO) of the queued scheduled runs, oldest first."""
-    runs = sorted(RunQueue().recent(100), key=lambda run: run.id)
-    return [run.due.astimezone(UTC).strftime("%Y-%m-%d %H:%M") for run in runs if review in (None, run.review)]
-
-
-def step(service: Service, wall: Clock, until: datetime, every: timedelta) -> None:
-    while wall.time < until:
-        wall.set(min(wall.time + every, until))
-        service.scheduler.check_now()
 
 
 def test_month_end_across_a_month_boundary(home, wall, bundled):
@@ -114,9 +63,7 @@ def test_a_clock_jump_is_noticed_without_being_told(home, wall, bundled, monkeyp
     service = start(bundled, ["month-end"])
     try:
         wall.set(datetime(2026, 10, 30, 22, 0, 30, tzinfo=UTC))  # as after a suspend: nobody wakes the scheduler
-        deadline = time.monotonic() + 10
-        while not queued() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(queued, 10, "the run the jump made due", 0.05)
     finally:
         service.stop()
     assert queued() == ["2026-10-30 22:00"]

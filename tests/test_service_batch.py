@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.cli import main
+from nightshift.app.daemon.control import request
 from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.daemon.settings import SettingsError, load_settings
@@ -28,11 +28,11 @@ from nightshift.app.daemon.work import execute
 from nightshift.app.review.narrative import CONTROL, SharedBatch, split_narrative
 from nightshift.app.review.report import render_html
 from nightshift.app.review.schedule import load_schedules
-from nightshift.engine import GenerationStats
-from tests.test_review_run import serve, states, user_schedule, wait_for
-from tests.test_sched_service import wall  # noqa: F401 (a fixture)
-from tests.test_split_narrative import month_end, report_context  # noqa: F401 (month_end: a fixture)
-from tests.test_tui_snapshots import EARLIER, RUNNING, STATES, frozen_app, service, settled, user_zone  # noqa: F401
+from nightshift.engine.generation import GenerationStats
+from tests.helpers.dashboard import EARLIER, RUNNING, STATES, frozen_app, service, settled
+from tests.helpers.reviews import report_context
+from tests.helpers.service import serve, states, user_schedule
+from tests.helpers.waits import wait_for
 
 TOKENS = 6
 
@@ -166,7 +166,7 @@ def test_a_kill_mid_batch_queues_each_run_again_once(home, tiny_model):
     service = serve(home)
     try:
         wait_for(lambda: len(states(home)) == 6 and all(s != "running" and s != "queued" for _, _, s in states(home)))
-        time.sleep(1)  # nothing more is queued
+        assert request("jobs")["ok"]  # the service looks for runs whose process ended while it answers: none again
         assert [(review, state) for _, review, state in states(home)] == [
             ("a", "interrupted"), ("b", "interrupted"), ("c", "interrupted"), ("a", "done"), ("b", "done"), ("c", "done")
         ]  # fmt: skip
@@ -192,7 +192,7 @@ def test_service_settings_default_without_a_file(home):
     assert (load_settings().batch_window, load_settings().batch_width) == (60.0, 4)
 
 
-def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end):  # noqa: F811
+def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end):
     schedule, checked = month_end
     stats = GenerationStats(prompt_tokens=40, generated_tokens=12, time_to_first_token=30.0, elapsed=40.0)
     narrative = split_narrative("The month closed.\nF1: one payment is missing.", stats)
@@ -204,7 +204,7 @@ def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end
     assert "prefill 11.0 tok/s, decode 0.9 tok/s (this review's answers, in a batch with other reviews)" in html
 
 
-def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):  # noqa: F811
+def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):
     batched = replace(RUNNING.progress, batch=[7, 8, 9], batch_sequences=9)
     runs = [replace(RUNNING, id=run_id, review=name, progress=batched)
             for run_id, name in ((7, "month-end"), (8, "daily"), (9, "weekly"))]  # fmt: skip
@@ -224,11 +224,12 @@ def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):  
     assert queue.count("batch of runs 7, 8, 9 (9 sequences)") == 3
 
 
-def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, tiny_model, wall):  # noqa: F811
+def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, tiny_model, wall):
     """A run taken up at 18:29:40 waits for one due at 18:30 (inside the 60 s window), then starts at once."""
     for name in ("a", "b"):
         path = review(home, tiny_model, name)
         text = re.sub(r"(?m)^when = .*$", 'when = "every day at 18:30"', path.read_text())
+        text = re.sub(r"(?m)^calendar = .*\n", "", text)  # a holiday calendar needs a business-day `when`
         path.write_text(re.sub(r"(?m)^timezone = .*$", 'timezone = "UTC"', text))
     schedules, errors = load_schedules()
     assert not errors
@@ -239,9 +240,18 @@ def test_the_worker_waits_for_a_run_due_within_the_window_and_no_longer(home, ti
         queue = RunQueue()
         first = queue.claim(queue.enqueue("a"), os.getpid())
         taken: list = []
+        looks = threading.Semaphore(0)
+        due_within = service._due_within
+
+        def looked(key: tuple, seconds: float) -> bool:
+            due = due_within(key, seconds)
+            looks.release()
+            return due
+
+        service._due_within = looked  # counts the worker's looks at what falls due
         worker = threading.Thread(target=lambda: taken.extend(service._batch_with(first)))
         worker.start()
-        time.sleep(1.0)
+        assert looks.acquire(timeout=30) and looks.acquire(timeout=30)  # b due within the window: it looked again
         assert worker.is_alive() and not taken  # b is due within the window: waited for
         wall.set(datetime(2026, 10, 28, 18, 30, tzinfo=UTC))
         service.scheduler.check_now()

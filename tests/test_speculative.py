@@ -20,20 +20,18 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from nightshift.app.cli import main
-from nightshift.engine import DraftError, NightshiftError, StreamSettings, make_drafter, open_model
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import DraftStats
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.row_attention import attention_row_by_row
-from nightshift.engine.speculative import MIN_ROUNDS, BreakEven, DraftStats
+from nightshift.engine.runtime import open_model
+from nightshift.engine.speculative import MIN_ROUNDS, BreakEven, DraftError
+from nightshift.engine.store.drafter import make_drafter
 from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.synth import write_tokenizer
-from tests.test_moefy import tiny_dense, tiny_moefy  # noqa: F401  (module fixture)
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
-from tests.test_stream import (  # noqa: F401  (module fixtures: tiny two-drive stores)
-    QUICK,
-    sources,
-    stores,
-)
+from tests.helpers.stores import QUICK, import_tiny, tiny_checkpoint, tiny_moefy
 
 PROMPT = np.random.default_rng(7).integers(3, 500, size=40).tolist()
 TOKENS = 16
@@ -52,7 +50,7 @@ def kimi_logits(store: Path, rows: list[int], row_by_row: bool) -> tuple[mx.arra
     return steps, one_pass
 
 
-def test_a_pass_of_many_rows_computes_each_row_as_a_decode_step_with_attention_row_by_row(stores):  # noqa: F811
+def test_a_pass_of_many_rows_computes_each_row_as_a_decode_step_with_attention_row_by_row(stores):
     rows = [11, 250, 37, 400, 9]
     steps, plain_pass = kimi_logits(stores["kimi_k3"], rows, row_by_row=False)
     assert not mx.array_equal(steps, plain_pass)  # bfloat16 Kimi K3: one row and many rows by other formulas
@@ -77,19 +75,19 @@ def generate(
 
 
 @pytest.fixture(scope="module")
-def trunk_drafters(stores, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
+def trunk_drafters(stores, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("drafters")
     return {arch: make_drafter(stores[arch], root / arch, routed=False) for arch in QUICK}
 
 
 @pytest.fixture(scope="module")
-def plain(stores) -> dict[str, list[int]]:  # noqa: F811
+def plain(stores) -> dict[str, list[int]]:
     return {arch: generate(stores[arch], None, None)[0] for arch in QUICK}
 
 
 @pytest.mark.parametrize("depth", [0, 2, 4])
 @pytest.mark.parametrize("arch", QUICK)
-def test_drafted_greedy_tokens_equal_plain_decoding(arch, depth, stores, trunk_drafters, plain):  # noqa: F811
+def test_drafted_greedy_tokens_equal_plain_decoding(arch, depth, stores, trunk_drafters, plain):
     for drafter in (trunk_drafters[arch], stores[arch]):  # partial acceptance; the target itself in RAM
         tokens, stats = generate(stores[arch], drafter, depth)
         assert tokens == plain[arch]
@@ -103,13 +101,13 @@ def test_drafted_greedy_tokens_equal_plain_decoding(arch, depth, stores, trunk_d
     assert draft.acceptance_rate > 0.5 if depth else True  # the target drafting for itself agrees with itself
 
 
-def test_a_recurrent_cache_is_rewound_by_replaying_the_accepted_rows(stores, trunk_drafters, plain):  # noqa: F811
+def test_a_recurrent_cache_is_rewound_by_replaying_the_accepted_rows(stores, trunk_drafters, plain):
     tokens, stats = generate(stores["kimi_k3"], trunk_drafters["kimi_k3"], 3)  # Kimi K3's delta attention
     assert tokens == plain["kimi_k3"]
     assert stats.draft.accepted < stats.draft.drafted and stats.draft.replays > 0
 
 
-def test_verify_reads_the_union_of_its_rows_experts_once_per_layer(stores):  # noqa: F811
+def test_verify_reads_the_union_of_its_rows_experts_once_per_layer(stores):
     _, stats = generate(stores["qwen3_moe"], stores["qwen3_moe"], 4)
     draft = stats.draft
     # 5 rows of top-2 of 8 experts: at least one row's 2, at most all 8; one pass per MoE layer per verify.
@@ -118,7 +116,7 @@ def test_verify_reads_the_union_of_its_rows_experts_once_per_layer(stores):  # n
 
 
 @pytest.fixture(scope="module")
-def tiny_llama_moe(tiny_dense, tmp_path_factory) -> Path:  # noqa: F811
+def tiny_llama_moe(tiny_dense, tmp_path_factory) -> Path:
     """A MoEfied tiny llama (8 experts, 6 active) imported into a store: the default model in miniature."""
     root = tmp_path_factory.mktemp("llama-moe")
     src = tiny_moefy(tiny_dense, root / "src", experts=8, k=6)
@@ -127,7 +125,7 @@ def tiny_llama_moe(tiny_dense, tmp_path_factory) -> Path:  # noqa: F811
 
 
 @pytest.mark.parametrize("depth", [0, 2, 4])
-def test_a_llama_moe_drafted_by_its_dense_original_decodes_its_own_tokens(tiny_llama_moe, tiny_dense, depth):  # noqa: F811
+def test_a_llama_moe_drafted_by_its_dense_original_decodes_its_own_tokens(tiny_llama_moe, tiny_dense, depth):
     prompt = [t % 200 for t in PROMPT[:12]]  # ids inside the tiny llama's vocabulary
     reference, _ = generate(tiny_llama_moe, None, None, prompt=prompt)
     tokens, stats = generate(tiny_llama_moe, tiny_dense, depth, prompt=prompt)
@@ -135,7 +133,7 @@ def test_a_llama_moe_drafted_by_its_dense_original_decodes_its_own_tokens(tiny_l
     assert (stats.draft.drafted > 0) == (depth > 0)
 
 
-def test_a_drafter_that_always_disagrees_switches_itself_off(stores, trunk_drafters, tmp_path):  # noqa: F811
+def test_a_drafter_that_always_disagrees_switches_itself_off(stores, trunk_drafters, tmp_path):
     store = stores["qwen3_moe"]
     reference, _ = generate(store, None, None, tokens=40)
     model = open_model(store, stream=StreamSettings(), drafter=stores["qwen3_moe"])
@@ -167,21 +165,21 @@ def test_break_even_is_the_acceptance_at_which_a_round_pays_like_plain_steps():
     assert off
 
 
-def test_a_negative_depth_or_a_depth_without_drafter_is_refused(stores, trunk_drafters):  # noqa: F811
+def test_a_negative_depth_or_a_depth_without_drafter_is_refused(stores, trunk_drafters):
     with pytest.raises(DraftError, match="draft depth -1"):
         generate(stores["qwen3_moe"], trunk_drafters["qwen3_moe"], -1)
     with pytest.raises(NightshiftError, match="needs a drafter"):
         generate(stores["qwen3_moe"], None, 2)
 
 
-def test_a_drafter_with_another_tokenizer_is_refused(stores, tmp_path):  # noqa: F811
+def test_a_drafter_with_another_tokenizer_is_refused(stores, tmp_path):
     drafter = make_drafter(stores["qwen3_moe"], tmp_path / "other", layers=1)
     write_tokenizer(drafter, 300)  # a tokenizer trained to another size: other ids
     with pytest.raises(DraftError, match="another tokenizer"):
         open_model(stores["qwen3_moe"], drafter=drafter)
 
 
-def test_make_drafter_refuses_bad_layer_counts_and_used_directories(stores, tmp_path):  # noqa: F811
+def test_make_drafter_refuses_bad_layer_counts_and_used_directories(stores, tmp_path):
     with pytest.raises(NightshiftError, match="--layers 3"):
         make_drafter(stores["qwen3_moe"], tmp_path / "d", layers=3)  # all 3 layers with their experts: the model
     make_drafter(stores["qwen3_moe"], tmp_path / "d", layers=1)

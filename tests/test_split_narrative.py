@@ -15,19 +15,14 @@ import pytest
 from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.narrative import CONTROL, build_prompt, joined, split_narrative, write_narrative
 from nightshift.app.review.report import render_html
-from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
-from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule
-from nightshift.engine import GenerationStats, open_model
-from nightshift.engine.batch import generate_batch
-from tests.test_review_run import user_schedule
+from nightshift.app.review.runner import Checked
+from nightshift.app.review.schedule import load_schedule
+from nightshift.engine.generation import GenerationStats
+from nightshift.engine.runtime import open_model
+from tests.helpers.reviews import report_context
+from tests.helpers.service import user_schedule
 
 TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def month_end() -> tuple:
-    schedule = load_schedule(BUNDLED_DIR / "month-end.toml")
-    return schedule, run_checks_for(schedule, schedule.as_of)
 
 
 def split_prompt(schedule, checked: Checked, width: int):
@@ -41,8 +36,7 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
     prompt = split_prompt(schedule, checked, width=4)
     assert len(prompt.conversations) == 4  # the summary and F1-F3
     seen = []
-    batch = generate_batch(
-        model,
+    batch = model.generate_batch(
         prompt.conversations,
         TOKENS,
         progress=lambda s, texts: seen.append((s.generated_tokens, s.finish_reason, texts)),
@@ -59,8 +53,8 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
 def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):
     schedule, checked = month_end
     cancel = threading.Event()
-    batch = generate_batch(open_model(tiny_model), split_prompt(schedule, checked, width=3).conversations, 50,
-                           cancel=cancel, progress=lambda stats, texts: stats.generated_tokens == 5 and cancel.set())  # fmt: skip
+    batch = open_model(tiny_model).generate_batch(split_prompt(schedule, checked, width=3).conversations, 50,
+                                                  cancel=cancel, progress=lambda stats, texts: stats.generated_tokens == 5 and cancel.set())  # fmt: skip
     assert batch.generation.finish_reason == "cancelled" and batch.generation.generated_tokens == 5
     assert {part.finish_reason for part in batch.parts} == {"cancelled"}
     assert sum(part.tokens for part in batch.parts) == 5
@@ -86,13 +80,6 @@ def test_a_finding_s_paragraph_is_checked_against_that_finding_s_figures(month_e
     assert 'class="unverified" title="not a figure of what it is about">1,918.40<' in context["comments"][3]
     assert 'class="verified">1,480.00<' in context["comments"][3]
     assert context["unverified"] == ["1,918.40"]  # F3's line, not the summary's (a general clause) or F1's
-
-
-def report_context(schedule, checked, narrative) -> dict:
-    from datetime import datetime
-
-    provenance = _provenance(schedule, checked, "tiny", narrative)
-    return build_report_context(schedule, checked, "", narrative, provenance, datetime.now())
 
 
 def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_batch(tiny_model, home, month_end):

@@ -16,43 +16,29 @@ import pytest
 from mlx_lm.utils import load_model
 
 from bench.trunk_bits import PROMPT, greedy_tokens
-from nightshift.engine import (
-    SYNTH_FAMILIES,
-    Drive,
-    ImportOptions,
-    import_checkpoint,
-    open_model,
-    read_manifest,
-    synthesize,
-)
+from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
+from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import read_header
+from nightshift.engine.store.synth import FAMILIES as SYNTH_FAMILIES
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 FAMILIES = list(SYNTH_FAMILIES)
 
 
-def tiny_checkpoint(root: Path, arch: str, skew: float = 0.0) -> Path:
-    return synthesize(arch, "tiny", root / f"{arch}-src", seed=1, skew=skew)
-
-
-def import_tiny(root: Path, src: Path, name: str, trunk_bits: int = 16, drives: int = 2) -> Path:
-    store = root / name
-    roots = [Drive(f"d{i}", root / f"{name}-drive{i}") for i in range(drives)]
-    import_checkpoint(src, store, roots, ImportOptions(trunk_bits=trunk_bits))
-    return store
-
-
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, Path]:
+def family_sources(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("checkpoints")
     return {arch: tiny_checkpoint(root, arch) for arch in FAMILIES}
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_store_model_matches_mlx_lm_exactly(arch, sources, tmp_path):
-    store = import_tiny(tmp_path, sources[arch], arch)
-    reference, _ = load_model(sources[arch], get_model_classes=get_classes)
+def test_store_model_matches_mlx_lm_exactly(arch, family_sources, tmp_path):
+    store = import_tiny(tmp_path, family_sources[arch], arch)
+    reference, _ = load_model(family_sources[arch], get_model_classes=get_classes)
     loaded, _ = load_store(store)
     x = mx.array([PROMPT])
     expected, got = reference(x), loaded(x)
@@ -61,16 +47,16 @@ def test_store_model_matches_mlx_lm_exactly(arch, sources, tmp_path):
     assert greedy_tokens(loaded) == greedy_tokens(reference)
 
 
-def test_kimi_k3_experts_stay_mxfp4(sources, tmp_path):
-    manifest = read_manifest(import_tiny(tmp_path, sources["kimi_k3"], "k"))
+def test_kimi_k3_experts_stay_mxfp4(family_sources, tmp_path):
+    manifest = read_manifest(import_tiny(tmp_path, family_sources["kimi_k3"], "k"))
     for layer in manifest.layers:
         assert set(layer.quantization) == {"gate_proj", "up_proj", "down_proj"}
         assert all(q == {"mode": "mxfp4", "bits": 4, "group_size": 32} for q in layer.quantization.values())
         assert {(t.name, t.dtype) for t in layer.tensors} >= {("gate_proj.weight", "U32"), ("gate_proj.scales", "U8")}
 
 
-def test_expert_files_are_page_aligned_and_split_in_whole_pages(sources, tmp_path):
-    store = import_tiny(tmp_path, sources["gpt_oss"], "g")
+def test_expert_files_are_page_aligned_and_split_in_whole_pages(family_sources, tmp_path):
+    store = import_tiny(tmp_path, family_sources["gpt_oss"], "g")
     manifest = read_manifest(store)
     for layer in manifest.layers:
         assert layer.file_bytes % 8192 == 0  # whole file and each half: multiples of 4 KiB
@@ -81,9 +67,9 @@ def test_expert_files_are_page_aligned_and_split_in_whole_pages(sources, tmp_pat
                 assert path.stat().st_size == layer.file_bytes
 
 
-def test_int8_trunk_is_quantized_smaller_and_still_decodes(sources, tmp_path):
-    exact = import_tiny(tmp_path, sources["qwen3_moe"], "q16", trunk_bits=16)
-    int8 = import_tiny(tmp_path, sources["qwen3_moe"], "q8", trunk_bits=8)
+def test_int8_trunk_is_quantized_smaller_and_still_decodes(family_sources, tmp_path):
+    exact = import_tiny(tmp_path, family_sources["qwen3_moe"], "q16", trunk_bits=16)
+    int8 = import_tiny(tmp_path, family_sources["qwen3_moe"], "q8", trunk_bits=8)
     names = {entry.name for entry in read_header(int8 / "trunk.safetensors")}
     assert "model.embed_tokens.scales" in names and "model.layers.0.self_attn.q_proj.scales" in names
     assert (int8 / "trunk.safetensors").stat().st_size < 0.5 * (exact / "trunk.safetensors").stat().st_size
@@ -91,36 +77,39 @@ def test_int8_trunk_is_quantized_smaller_and_still_decodes(sources, tmp_path):
     assert len(greedy_tokens(load_store(int8)[0], steps=8)) == 8
 
 
-def test_open_model_accepts_a_store_and_generates_with_its_tokenizer(sources, tmp_path):
-    store = import_tiny(tmp_path, sources["kimi_k3"], "chat", trunk_bits=8, drives=1)
+def test_open_model_accepts_a_store_and_generates_with_its_tokenizer(family_sources, tmp_path):
+    store = import_tiny(tmp_path, family_sources["kimi_k3"], "chat", trunk_bits=8, drives=1)
     model = open_model(store)
     chunks = list(model.generate([{"role": "user", "content": "Reconcile the bank account."}], max_tokens=6))
     assert len(chunks) == 6 and chunks[-1].stats.generated_tokens == 6
 
 
-def test_quantize_experts_turns_float_experts_into_affine_4_bit(sources, tmp_path):
+def test_quantize_experts_turns_float_experts_into_affine_4_bit(family_sources, tmp_path):
     store = tmp_path / "q4"
     import_checkpoint(
-        sources["deepseek_v3"], store, [Drive("d", tmp_path / "d")], ImportOptions(trunk_bits=16, quantize_experts=True)
+        family_sources["deepseek_v3"],
+        store,
+        [Drive("d", tmp_path / "d")],
+        ImportOptions(trunk_bits=16, quantize_experts=True),
     )
     manifest = read_manifest(store)
     for layer in manifest.layers:
         assert all(q == {"mode": "affine", "bits": 4, "group_size": 64} for q in layer.quantization.values())
     float_bytes = 3 * 64 * 64 * 4  # three float32 64x64 projections
     assert sum(t.nbytes for t in manifest.layers[0].tensors) < float_bytes / 4  # before page padding
-    reference, _ = load_model(sources["deepseek_v3"], get_model_classes=get_classes)
+    reference, _ = load_model(family_sources["deepseek_v3"], get_model_classes=get_classes)
     x = mx.array([PROMPT])
     expected, got = reference(x), load_store(store)[0](x)
     assert not mx.array_equal(got, expected).item()  # 4-bit experts are an approximation...
     assert mx.abs(got - expected).max().item() < 0.5  # ...but of the same model
 
 
-def test_mlx_lm_quantized_checkpoint_keeps_its_affine_experts(sources, tmp_path):
+def test_mlx_lm_quantized_checkpoint_keeps_its_affine_experts(family_sources, tmp_path):
     """An mlx-lm 4-bit conversion (stacked affine experts, quantized trunk) imports unchanged."""
     from mlx_lm.convert import convert
 
     converted = tmp_path / "mlx-4bit"
-    convert(str(sources["qwen3_moe"]), mlx_path=str(converted), quantize=True, q_bits=4, q_group_size=32)
+    convert(str(family_sources["qwen3_moe"]), mlx_path=str(converted), quantize=True, q_bits=4, q_group_size=32)
     store = tmp_path / "store"
     import_checkpoint(converted, store, [Drive("d", tmp_path / "d")], ImportOptions(trunk_bits=16))
     for layer in read_manifest(store).layers:

@@ -18,59 +18,19 @@ from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
-from nightshift.engine.moe.reader import ExpertReadError
+from nightshift.engine.moe.reads import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream, StreamFigures
 from nightshift.engine.moe.streaming import in_slot_order
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import QUICK, import_tiny, streamed, streamed_tokens, tiny_checkpoint
 
-QUICK = ["kimi_k3", "deepseek_v3", "qwen3_moe"]
 MORE = ["gpt_oss", "mixtral"]
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {arch: tiny_checkpoint(root, arch) for arch in QUICK}
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory, sources) -> dict[str, Path]:
-    """Stores the tests only read from; a test that damages files imports its own."""
-    root = tmp_path_factory.mktemp("stores")
-    return {arch: import_tiny(root, src, f"{arch}-store") for arch, src in sources.items()}
 
 
 @pytest.fixture(scope="module")
 def in_ram_tokens(stores) -> dict[str, list[int]]:
     return {arch: greedy_tokens(load_store(store)[0]) for arch, store in stores.items()}
-
-
-def tiny_store(tmp_path_factory, arch: str) -> Path:
-    """A two-drive store of a tiny synthetic `arch` checkpoint, in a new temporary directory."""
-    root = tmp_path_factory.mktemp(arch)
-    return import_tiny(root, tiny_checkpoint(root, arch), "store")
-
-
-def streamed(
-    store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
-) -> tuple[list[int], ExpertStream]:
-    """Greedy tokens from the streamed model and its (closed) stream; `devices` overrides drive -> device."""
-    model, _, stream = load_streaming(store, settings)
-    stream.reader.devices.update(devices or {})
-    try:
-        return greedy_tokens(model, steps), stream
-    finally:
-        stream.close()
-
-
-def streamed_tokens(
-    store: Path, settings: StreamSettings, steps: int = 32, devices: dict | None = None
-) -> tuple[list[int], StreamFigures]:
-    tokens, stream = streamed(store, settings, steps, devices)
-    return tokens, stream.figures()
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "stacked"])
@@ -211,8 +171,8 @@ def test_overlap_counts_only_experts_run_while_reads_were_landing(stores):
 def test_open_model_streams_a_store_with_live_drive_figures_and_cancels(stores):
     import threading
 
-    from nightshift.engine import StreamSettings as PublicSettings
-    from nightshift.engine import open_model
+    from nightshift.engine.moe.settings import StreamSettings as PublicSettings
+    from nightshift.engine.runtime import open_model
 
     model = open_model(stores["qwen3_moe"], stream=PublicSettings())
     cancel = threading.Event()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nightshift.engine import StreamSettings, greedy_of_record
+from nightshift.engine.bench.decode import greedy_of_record
+from nightshift.engine.moe.settings import StreamSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from nightshift.engine import Drive, ImportOptions, import_checkpoint, read_manifest, synthesize
 from nightshift.engine.bench.decode import time_decode
+from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.manifest import read_manifest
+from nightshift.engine.store.synth import synthesize
 
 MB = 1_000_000
 ACTIVATIONS = 8 * MB
@@ -35,7 +38,7 @@ def test_decode_peak_memory_stays_within_trunk_cache_and_the_experts_in_use(tmp_
         trunk = mx.get_active_memory()
         time_decode(model, 16, at_first_token=mx.reset_peak_memory)
         peak = mx.get_peak_memory()
-        pool = stream.reader.buffers.bytes
+        pool = stream.reader.files.buffers.bytes
     finally:
         stream.close()
     in_use = 2 * 2 * k * file_bytes  # two layers' experts, each as read and as stacked

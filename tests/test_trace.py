@@ -9,16 +9,16 @@ import pytest
 from nightshift.engine.instruments.trace import CACHE, DEMAND, PREFETCH, ExpertRead, Trace
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.manifest import read_manifest
-from tests.test_stream import streamed, tiny_store
+from tests.helpers.stores import streamed, tiny_store
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def qwen_store(tmp_path_factory):
     return tiny_store(tmp_path_factory, "qwen3_moe")
 
 
-def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
-    _, stream = streamed(store, StreamSettings(trace=True, cache_bytes=10**6, prefetch=True), steps=6)
+def test_every_pass_names_drive_times_size_and_the_barrier(qwen_store, tmp_path):
+    _, stream = streamed(qwen_store, StreamSettings(trace=True, cache_bytes=10**6, prefetch=True), steps=6)
     passes = stream.trace.passes()
     moe_layers = {layer.layer for layer in stream.manifest.layers}
     per_layer = [sum(p.layer == layer for p in passes) for layer in moe_layers]
@@ -45,13 +45,13 @@ def test_every_pass_names_drive_times_size_and_the_barrier(store, tmp_path):
     assert first["layer"] in moe_layers and "last" in first and "readback_s" in first
 
 
-def test_cache_hits_cost_no_read_and_the_budget_is_kept(store):
-    manifest = read_manifest(store)
+def test_cache_hits_cost_no_read_and_the_budget_is_kept(qwen_store):
+    manifest = read_manifest(qwen_store)
     budget = manifest.expert_bytes // 2  # room for half of all experts
-    _, stream = streamed(store, StreamSettings(cache_bytes=budget, prefetch=False), steps=6)
-    assert stream.cache.used <= budget
+    _, stream = streamed(qwen_store, StreamSettings(cache_bytes=budget, prefetch=False), steps=6)
+    assert stream.residency.cache.used <= budget
     hits = sum(1 for p in stream.trace.passes() for r in p.reads if r.source == CACHE)
-    assert hits == stream.cache.hits > 0
+    assert hits == stream.residency.cache.hits > 0
 
 
 def test_barrier_counts_follow_the_ring_as_old_passes_drop_out():

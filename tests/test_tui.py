@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,45 +21,20 @@ from nightshift.app.daemon.lock import InstanceLock, ServiceRunningError
 from nightshift.app.paths import catalogue_file
 from nightshift.app.tui.app import VIEWER_VARIABLE, Dashboard
 from nightshift.app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
-from nightshift.app.tui.widgets.text import Table
-from nightshift.engine import Catalogue, Run
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive, format_drives
-from tests.test_review_run import serve, user_schedule
+from tests.helpers.dashboard import cells, select, text
+from tests.helpers.service import serve, user_schedule
+from tests.helpers.waits import until
 
 MiB = 1 << 20
-
-
-async def until(pilot, condition, seconds: float = 120.0, what: str = "") -> None:
-    """Let the app run until `condition()` holds."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        await pilot.pause(0.1)
-
-
-def text(app: Dashboard, selector: str) -> str:
-    return app.screen.query_one(selector).text  # a Line, or a Fit (the rendering that fits)
-
-
-def cells(app: Dashboard, selector: str) -> list[list[str]]:
-    table = app.screen.query_one(selector, Table)
-    return [list(map(str, cells)) for _, cells in table.shown]
 
 
 def run_state(app: Dashboard, review: str) -> str | None:
     runs = [run for run in (app.service.jobs.runs if app.service else []) if run.review == review]
     return runs[0].state if runs else None
-
-
-async def select(pilot, selector: str, key: str) -> None:
-    """Put the cursor of table `selector` on the row `key` and focus it."""
-    table = pilot.app.screen.query_one(selector, Table)
-    table.focus()
-    await until(pilot, lambda: key in [k for k, _ in table.shown], 30, f"row {key} in {selector}")
-    table.move_cursor(row=[k for k, _ in table.shown].index(key), animate=False)
-    await pilot.pause()
 
 
 @pytest.fixture
@@ -120,8 +94,9 @@ def test_every_screen_against_a_running_service(home, tiny_model, endless_model,
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("n")
             await until(pilot, lambda: isinstance(app.screen, QueueScreen), 30, "the QueueScreen")
-            await pilot.pause(1.0)
-            assert run_state(app, "long") == "running"
+            said_no = app.service
+            await until(pilot, lambda: app.service is not said_no, 30, "the queue read after the answer")
+            assert run_state(app, "long") == "running" and app.service.jobs.cancelling is None
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the ConfirmScreen")
             await pilot.press("y")
@@ -178,14 +153,14 @@ def test_without_a_service_it_offers_to_start_the_scheduler_under_the_same_lock(
             await until(pilot, lambda: app.service is not None, 30, "the first refresh")
             assert "no service running" in text(app, "#banner") and "s starts the scheduler" in text(app, "#banner")
             await pilot.press("2", "n")  # an action that needs the service says how to get one
-            await pilot.pause(0.2)
+            await app.workers.wait_for_complete([w for w in app.workers if w.group == "service"])  # the asking done
             await pilot.press("s")
             await until(pilot, lambda: app.service.running, 30, "the in-process scheduler")
             assert "in this dashboard" in text(app, "#banner")
             with pytest.raises(ServiceRunningError):
                 InstanceLock().acquire()  # a second dashboard or `nightshift serve` cannot run jobs too
             await pilot.press("s")  # a second start is refused
-            await pilot.pause(0.2)
+            await pilot.pause()  # the refusal is said on the key, before the next frame
         assert app.own_service is not None and not (home / "nightshift.sock").exists()
 
     asyncio.run(drive())

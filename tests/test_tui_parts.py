@@ -21,10 +21,10 @@ from nightshift.app.tui.widgets.job import card, earlier, eta, live_figures
 from nightshift.app.tui.widgets.keys import hints
 from nightshift.app.tui.widgets.plot import History, columns, round_up
 from nightshift.app.tui.widgets.text import Fit, fit_rows
-from nightshift.engine import resolve_device
+from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive, format_drives
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 PROGRESS = RunProgress(prompt_tokens=700, prompt_done=700, generated_tokens=40, time_to_first_token=2.5,
                        elapsed=7.5, decode_tokens_per_s=8.0, max_tokens=160)  # fmt: skip

@@ -13,10 +13,14 @@ import pytest
 
 from nightshift.app.tui.app import Dashboard
 from nightshift.app.tui.screens import LiveScreen, QueueScreen
-from nightshift.engine import StreamSettings, open_model, read_manifest, resolve_device
-from tests.test_review_run import serve, user_schedule
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
-from tests.test_tui import select, until
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.manifest import read_manifest
+from tests.helpers.dashboard import select
+from tests.helpers.service import serve, user_schedule
+from tests.helpers.stores import import_tiny, tiny_checkpoint
+from tests.helpers.waits import until
 
 MiB = 1 << 20
 
@@ -92,10 +96,15 @@ def test_with_no_drives_toml_a_review_on_the_default_model_shows_its_drive_and_i
                 await until(pilot, lambda: isinstance(app.screen, LiveScreen), 30, "Live")
                 panel = app.screen.query_one("DrivePanel")
                 ours, own = [], []
-                while app.service.jobs.current is not None:
+
+                def watched_to_its_end(ours: list = ours, own: list = own) -> bool:  # the rates shown while it lasts
+                    if app.service.jobs.current is None:
+                        return True
                     ours.append(app.engine_rates.get("store", 0.0))
                     own.append(app.snapshot.service_read_mb_per_s or 0.0)
-                    await pilot.pause(0.1)
+                    return False
+
+                await until(pilot, watched_to_its_end, 300, "the run to end")
                 await until(pilot, lambda: app.service.jobs.runs[0].state == "done", 60, "the run to end")
                 run = app.service.jobs.runs[0]
                 card = app.screen.query_one("JobPanel").figures.text

@@ -10,7 +10,7 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.app.commands.bench import add_stream_arguments, settings_from
-from nightshift.engine import StreamSettings
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.tuning import (
     TuningError,
     apply_tuning,
@@ -21,7 +21,7 @@ from nightshift.engine.moe.tuning import (
     tuning_path,
     write_tuning,
 )
-from tests.test_store_equivalence import import_tiny, tiny_checkpoint
+from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 CHOSEN = {**tuned_values(StreamSettings()), "prefetch": False, "demand_threads": 2, "prefetch_off": [3]}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_review_run import user_schedule
+from tests.helpers.service import user_schedule
 
 pytestmark = pytest.mark.slow
 

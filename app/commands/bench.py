@@ -17,7 +17,7 @@ from typing import get_args, get_origin, get_type_hints
 
 from nightshift.app.commands import say
 from nightshift.app.commands.runs import catalogue
-from nightshift.engine import FIRST_REPLICA, FREQUENCY, LEAST_COMPLETION, LRU
+from nightshift.engine.moe.settings import FIRST_REPLICA, FREQUENCY, LEAST_COMPLETION, LRU
 
 SHARES = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)  # budgets `bench cache` simulates, of the store's expert bytes
 
@@ -51,7 +51,7 @@ def add_stream_arguments(parser: argparse.ArgumentParser, defaults: dict | None 
     in engine/moe/settings.py. A bool is `--name/--no-name`; a set or tuple, comma-separated values.
     `defaults` replaces some fields' defaults (the benchmarks': BENCH_DEFAULTS).
     """
-    from nightshift.engine import StreamSettings
+    from nightshift.engine.moe.settings import StreamSettings
 
     parser.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
     parser.add_argument("--drives", help="drives.toml whose roots replace the store's (e.g. the rig's)")
@@ -133,7 +133,7 @@ def comma_list(item: type) -> Callable[[str], tuple]:
 def settings_from(args: argparse.Namespace):
     """The StreamSettings the flags of `add_stream_arguments` name (a scaled flag back in its setting's unit),
     with the store's tuned values where no flag set them (unless `--no-tuning`)."""
-    from nightshift.engine import StreamSettings
+    from nightshift.engine.moe.settings import StreamSettings
 
     values = {}
     for setting in fields(StreamSettings):
@@ -148,7 +148,7 @@ def tuning_from(args: argparse.Namespace) -> Callable | None:
     """settings -> settings with the store's tuned values for the drives they read, except where a flag was
     given (None with `--no-tuning`); says which tuning it uses."""
     from nightshift.app.models import resolve_model
-    from nightshift.engine import StreamSettings
+    from nightshift.engine.moe.settings import StreamSettings
     from nightshift.engine.moe.tuning import apply_tuning, describe_tuning, tuning_for
 
     if not args.tuning:
@@ -168,7 +168,8 @@ def tuning_from(args: argparse.Namespace) -> Callable | None:
 def sources_from(args: argparse.Namespace):
     """(store path, drives or None, ceilings or None) named by the flags."""
     from nightshift.app.models import resolve_model
-    from nightshift.engine import Ceilings, load_drives
+    from nightshift.engine.io.ceilings import Ceilings
+    from nightshift.engine.io.drives import load_drives
 
     drives = load_drives(Path(args.drives)) if args.drives else None
     ceilings = Ceilings.load(Path(args.ceilings)) if args.ceilings else None
@@ -186,7 +187,7 @@ def _record(
     note: str = "",
     extra_config: dict | None = None,
 ) -> int:
-    from nightshift.engine import Run
+    from nightshift.engine.instruments.catalogue import Run
 
     config = {**settings.as_dict(), "tokens": result["figures"].get("tokens"), **(extra_config or {})}
     run = Run(
@@ -225,7 +226,7 @@ def _show(label: str, result: dict) -> None:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from nightshift.engine import decode_bench
+    from nightshift.engine.bench.decode import decode_bench
     from nightshift.engine.bench.decode import verdict as verdict_of
 
     store, drives, ceilings = sources_from(args)
@@ -240,9 +241,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from nightshift.engine import NightshiftError, Proof, decode_bench
-    from nightshift.engine import require_proofs as require
-    from nightshift.engine.bench.decode import in_ram_decode
+    from nightshift.engine.bench.decode import decode_bench, in_ram_decode
+    from nightshift.engine.errors import NightshiftError
+    from nightshift.engine.instruments.assertions import Proof, require
 
     store, drives, ceilings = sources_from(args)
     base_change, variant_change, counter = MECHANISMS[args.mechanism]
@@ -268,7 +269,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def cmd_ladder(args: argparse.Namespace) -> int:
-    from nightshift.engine import decode_ladder
+    from nightshift.engine.bench.decode import ladder as decode_ladder
     from nightshift.engine.bench.decode import verdict as verdict_of
 
     store, drives, ceilings = sources_from(args)
@@ -297,7 +298,10 @@ def _depths(text: str) -> list[int]:
 
 def cmd_draft(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
-    from nightshift.engine import Proof, best_depth, draft_sweep, open_model, record_best_depth
+    from nightshift.engine.bench.draft import best_depth, draft_sweep
+    from nightshift.engine.instruments.assertions import Proof
+    from nightshift.engine.runtime import open_model
+    from nightshift.engine.speculative import record_best_depth
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
@@ -346,7 +350,8 @@ def cmd_draft(args: argparse.Namespace) -> int:
 
 
 def cmd_prefill(args: argparse.Namespace) -> int:
-    from nightshift.engine import Proof, prefill_bench
+    from nightshift.engine.bench.prefill import prefill_bench
+    from nightshift.engine.instruments.assertions import Proof
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
@@ -412,11 +417,13 @@ def _shares(text: str) -> tuple[float, ...]:
 def cmd_cache(args: argparse.Namespace) -> int:
     """Record a routing trace (or take one), replay it against every policy and Belady, then measure the pick."""
     from nightshift.app.paths import ensure_data_dir
-    from nightshift.engine import Proof, decode_bench, read_manifest, with_drives
     from nightshift.engine.bench.cache_sim import Call, belady, best_policy, load_trace, replay, save_trace, sweep
-    from nightshift.engine.bench.decode import PASS_FRACTION, in_ram_decode
+    from nightshift.engine.bench.decode import PASS_FRACTION, decode_bench, in_ram_decode
     from nightshift.engine.bench.decode import verdict as verdict_of
+    from nightshift.engine.instruments.assertions import Proof
+    from nightshift.engine.moe.load import with_drives
     from nightshift.engine.moe.warm import load_profile, save_profile
+    from nightshift.engine.store.manifest import read_manifest
 
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
@@ -483,7 +490,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def _measure_foresight(args, store: Path, measured, calls, drives, ceilings, in_ram, where: Path) -> None:
     """The same budget with every guess right: the trace's next-layer experts read ahead, all of them (no window
     cap: the cap is there for wrong guesses). How far prediction could take this decode; recorded apart."""
-    from nightshift.engine import Proof, decode_bench
+    from nightshift.engine.bench.decode import decode_bench
+    from nightshift.engine.instruments.assertions import Proof
 
     settings = replace(measured, prefetch=True, prefetch_fill=False)
     known = [(call.layer, call.experts) for call in calls]
@@ -503,7 +511,6 @@ def _measure_foresight(args, store: Path, measured, calls, drives, ceilings, in_
 
 def cmd_peer(args: argparse.Namespace) -> int:
     """nightshift against llama.cpp (mmap) and mlx-lm in RAM at the same budgets: each run recorded, the table shown."""
-    from nightshift.engine import Run, read_manifest, with_drives
     from nightshift.engine.bench.peer import (
         NIGHTSHIFT,
         PeerError,
@@ -514,6 +521,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         run_peers,
         table,
     )
+    from nightshift.engine.instruments.catalogue import Run
+    from nightshift.engine.moe.load import with_drives
+    from nightshift.engine.store.manifest import read_manifest
 
     python = args.peer_python or llama_cpp_python()
     if python is None:
@@ -553,7 +563,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 def cmd_replicate(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
-    from nightshift.engine import replicate_everywhere
+    from nightshift.engine.bench.layout import replicate_everywhere
 
     copied = replicate_everywhere(resolve_model(args.model))
     say(f"copied {copied / 1e6:.1f} MB: every expert now has a replica on every drive of the store")

@@ -10,7 +10,7 @@ from pathlib import Path
 from nightshift.app.commands import say
 from nightshift.app.commands.generate import _positive_int, memory_budget
 from nightshift.app.models import resolve_model
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

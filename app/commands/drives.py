@@ -11,13 +11,14 @@ from pathlib import Path
 
 from nightshift.app.commands import say
 from nightshift.app.paths import drives_file, rig_dir
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 MiB = 1 << 20
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from nightshift.engine import load_drives, resolve_device
+    from nightshift.engine.io.devices import resolve_device
+    from nightshift.engine.io.drives import load_drives
 
     devices = [(drive, resolve_device(drive.root)) for drive in load_drives(args.drives_file)]
     print("drive\troot\tmount\tfs\tdevice\tdisk")
@@ -27,7 +28,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from nightshift.engine import CEILINGS_FILE, Ceilings, load_drives, probe_drive
+    from nightshift.engine.bench.probe import probe_drive
+    from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings
+    from nightshift.engine.io.drives import load_drives
 
     if args.seconds <= 0 or args.file_mib < 1:
         raise NightshiftError("--seconds and --file-mib must be positive")
@@ -48,7 +51,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from nightshift.engine import DriveMonitor, load_drives, resolve_device
+    from nightshift.engine.instruments.monitor import DriveMonitor
+    from nightshift.engine.io.devices import resolve_device
+    from nightshift.engine.io.drives import load_drives
 
     if args.every <= 0 or args.seconds <= 0:
         raise NightshiftError("--every and --seconds must be positive")
@@ -87,7 +92,7 @@ def format_table(ceilings, sizes: list[int], depths: list[int]) -> str:
 @contextmanager
 def _inside_rig_if_these_are_its_drives(path: Path) -> Iterator[str]:
     """The rig's drives are only throttled inside its cgroup, so probe them from there; yields where."""
-    from nightshift.engine import RigError, RigState, inside_rig
+    from nightshift.engine.bench.rig import RigError, RigState, inside_rig
 
     try:
         state = RigState.load(rig_dir())

@@ -7,7 +7,8 @@ import sys
 
 from nightshift.app.commands import say
 from nightshift.app.models import open_for_generation, resolve_model
-from nightshift.engine import DEFAULT_CHUNK, NightshiftError
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import DEFAULT_CHUNK
 
 EXIT_INTERRUPTED = 130
 

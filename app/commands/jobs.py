@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nightshift.app.daemon.control import Jobs
     from nightshift.app.daemon.runs import Run, RunProgress
-    from nightshift.engine import GenerationStats
+    from nightshift.engine.generation import GenerationStats
 
 
 def progress_line(figures: GenerationStats | RunProgress) -> str:
@@ -43,26 +41,8 @@ def format_runs(runs: list[Run]) -> list[str]:
     return lines
 
 
-def scheduled_without_service() -> dict[str, str | None]:
-    """Next fire times computed from the schedule files (what the service would do)."""
-    from nightshift.app.review.schedule import load_schedules
-
-    now = datetime.now(UTC)
-    schedules, _ = load_schedules()
-    return {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
-            for name, s in schedules.items()}  # fmt: skip
-
-
-def jobs_without_service(limit: int) -> Jobs:
-    """The queue from the data dir, with next runs from the schedule files: what the service would report."""
-    from nightshift.app.daemon.control import Jobs
-    from nightshift.app.daemon.runs import RunQueue
-
-    return Jobs(RunQueue().recent(limit), scheduled_without_service())
-
-
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from nightshift.app.daemon.control import jobs
+    from nightshift.app.daemon.control import jobs, jobs_without_service
 
     queue = jobs(args.limit)
     if queue is None:

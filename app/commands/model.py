@@ -9,7 +9,7 @@ from nightshift.app.commands import moefy, say, tune
 from nightshift.app.models import resolve_model
 from nightshift.app.paths import cache_dir, drives_file, models_dir
 from nightshift.app.progress import live
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 def cmd_default(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def cmd_default(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from nightshift.engine import convert_gguf
+    from nightshift.engine.store.gguf_import import convert_gguf
 
     name = args.name or Path(args.gguf).stem.lower()
     target = models_dir() / name
@@ -32,7 +32,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from nightshift.engine import is_store
+    from nightshift.engine.store.manifest import is_store
 
     root = models_dir()
     found = sorted(p for p in root.iterdir() if (p / "config.json").is_file() or is_store(p)) if root.is_dir() else []
@@ -47,7 +47,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _drives(given: str | None, store: Path):
     """Drives from `--drives`, else from the data dir's drives.toml, else one drive inside the store."""
-    from nightshift.engine import Drive, load_drives
+    from nightshift.engine.io.drives import Drive, load_drives
 
     if given:
         return load_drives(Path(given))
@@ -58,7 +58,7 @@ def _drives(given: str | None, store: Path):
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from nightshift.engine import ImportOptions, import_checkpoint
+    from nightshift.engine.store.importer import ImportOptions, import_checkpoint
     from nightshift.engine.store.source import resolve_source
 
     store = models_dir() / args.name
@@ -101,13 +101,13 @@ def _exactness(manifest) -> str:
 
 
 def _unfinished(store: Path) -> bool:
-    from nightshift.engine import is_store
+    from nightshift.engine.store.manifest import is_store
 
     return is_store(store) and not (store / "manifest.json").is_file()
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from nightshift.engine import synthesize
+    from nightshift.engine.store.synth import synthesize
 
     out = Path(args.out) if args.out else cache_dir() / "synth" / f"{args.arch}-{args.preset}-seed{args.seed}"
     say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
@@ -116,7 +116,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_drafter(args: argparse.Namespace) -> int:
-    from nightshift.engine import make_drafter
+    from nightshift.engine.store.drafter import make_drafter
 
     store = resolve_model(args.source)
     out = models_dir() / args.name
@@ -128,7 +128,7 @@ def cmd_drafter(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from nightshift.engine import verify_store
+    from nightshift.engine.store.upkeep import verify_store
 
     store = resolve_model(args.model)
     bad = verify_store(store)
@@ -143,15 +143,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_place(args: argparse.Namespace) -> int:
-    from nightshift.engine import (
-        Drive,
-        calibration_prompts,
-        load_drives,
-        measure_routing,
-        open_model,
-        place_store,
-        read_manifest,
-    )
+    from nightshift.engine.io.drives import Drive, load_drives
+    from nightshift.engine.runtime import open_model
+    from nightshift.engine.store.manifest import read_manifest
+    from nightshift.engine.store.upkeep import calibration_prompts, measure_routing, place_store
 
     store = resolve_model(args.model)
     if args.hosts and args.drives:

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from nightshift.app.commands import say
 from nightshift.app.paths import models_dir
-from nightshift.engine import DEFAULT_EXPERTS, DEFAULT_K, NightshiftError
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.store.moefy_defaults import DEFAULT_EXPERTS, DEFAULT_K
 
 
 def cmd_moefy(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
     from nightshift.app.progress import Heartbeat
-    from nightshift.engine import moefy
+    from nightshift.engine.store.moefy import moefy
 
     source = resolve_model(args.source)
     k = DEFAULT_K * args.experts // DEFAULT_EXPERTS if args.k is None else args.k

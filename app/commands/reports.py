@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 if TYPE_CHECKING:
     from nightshift.app.review.index import IndexEntry

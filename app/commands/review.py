@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from nightshift.app.commands import say
 from nightshift.app.commands.jobs import progress_line
 from nightshift.app.progress import Heartbeat, live
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 if TYPE_CHECKING:
     from nightshift.app.daemon.runs import RunProgress
-    from nightshift.engine import GenerationStats
+    from nightshift.engine.generation import GenerationStats
 
 EXIT_INTERRUPTED = 130
 POLL_S = 2.0
@@ -30,7 +30,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         fire = schedule.trigger.get_next_fire_time(None, now)
         pinned = f", pinned to {schedule.as_of}" if schedule.as_of else ""
         print(
-            f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z}  {schedule.file}"
+            f"{name:<12} {schedule.when:<42} {schedule.period}{pinned}; next {fire:%Y-%m-%d %H:%M %Z} "
+            f"({schedule.business_days})  {schedule.file}"
         )
     for error in errors:
         say(f"error: {error}")

@@ -11,7 +11,7 @@ from nightshift.app.paths import catalogue_file
 
 
 def catalogue():
-    from nightshift.engine import Catalogue
+    from nightshift.engine.instruments.catalogue import Catalogue
 
     return Catalogue(catalogue_file())
 
@@ -42,7 +42,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from nightshift.engine import compare_runs
+    from nightshift.engine.instruments.catalogue import compare as compare_runs
 
     cat = catalogue()
     a, b = cat.get(args.a), cat.get(args.b)

@@ -17,8 +17,10 @@ from nightshift.app.commands.runs import catalogue
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from nightshift.engine import NightshiftError, Run, StreamSettings
     from nightshift.engine.bench.tune import tune
+    from nightshift.engine.errors import NightshiftError
+    from nightshift.engine.instruments.catalogue import Run
+    from nightshift.engine.moe.settings import StreamSettings
     from nightshift.engine.moe.tuning import describe_tuning
 
     store, drives, ceilings = sources_from(args)

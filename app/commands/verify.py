@@ -23,7 +23,7 @@ EXIT_MISMATCH = 1
 
 def reference_tokens(store: Path, again: bool) -> list[int]:
     """The recorded greedy tokens of the prompt of record (computed in RAM and saved if missing or `again`)."""
-    from nightshift.engine import greedy_of_record
+    from nightshift.engine.bench.decode import greedy_of_record
 
     path = verify_record(store.name)
     if path.is_file() and not again:
@@ -38,7 +38,8 @@ def reference_tokens(store: Path, again: bool) -> list[int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from nightshift.engine import Run, first_difference, greedy_of_record
+    from nightshift.engine.bench.decode import first_difference, greedy_of_record
+    from nightshift.engine.instruments.catalogue import Run
 
     store, drives, _ = sources_from(args)
     settings = settings_from(args)

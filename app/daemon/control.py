@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from nightshift.app.daemon.runs import Run
+from nightshift.app.daemon.runs import Run, RunQueue
 from nightshift.app.paths import control_socket, ensure_data_dir
 from nightshift.app.review.index import IndexEntry
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 log = logging.getLogger("nightshift.control")
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -240,6 +240,21 @@ def jobs(limit: int = 30, timeout: float = 10.0) -> Jobs | None:
     return Jobs([Run.from_dict(run) for run in reply["runs"]], reply["next_runs"], reply.get("cancelling"),
                 reply.get("worker_restarts", 0), reply.get("worker_error"), reply.get("schedule_errors", []),
                 reply.get("hosts", []))  # fmt: skip
+
+
+def scheduled_without_service() -> dict[str, str | None]:
+    """Next fire times computed from the schedule files (what the service would do)."""
+    from nightshift.app.review.schedule import load_schedules  # APScheduler: only when no service answers
+
+    now = datetime.now(UTC)
+    schedules, _ = load_schedules()
+    return {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
+            for name, s in schedules.items()}  # fmt: skip
+
+
+def jobs_without_service(limit: int) -> Jobs:
+    """The queue from the data dir, with next runs from the schedule files: what the service would report."""
+    return Jobs(RunQueue().recent(limit), scheduled_without_service())
 
 
 def run_status(run_id: int, timeout: float = 10.0) -> Run | None:

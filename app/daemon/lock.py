@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nightshift.app.paths import engine_lock_file, private_file, service_lock
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 class ServiceRunningError(NightshiftError):

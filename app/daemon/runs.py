@@ -26,7 +26,7 @@ import psutil
 from nightshift.app.daemon import clock
 from nightshift.app.paths import private_file, run_queue
 from nightshift.app.review.index import clip
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 

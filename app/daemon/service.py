@@ -32,11 +32,12 @@ from nightshift.app.daemon.lock import InstanceLock
 from nightshift.app.daemon.runs import Run, RunQueue
 from nightshift.app.daemon.settings import load_settings
 from nightshift.app.daemon.work import Cancel, Unsettled, batch_key, execute_batch
-from nightshift.app.models import open_for_generation
+from nightshift.app.models import open_for_review
 from nightshift.app.paths import data_dir, private_file
 from nightshift.app.review.index import clip, read_index
 from nightshift.app.review.schedule import Schedule, find_schedule, load_schedules
-from nightshift.engine import Model, NightshiftError
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import LanguageModel
 
 if TYPE_CHECKING:
     from nightshift.engine.distributed.model import Cluster
@@ -134,7 +135,7 @@ class Service:
         self.worker_restarts = 0
         self.worker_error: str | None = None  # the last failure the worker met, as said in the log
         self.schedule_errors: list[str] = []  # schedule files that did not load at the last (re)load
-        self.models: dict[tuple[Path, str], Model] = {}  # (model, memory budget) -> the loaded model
+        self.models: dict[tuple[Path, str], LanguageModel] = {}  # (model, memory budget) -> the loaded model
         self.scheduler: ReviewScheduler | None = None
         self.control: ControlServer | None = None
 
@@ -354,14 +355,13 @@ class Service:
                 "schedule_errors": self.schedule_errors,
                 "hosts": self.cluster.describe() if self.cluster is not None else []}  # fmt: skip
 
-    def _model(self, path: Path, memory_budget: str = "auto") -> Model:
+    def _model(self, path: Path, memory_budget: str = "auto") -> LanguageModel:
         """One engine: the model stays loaded between runs that use it (with the same memory budget)."""
         if (path, memory_budget) not in self.models:
             for previous in self.models.values():
                 previous.close()  # a streamed store's reader threads
             self.models.clear()
-            opener = self.cluster.open if self.cluster is not None else open_for_generation
-            self.models[(path, memory_budget)] = opener(path, memory_budget=memory_budget)
+            self.models[(path, memory_budget)] = open_for_review(path, memory_budget, self.cluster)
         return self.models[(path, memory_budget)]
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:

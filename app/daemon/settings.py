@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nightshift.app.paths import service_settings
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 WINDOW_MAX_S = 3600  # an hour: a run is never held back longer waiting for company
 WIDTH_MAX = 64

@@ -25,7 +25,8 @@ from nightshift.app.review.report import remove_partial_reports
 from nightshift.app.review.runner import Prepared, as_of_for, open_model, prepare_review, report_review
 from nightshift.app.review.schedule import Schedule, find_schedule
 from nightshift.app.review.window import window_containing
-from nightshift.engine import GenerationStats, Model, NightshiftError
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import GenerationStats, LanguageModel
 
 Shared = dict[str, Any]  # a batched run's RunProgress fields: batch, batch_sequences, batch_tokens_per_s
 log = logging.getLogger("nightshift.work")
@@ -159,7 +160,7 @@ class _Member:
 
 def execute(
     queue: RunQueue, run: Run, cancel: threading.Event | None = None, say: Callable[[str], None] = log.info,
-    load_model: Callable[[Path], Model] = open_for_generation, show: Callable[[GenerationStats], None] | None = None,
+    load_model: Callable[[Path], LanguageModel] = open_for_generation, show: Callable[[GenerationStats], None] | None = None,
 ) -> Run:  # fmt: skip
     """Carry out one claimed run (`execute_batch` of one)."""
     return execute_batch(queue, [run], [cancel], say, load_model, show)[0]
@@ -167,7 +168,7 @@ def execute(
 
 def execute_batch(
     queue: RunQueue, runs: list[Run], cancels: list[threading.Event | None], say: Callable[[str], None] = log.info,
-    load_model: Callable[[Path], Model] = open_for_generation, show: Callable[[GenerationStats], None] | None = None,
+    load_model: Callable[[Path], LanguageModel] = open_for_generation, show: Callable[[GenerationStats], None] | None = None,
 ) -> list[Run]:  # fmt: skip
     """Carry out claimed runs, generating together those with the same `batch_key`; each is still its own run.
 
@@ -232,7 +233,7 @@ def _prepare(member: _Member, say: Callable[[str], None]) -> None:
 
 
 def _generate(queue: RunQueue, group: list[_Member], say: Callable[[str], None],
-              load_model: Callable[[Path], Model], show: Callable[[GenerationStats], None] | None) -> None:  # fmt: skip
+              load_model: Callable[[Path], LanguageModel], show: Callable[[GenerationStats], None] | None) -> None:  # fmt: skip
     """The group's narratives (one batch when several, with their own figures stored) and then each report."""
     first = group[0]
     try:
@@ -241,7 +242,7 @@ def _generate(queue: RunQueue, group: list[_Member], say: Callable[[str], None],
         for member in group:
             member.ended(error)
         return
-    from nightshift.engine import SLOW_BLAS  # known once MLX is loaded, which opening the model did
+    from nightshift.engine.cpu_blas import SLOW_BLAS  # known once MLX is loaded, which opening the model did
 
     if SLOW_BLAS:
         say(SLOW_BLAS)
@@ -301,7 +302,7 @@ def _store_own_figures(queue: RunQueue, member: _Member, narrative: Narrative, s
         log.warning("run %s: its own figures were not stored: %s", member.run.id, exc)
 
 
-def _report(member: _Member, narrative: Narrative, model: Model, say: Callable[[str], None]) -> None:
+def _report(member: _Member, narrative: Narrative, model: LanguageModel, say: Callable[[str], None]) -> None:
     entry = report_review(member.prepared, narrative, model.path, member.cancel, say, member.run.id)
     member.outcome = partial(member.queue.finish, member.run.id, "done", report=entry.path)
 

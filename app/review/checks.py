@@ -396,7 +396,7 @@ def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
     if fixed is not None and fixed not in known:
         listed = f"its accounts are {', '.join(known[:10])}" if known else "it has no account column or values"
         raise CouldNotRun(f"{balances.name} has no balances for account {fixed!r} ({listed}); "
-                          "map the account column or name an account it has")  # fmt: skip
+                          "map the account column, give the source a fixed `account`, or name an account it has")  # fmt: skip
     if fixed is None:
         moved_accounts = text_column(movements, "account") if len(movements) else movements.text["account"]
     out, rows = CheckResult(), []

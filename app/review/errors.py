@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 
 class ReviewError(NightshiftError):

@@ -11,7 +11,6 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound
 
@@ -20,10 +19,7 @@ from nightshift.app.review.checks import CheckResult
 from nightshift.app.review.errors import ReviewError
 from nightshift.app.review.report import template_problem
 from nightshift.app.review.verify import TAG_LINE
-from nightshift.engine import GenerationStats, Model
-
-if TYPE_CHECKING:
-    from nightshift.engine.batch import ChatBatch
+from nightshift.engine.generation import ChatBatch, GenerationStats, LanguageModel
 
 PROMPTS_DIR = bundled("templates") / "prompts"
 # "F3: ..." at the start of a line: the model's comment on finding 3.
@@ -166,7 +162,7 @@ def build_prompt(template: str, title: str, window_label: str, result: CheckResu
         raise ReviewError(template_problem(PROMPTS_DIR, template, exc)) from None
 
 
-def context_length(model: Model) -> int | None:
+def context_length(model: LanguageModel) -> int | None:
     """The model's context window from its config.json, when it says."""
     try:
         config = json.loads((model.path / "config.json").read_text())
@@ -175,7 +171,7 @@ def context_length(model: Model) -> int | None:
     return config.get("max_position_embeddings")
 
 
-def check_fits(model: Model, prompt: Prompt, max_tokens: int) -> list[list[int]]:
+def check_fits(model: LanguageModel, prompt: Prompt, max_tokens: int) -> list[list[int]]:
     """The prompt's chats as tokens, refused when the longest and `max_tokens` exceed the model's context."""
     conversations = prompt.conversations if prompt.narrative == "split" else [prompt.messages]
     prompts = [model.chat_tokens(messages) for messages in conversations]
@@ -190,7 +186,7 @@ def check_fits(model: Model, prompt: Prompt, max_tokens: int) -> list[list[int]]
 
 
 def write_narrative(
-    model: Model, prompt: Prompt, max_tokens: int, temp: float, seed: int,
+    model: LanguageModel, prompt: Prompt, max_tokens: int, temp: float, seed: int,
     progress: Progress | None = None, cancel: threading.Event | None = None,
 ) -> Narrative:  # fmt: skip
     """Generate the narrative; `progress` sees the live statistics and the text so far after every token.
@@ -214,30 +210,26 @@ def write_narrative(
     return split_narrative("".join(text).strip(), stats)
 
 
-def _write_split(model: Model, prompt: Prompt, max_tokens: int, temp: float, progress: Progress | None,
+def _write_split(model: LanguageModel, prompt: Prompt, max_tokens: int, temp: float, progress: Progress | None,
                  cancel: threading.Event | None) -> Narrative:  # fmt: skip
     """The summary and one paragraph per finding, decoded as one batch, joined as "F3: ..." lines."""
-    from nightshift.engine.batch import generate_batch  # MLX: only when a narrative is written
-
     if temp != 0:
         raise ReviewError(f"a split narrative is written greedily (temperature 0), not at {temp}: set `temp = 0` "
                           'or `narrative = "single"` in the schedule\'s [model]')  # fmt: skip
     shown = (lambda stats, texts: progress(stats, joined(texts))) if progress is not None else None
-    batch = generate_batch(model, prompt.conversations, max_tokens, cancel=cancel, progress=shown)
+    batch = model.generate_batch(prompt.conversations, max_tokens, cancel=cancel, progress=shown)
     narrative = split_narrative(joined([part.text for part in batch.parts]), batch.generation)
     narrative.batch = batch
     return narrative
 
 
-def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative | None]:
+def write_narratives(model: LanguageModel, jobs: list[NarrativeJob]) -> list[Narrative | None]:
     """Several reviews' narratives decoded as one batch, greedily: the union of their answers, each review's
     answers up to its `max_tokens` (one for all: reviews are batched only when it is the same).
 
     Returns each review's narrative, with its own text, figures and answers and the batch it shared; None
     for a review that left the batch (its `cancel`). Every review leaving ends the batch at that token.
     """
-    from nightshift.engine.batch import ChatBatch, generate_batch  # MLX: only when a narrative is written
-
     if len({job.max_tokens for job in jobs}) > 1:
         raise ReviewError("reviews are batched only with the same tokens per answer; this is a bug in the batching")
     spans, start = [], 0
@@ -259,7 +251,7 @@ def write_narratives(model: Model, jobs: list[NarrativeJob]) -> list[Narrative |
             everyone_left.set()
 
     conversations = [chat for job in jobs for chat in job.conversations]
-    batch = generate_batch(model, conversations, jobs[0].max_tokens, cancel=everyone_left, progress=shown)
+    batch = model.generate_batch(conversations, jobs[0].max_tokens, cancel=everyone_left, progress=shown)
     rates = [_rate(batch.parts[span]) for span in spans]
     shared = SharedBatch(tuple(job.member for job in jobs), len(conversations), batch.stats.steps,
                          batch.stats.decode_tokens_per_s, tuple(rates),

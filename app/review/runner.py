@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nightshift.app.models import open_for_generation
 from nightshift.app.review.charts import bar_chart
@@ -34,10 +35,8 @@ from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Cancel, Table
 from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
-from nightshift.engine import GenerationStats, Model, sha256_of
-
-if TYPE_CHECKING:
-    from nightshift.engine.batch import ChatBatch
+from nightshift.engine.generation import ChatBatch, GenerationStats, LanguageModel
+from nightshift.engine.store.gguf_import import sha256_of
 
 Say = Callable[[str], None]
 
@@ -156,7 +155,7 @@ class Headline:
 
     findings: int
     by_severity: dict[str, int]
-    flagged_amount: float
+    flagged_amount: Decimal  # summed exactly, as the findings' amounts are
     rows: dict[str, int]
 
 
@@ -193,7 +192,7 @@ def _headline(checked: Checked) -> Headline:
         findings=checked.result.total_findings,
         by_severity={severity: sum(f.summarized.get(severity, 0) if f.summarized else f.severity == severity
                                    for f in findings) for severity in SEVERITIES},
-        flagged_amount=sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), 0),
+        flagged_amount=sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), Decimal(0)),
         rows={name: len(table.between(checked.window.start, checked.window.end)) for name, table in checked.tables.items()},
     )  # fmt: skip
 
@@ -245,7 +244,9 @@ def prepare_review(schedule: Schedule, as_of: date, cancel: threading.Event | No
     return Prepared(schedule, as_of, checked, prompt, started)
 
 
-def open_model(schedule: Schedule, model_dir: Path, load_model: Callable[..., Model] = open_for_generation) -> Model:
+def open_model(
+    schedule: Schedule, model_dir: Path, load_model: Callable[..., LanguageModel] = open_for_generation
+) -> LanguageModel:
     """The review's model; a budget other than auto is the schedule's own, and the loader opens it with it."""
     budget = schedule.generation.memory_budget
     return load_model(model_dir) if budget == "auto" else load_model(model_dir, memory_budget=budget)
@@ -267,7 +268,7 @@ def report_review(prepared: Prepared, narrative: Narrative, model: Path, cancel:
 def run_review(
     schedule: Schedule, as_of: date, model_dir: Path, progress: Progress | None = None,
     cancel: threading.Event | None = None, say: Say = lambda message: None,
-    load_model: Callable[..., Model] = open_for_generation, run_id: int | None = None,
+    load_model: Callable[..., LanguageModel] = open_for_generation, run_id: int | None = None,
 ) -> IndexEntry:  # fmt: skip
     """Run `schedule` for the period containing `as_of`; returns the report's index entry (with `path`)."""
     prepared = prepare_review(schedule, as_of, cancel, say)

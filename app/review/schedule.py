@@ -21,6 +21,7 @@ from apscheduler.triggers.base import BaseTrigger
 from tzlocal import get_localzone
 
 from nightshift.app.paths import bundled, data_dir, user_schedules_dir
+from nightshift.app.review.calendars import MONDAY_TO_FRIDAY, BusinessDays, business_days
 from nightshift.app.review.checks import CHECKS, REQUIRED
 from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.sources import OptionError, Source, source_kind
@@ -35,8 +36,8 @@ _DURATION = re.compile(r"(\d+)\s*([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 # Every key a schedule may use, by table; any other key is an error naming the nearest of these.
-TOP_KEYS = ("name", "title", "when", "timezone", "grace", "materiality", "window", "sources", "checks", "model",
-            "prompt", "report")  # fmt: skip
+TOP_KEYS = ("name", "title", "when", "calendar", "timezone", "grace", "materiality", "window", "sources", "checks",
+            "model", "prompt", "report")  # fmt: skip
 SECTION_KEYS = {"window": ("period", "as_of"), "model": ("name", "max_tokens", "temp", "seed", "prompt_findings",
                                                          "memory_budget", "narrative", "batch_width", "part_tokens"),
                 "prompt": ("template",), "report": ("template", "output")}  # fmt: skip
@@ -94,6 +95,7 @@ class Schedule:
     sources: dict[str, Source]
     checks: list[dict[str, Any]]
     materiality: Decimal
+    business_days: BusinessDays = MONDAY_TO_FRIDAY  # `calendar`: the holiday calendar of the business-day forms
     generation: Generation = field(default_factory=Generation)
     prompt_template: str = "review.j2"
     report_template: str = "review.html.j2"
@@ -216,7 +218,11 @@ def load_schedule(path: Path) -> Schedule:
         ) from None
     when = read.get(("when",), str)
     try:
-        trigger = parse_when(when, zone)
+        days = business_days(read.get(("calendar",), str, None))
+    except ValueError as exc:
+        raise read.fail(("calendar",), str(exc)) from None
+    try:
+        trigger = parse_when(when, zone, days)
     except ValueError as exc:
         raise read.fail(("when",), str(exc)) from None
     try:
@@ -251,7 +257,7 @@ def load_schedule(path: Path) -> Schedule:
     return Schedule(
         name=name, title=read.get(("title",), str, name), file=path, when=when, trigger=trigger, timezone=zone,
         grace_seconds=grace, period=period, as_of=as_of, sources=sources, checks=checks,
-        materiality=materiality, generation=generation, prompt_template=prompt,
+        materiality=materiality, business_days=days, generation=generation, prompt_template=prompt,
         report_template=report_template, output=output if output.is_absolute() else data_dir() / output,
     )  # fmt: skip
 

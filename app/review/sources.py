@@ -16,6 +16,7 @@ when the caller's `cancel` callable returns True.
 
 from __future__ import annotations
 
+import calendar
 import codecs
 import csv
 import hashlib
@@ -42,6 +43,8 @@ from nightshift.app.review.money import (
     parse_amount,
     to_decimal,
 )  # fmt: skip
+from nightshift.app.review.total_rows import TotalRows
+from nightshift.app.review.unmapped import Watch, watches
 
 if TYPE_CHECKING:  # numpy is imported where tables are built and cut: reading schedules (review list, jobs) needs none
     import numpy as np
@@ -116,6 +119,38 @@ class Table:
 
 
 Row = tuple[int, date, int, dict[str, str]]  # line, date, amount units (at the source's decimals), text columns
+_DIRECTIVE = re.compile(r"%[-#_^0]?([A-Za-z%])")
+_NAMES = {"day": frozenset("dajAuwcx"), "quarter": frozenset("q"), "month": frozenset("mbB"), "year": frozenset("Yy")}
+
+
+def date_period(date_format: str) -> str:
+    """What one date in `date_format` names: a "day", or a whole "month", "quarter" (`%q`, 1 to 4) or "year".
+
+    A format without a day (`%m.%Y`, `%Y-%m`, `Q%q %Y`, `%Y`) names a period; ValueError for a quarter
+    beside a month or day.
+    """
+    found = set(_DIRECTIVE.findall(date_format))
+    if "q" in found and found & (_NAMES["day"] | _NAMES["month"]):
+        raise ValueError(f"{date_format!r} has a quarter (%q) and a month or day; use one of them")
+    return next((period for period, names in _NAMES.items() if found & names), "day")
+
+
+def parse_day(text: str, date_format: str, dated: str) -> date:
+    """The date `text` names in `date_format` (see `date_period`): a period's last day when it names a period.
+
+    A balance dated 10.2026 (`%m.%Y`) is October's closing balance, so it is dated 2026-10-31, never the 1st.
+    """
+    day = datetime.strptime(text, date_format.replace("%q", "%m")).date()
+    if dated == "day":
+        return day
+    if dated == "year":
+        return date(day.year, 12, 31)
+    month = day.month
+    if dated == "quarter":
+        if month > 4:
+            raise ValueError(f"quarter {month} is not 1 to 4")
+        month *= 3
+    return date(day.year, month, calendar.monthrange(day.year, month)[1])
 
 
 def build_table(name: str, origin: Path, scale: int, rows: Iterable[Row], factor: int = 1, **about: Any) -> Table:
@@ -326,7 +361,14 @@ class CsvSource(Source):
 
     `columns` maps our columns to the file's headers; `debit` and `credit` may stand in for
     `amount` (amount = credit - debit; one of the two per row), and a `currency` column must hold the
-    source's `currency` on every row. `sign = "inverted"` negates every amount.
+    source's `currency` on every row. `account` is the account of every row of a file without an
+    account column. `sign = "inverted"` negates every amount. A `date_format` without a day names
+    a month, a quarter (`%q`) or a year, and each row is dated on its last day.
+
+    What the file could be misread as is refused or left out, never summed: an unmapped column
+    whose header names a currency, an account or a balance and disagrees with what the source
+    assumes (app/review/unmapped.py), and total rows (app/review/total_rows.py), which are left out
+    and said in the table's notes.
     """
 
     columns: dict[str, str] = field(default_factory=lambda: {"date": "date", "amount": "amount"})
@@ -340,7 +382,9 @@ class CsvSource(Source):
     locale: str | None = None  # a CLDR locale giving decimal, thousands and grouping (de_DE, en_IN)
     negative: list[str] = field(default_factory=lambda: ["leading", "parentheses"])  # and/or "trailing"
     sign: str = "as-is"  # or "inverted"
+    account: str | None = None  # every row's account, for a file without an account column
     amount_format: AmountFormat = field(init=False, default=PLAIN)
+    dated: str = field(init=False, default="day")  # what one date names: a day, or a month, quarter or year
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -359,6 +403,13 @@ class CsvSource(Source):
             raise OptionError(
                 "columns", "maps a currency column; declare the source's `currency` (every row's must be it)"
             )
+        if self.account is not None and "account" in self.columns:
+            raise OptionError("account", "is every row's account for a file without an account column, but `columns` "
+                                         f"maps account to {self.columns['account']!r}: keep one of them")  # fmt: skip
+        try:
+            self.dated = date_period(self.date_format)
+        except ValueError as exc:
+            raise OptionError("date_format", str(exc)) from None
         if self.encoding != "auto":
             try:
                 codecs.lookup(self.encoding)
@@ -401,16 +452,30 @@ class CsvSource(Source):
                 header = next(reader, None)
                 if header is None:
                     raise ReviewError(f"source {self.name!r}: {self.path} is empty (a header row is needed)")
-                counted = [0]
+                positions = self._positions(header)
+                read = _CsvRead(
+                    None if self.whole else TotalRows(),  # balances are not summed: no totals among them
+                    watches(header, positions, self._at, self.decimals, self.amount_format, self.currency),
+                )
                 margin = timedelta(days=self.margin_days)
                 kept = None if self.whole else (start - margin, end + margin)
-                table = self._table(self._rows(reader, self._positions(header), budget, counted, kept), notes=notes)
+                table = self._table(self._rows(reader, positions, budget, read, kept), notes=notes)
             except csv.Error as exc:
                 raise ReviewError(f"{self._at(reader.line_num)}: not readable as CSV: {exc}") from None
             except UnicodeDecodeError:
                 raise self._undecodable(encoding) from None
-            table.sha256, table.rows_read = hashing.digest.hexdigest(), counted[0]
+            table.sha256, table.rows_read = hashing.digest.hexdigest(), read.rows
+            table.notes = (*table.notes, *self._dated_note(), *read.notes(self.decimals))
         return table
+
+    def _dated_note(self) -> tuple[str, ...]:
+        if self.dated == "day":
+            return ()
+        return (f"dates in the format {self.date_format!r} name a {self.dated}: each row is dated on its last day",)
+
+    def _day(self, text: str) -> date:
+        """The date `text` names in `date_format`: a day, or the last day of the month, quarter or year it names."""
+        return parse_day(text, self.date_format, self.dated)
 
     def _encoding(self, head: bytes) -> tuple[str, tuple[str, ...]]:
         """The codec to read with (a UTF-8 BOM is dropped) and a note when it was detected, not declared."""
@@ -476,42 +541,64 @@ class CsvSource(Source):
             raise ReviewError(f"{self._at(line)}: both debit and credit are filled; one of them should be")
         return (credit or 0) - (debit or 0)
 
-    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget, counted: list[int],
+    def _rows(self, reader: Iterator[list[str]], positions: dict[str, int], budget: Budget, read: _CsvRead,
               kept: tuple[date, date] | None) -> Iterator[Row]:  # fmt: skip
-        """Every row parsed and checked; those dated within `kept` (None: all) yielded."""
+        """Every row parsed and checked (total rows left out); those dated within `kept` (None: all) yielded."""
         text_positions = {key: at for key, at in positions.items() if key in TEXT_COLUMNS}
         pair, negate = "amount" not in positions, self.sign == "inverted"
         first, last = kept or (date.min, date.max)
         days: dict[str, date] = {}  # a file has few distinct dates; strptime is the slow part of a row
         width = max(positions.values()) + 1
+        totals, watched, account_at = read.totals, read.watches, positions.get("account")
         for number, record in enumerate(reader, start=2):
             if number % CHECK_EVERY == 0:
                 budget.check()
             if not "".join(record).strip():
                 continue
-            counted[0] += 1
+            read.rows += 1
             if len(record) < width:
                 raise ReviewError(f"{self._at(number)}: {len(record)} fields, fewer than the header's")
             text = record[positions["date"]].strip()
+            undated = None  # a row without a date may still be a total row, which is left out
             try:
-                day = days.get(text) or days.setdefault(text, datetime.strptime(text, self.date_format).date())
+                day = days.get(text) or days.setdefault(text, self._day(text))
             except ValueError as exc:
-                raise ReviewError(f"{self._at(number, 'date')}: {text!r} is not a date in the format "
-                                  f"{self.date_format!r} (date_format): {exc}") from None  # fmt: skip
+                undated = ReviewError(f"{self._at(number, 'date')}: {text!r} is not a date in the format "
+                                      f"{self.date_format!r} (date_format): {exc}")  # fmt: skip
             if pair:
                 units = self._debit_credit(record, positions, number)
             else:
                 units = self._parsed(record, positions, number, "amount")
+            units = -units if negate else units
+            if totals is not None and totals.is_total(record, units, number):
+                continue
+            if undated is not None:
+                raise undated
+            if totals is not None:
+                totals.add(units, day, number)
             if "currency" in positions and record[positions["currency"]].strip() != self.currency:
                 raise ReviewError(f"{self._at(number, 'currency')}: {record[positions['currency']]!r} is not the "
                                   f"source's currency {self.currency}; amounts in two currencies are never added up")  # fmt: skip
+            for watch in watched:
+                watch.see(record, units, number, "" if account_at is None else record[account_at].strip())
             if first <= day <= last:
-                yield (
-                    number,
-                    day,
-                    -units if negate else units,
-                    {key: record[at].strip() for key, at in text_positions.items()},
-                )
+                texts = {key: record[at].strip() for key, at in text_positions.items()}
+                if self.account is not None:
+                    texts["account"] = self.account
+                yield number, day, units, texts
+
+
+@dataclass
+class _CsvRead:
+    """What reading a CSV keeps beside its rows: their count, the total rows found, the unmapped columns watched."""
+
+    totals: TotalRows | None
+    watches: list[Watch]
+    rows: int = 0
+
+    def notes(self, decimals: int) -> tuple[str, ...]:
+        found = self.totals.notes(decimals) if self.totals is not None else ()
+        return (*found, *(note for watch in self.watches for note in watch.notes()))
 
 
 _READS = (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE)

@@ -4,7 +4,8 @@ Plain forms: "every day at 07:00", "every business day at 18:30", "Fridays",
 "every Monday at 09:00", "last business day of the month at 22:00",
 "first business day of the month", "last day of the month at 23:00". Without
 "at", a review runs at 18:00, the end of a working day. Business days are
-Monday to Friday (public holidays are not known).
+Monday to Friday, or a holiday calendar's working days when the schedule names
+one (`calendar`, app/review/calendars.py); only the business-day forms use it.
 
 Times are wall-clock times in the schedule's time zone, and daylight saving
 time is handled the way people expect: a time that occurs twice (02:30 on the
@@ -23,6 +24,8 @@ from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 
+from nightshift.app.review.calendars import MONDAY_TO_FRIDAY, BusinessDays
+
 DEFAULT_TIME = time(18, 0)
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
@@ -36,38 +39,55 @@ _FORMS = [
 
 
 class BusinessDayOfMonthTrigger(BaseTrigger):
-    """Fires on the first or last Monday-to-Friday of every month, at a time of day."""
+    """Fires on the first or last business day of every month, at a time of day."""
 
-    def __init__(self, which: str, at: time, timezone: tzinfo):
-        self.which, self.at, self.timezone = which, at, timezone
+    days = MONDAY_TO_FRIDAY  # a trigger stored before calendars existed unpickles without its own
 
-    def day_in(self, year: int, month: int) -> date:
-        """The first or last business day of that month."""
-        if self.which == "first":
-            day = date(year, month, 1)
-            while day.weekday() >= 5:
-                day += timedelta(days=1)
-        else:
-            day = date(year, month, calendar.monthrange(year, month)[1])
-            while day.weekday() >= 5:
-                day -= timedelta(days=1)
-        return day
+    def __init__(self, which: str, at: time, timezone: tzinfo, days: BusinessDays = MONDAY_TO_FRIDAY):
+        self.which, self.at, self.timezone, self.days = which, at, timezone, days
+
+    def day_in(self, year: int, month: int) -> date | None:
+        """The first or last business day of that month (None if it has none)."""
+        last = calendar.monthrange(year, month)[1]
+        numbers = range(1, last + 1) if self.which == "first" else range(last, 0, -1)
+        return next((day for number in numbers if (day := date(year, month, number)) in self.days), None)
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
         earliest = max(now, previous_fire_time + timedelta(seconds=1)) if previous_fire_time else now
         local = earliest.astimezone(self.timezone)
         year, month = local.year, local.month
         while True:
-            fire = datetime.combine(self.day_in(year, month), self.at, tzinfo=self.timezone)
-            if fire >= earliest:
+            day = self.day_in(year, month)
+            if day is not None and (fire := datetime.combine(day, self.at, tzinfo=self.timezone)) >= earliest:
                 return fire
             year, month = (year + 1, 1) if month == 12 else (year, month + 1)
 
     def __str__(self) -> str:
-        return f"{self.which} business day of the month at {self.at:%H:%M}"
+        shown = f"{self.which} business day of the month at {self.at:%H:%M}"
+        return f"{shown} ({self.days})" if self.days.calendar else shown
 
     def __repr__(self) -> str:
         return f"<BusinessDayOfMonthTrigger ({self}, timezone={self.timezone})>"
+
+
+class OnBusinessDays(BaseTrigger):
+    """A daily trigger's fire times on a holiday calendar's business days only ("every business day")."""
+
+    def __init__(self, trigger: BaseTrigger, days: BusinessDays):
+        self.trigger, self.days = trigger, days
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        while (fire := self.trigger.get_next_fire_time(previous_fire_time, now)) is not None:
+            if fire.date() in self.days:
+                return fire
+            previous_fire_time, now = fire, fire + timedelta(seconds=1)
+        return None
+
+    def __str__(self) -> str:
+        return f"{self.trigger} on business days ({self.days})"
+
+    def __repr__(self) -> str:
+        return f"<OnBusinessDays {self.days.calendar} {self.trigger!r}>"
 
 
 def _wall(moment: datetime, timezone: tzinfo) -> datetime:
@@ -117,15 +137,21 @@ class WallClock(BaseTrigger):
         return f"<WallClock {self.trigger!r}>"
 
 
-def parse_when(text: str, timezone: tzinfo) -> BaseTrigger:
-    """A trigger for `text` (a plain form or a 5-field crontab line); ValueError says what is accepted."""
+def parse_when(text: str, timezone: tzinfo, days: BusinessDays = MONDAY_TO_FRIDAY) -> BaseTrigger:
+    """A trigger for `text` (a plain form or a 5-field crontab line) on `days`' business days; ValueError says what
+    is accepted, and refuses a holiday calendar for a form that names no business days (it would change nothing)."""
     spoken = " ".join(text.strip().lower().split())
     for kind, pattern in _FORMS:
         found = pattern.fullmatch(spoken)
         if found:
-            return WallClock(_trigger(kind, found, timezone), timezone)
+            if days.calendar is not None and not (kind == "business" or (kind == "month" and found.group("business"))):
+                raise _calendar_unused(text, days)
+            return WallClock(_trigger(kind, found, timezone, days), timezone)
     if len(spoken.split()) == 5:
-        return WallClock(CronTrigger.from_crontab(spoken, timezone=timezone), timezone)
+        cron = CronTrigger.from_crontab(spoken, timezone=timezone)
+        if days.calendar is not None:
+            raise _calendar_unused(text, days)
+        return WallClock(cron, timezone)
     raise ValueError(
         f'{text!r} is not a schedule nightshift understands; write a crontab line such as "30 18 * * mon-fri" '
         'or a plain form: "every business day at 18:30", "Fridays at 17:00", '
@@ -133,17 +159,24 @@ def parse_when(text: str, timezone: tzinfo) -> BaseTrigger:
     )
 
 
-def _trigger(kind: str, found: re.Match, timezone: tzinfo) -> BaseTrigger:
+def _calendar_unused(text: str, days: BusinessDays) -> ValueError:
+    return ValueError(f"{text!r} names no business days, so the holiday calendar {days.calendar!r} would change "
+                      'nothing; use a business-day form ("every business day at 18:30", "last business day of the '
+                      'month at 22:00") or remove `calendar`')  # fmt: skip
+
+
+def _trigger(kind: str, found: re.Match, timezone: tzinfo, days: BusinessDays) -> BaseTrigger:
     at = DEFAULT_TIME
     if found.group("hour") is not None:
         at = time(int(found.group("hour")), int(found.group("minute")))  # ValueError for 25:00
     fields = {"hour": at.hour, "minute": at.minute, "timezone": timezone}
     if kind == "daily":
         return CronTrigger(**fields)
-    if kind == "business":
-        return CronTrigger(day_of_week="mon-fri", **fields)
+    if kind == "business":  # Monday to Friday stays a plain cron trigger (a job stored before calendars is kept)
+        return CronTrigger(day_of_week="mon-fri", **fields) if days.calendar is None else OnBusinessDays(
+            CronTrigger(**fields), days)  # fmt: skip
     if kind == "weekday":
         return CronTrigger(day_of_week=found.group("day")[:3], **fields)
     if found.group("business"):
-        return BusinessDayOfMonthTrigger(found.group("which"), at, timezone)
+        return BusinessDayOfMonthTrigger(found.group("which"), at, timezone, days)
     return CronTrigger(day="1" if found.group("which") == "first" else "last", **fields)

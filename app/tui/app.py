@@ -31,7 +31,7 @@ from nightshift.app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
 from nightshift.app.tui.format import duration
 from nightshift.app.tui.screens import DashboardScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.plot import History
-from nightshift.engine import NightshiftError
+from nightshift.engine.errors import NightshiftError
 
 TICK_S = 0.1
 SERVICE_EVERY = 5

@@ -25,18 +25,13 @@ import psutil
 from nightshift.app.daemon.control import Jobs
 from nightshift.app.paths import catalogue_file, drives_file, models_dir
 from nightshift.app.review.index import IndexEntry
-from nightshift.engine import (
-    CEILINGS_FILE,
-    Catalogue,
-    Ceilings,
-    DriveMonitor,
-    NightshiftError,
-    Run,
-    is_store,
-    load_drives,
-    read_manifest,
-    resolve_device,
-)
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.instruments.monitor import DriveMonitor
+from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.io.drives import load_drives
+from nightshift.engine.store.manifest import is_store, read_manifest
 
 RUNS_SHOWN = 30
 RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
@@ -126,8 +121,7 @@ def _ceilings() -> dict[str, float]:
 
 def service_state() -> ServiceState:
     """Ask the service; with none answering, read the data dir the same way `nightshift jobs` does."""
-    from nightshift.app.commands.jobs import jobs_without_service
-    from nightshift.app.daemon.control import jobs, reports, service_pid
+    from nightshift.app.daemon.control import jobs, jobs_without_service, reports, service_pid
     from nightshift.app.review.index import read_index
 
     try:

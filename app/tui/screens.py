@@ -8,7 +8,7 @@ screen calls it itself when it comes back into view. Times are the user's zone.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -18,27 +18,45 @@ from textual.widgets import Button, DataTable, Header, Input, Static
 
 from nightshift.app.daemon.runs import Run as QueueRun
 from nightshift.app.review.index import IndexEntry
-from nightshift.app.tui.feed import ServiceState, Snapshot
+from nightshift.app.tui.feed import CatalogueView, ServiceState, Snapshot
 from nightshift.app.tui.format import duration, gib, seconds, stamp, zone
 from nightshift.app.tui.widgets.drives import DrivePanel
 from nightshift.app.tui.widgets.hosts import HostsPanel
 from nightshift.app.tui.widgets.job import JobPanel
 from nightshift.app.tui.widgets.keys import KeyBar
+from nightshift.app.tui.widgets.plot import History
 from nightshift.app.tui.widgets.text import Fit, Line, Table
-from nightshift.engine import Run, compare_runs
-
-if TYPE_CHECKING:
-    from nightshift.app.tui.app import Dashboard
+from nightshift.engine.instruments.catalogue import Run
+from nightshift.engine.instruments.catalogue import compare as compare_runs
 
 BREAKPOINTS = [(0, "-short"), (40, "-tall")]
 WIDTHS = [(0, "-narrow"), (70, "-normal"), (120, "-wide")]  # screen width: below 70, shorter wording
 RECORD_ONE = "nightshift bench decode --model NAME"  # screen height: from 40 rows, plots get several rows
 
 
+class DashboardView(Protocol):
+    """What the screens read from, and ask of, the app that shows them (app.py's `Dashboard`)."""
+
+    snapshot: Snapshot | None
+    service: ServiceState | None
+    catalogue: CatalogueView | None
+    own_service: object | None  # a Service this dashboard started, if any
+    drive_histories: dict[str, History]
+    tokens_history: History
+
+    def fresh_engine_rates(self, now: float) -> dict[str, float]: ...
+
+    def ask_service(self, command: str, done: str, **arguments: Any) -> object: ...
+
+    def open_report(self, path: Path) -> None: ...
+
+    def push_screen(self, screen: Screen, *args: Any, **kwargs: Any) -> object: ...
+
+
 class DashboardScreen(Screen):
     """A screen that redraws from the app's latest snapshot."""
 
-    app: Dashboard
+    app: DashboardView  # type: ignore[assignment]  # Textual types it as any App
     VERTICAL_BREAKPOINTS = BREAKPOINTS
     HORIZONTAL_BREAKPOINTS = WIDTHS
 

@@ -1,7 +1,7 @@
 """Replay routing traces against expert cache policies, with Belady's optimum as the bound.
 
 A routing trace is what a real run looked up, in order: per streaming layer call (a prompt chunk or a
-decode step), the layer and the sorted unique experts its rows selected (`ExpertStream.record_routing`).
+decode step), the layer and the sorted unique experts its rows selected (`Instruments.routing`).
 The engine looks every one of them up in its cache, then keeps the misses once read; `replay` does the
 same with the engine's own `ExpertCache` (sizes only, no tensors), so for a given trace its hit rate is
 the engine's, whatever the drives. `belady` is the offline optimum for the same lookups: on a miss with
@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.settings import CACHE_POLICIES, FREQUENCY, LRU_ADMIT, StreamSettings
 from nightshift.engine.moe.warm import RoutingProfile, counts_of
@@ -211,14 +212,14 @@ def record(store: Path, text: str, prompt_tokens: int, tokens: int, temp: float,
     depend on the cache, so the run uses the default budget: once every expert is held it runs at in-RAM speed."""
     from nightshift.engine.runtime import open_model
 
-    model = open_model(store, stream=StreamSettings())
+    instruments = Instruments(routing=[])
+    model = open_model(store, stream=StreamSettings(), instruments=instruments)
     try:
         prompt = model.tokenizer.encode(text)[:prompt_tokens]
-        model.stream.record_routing()
         for _ in model.generate_tokens(prompt, max_tokens=tokens, temp=temp, seed=seed):
             pass
         model.stream.call_counts()  # resident calls, if any, into the log
-        return [Call(layer, experts, rows) for layer, experts, rows in model.stream.routing]
+        return [Call(layer, experts, rows) for layer, experts, rows in instruments.routing]
     finally:
         model.close()
 

@@ -13,16 +13,18 @@ import shlex
 import sys
 from pathlib import Path
 
-from nightshift.engine import BLAS_IN_USE, open_model
-from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
+from nightshift.engine.cpu_blas import BLAS_IN_USE
+from nightshift.engine.cpu_prefill import MIN_ROWS, use_gemm_prefill, use_quantized_kernel
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.instruments.probes import Instruments
+from nightshift.engine.runtime import open_model
 
 TEXT = "The bank statement shows a payment of 1,480.00 that the ledger does not. "
 
 
-def _measure(model, prompt: list[int], max_tokens: int) -> tuple[list[int], dict, int]:
-    before = PrefillQuantizedLinear.gemm_calls
+def _measure(model, prompt: list[int], max_tokens: int, instruments: Instruments) -> tuple[list[int], dict, int]:
+    before = instruments.gemm_calls
     chunks = list(model.generate_tokens(prompt, max_tokens=max_tokens))
     stats = chunks[-1].stats
     figures = {
@@ -31,7 +33,7 @@ def _measure(model, prompt: list[int], max_tokens: int) -> tuple[list[int], dict
         "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 2),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
     }
-    return [c.token for c in chunks], figures, PrefillQuantizedLinear.gemm_calls - before
+    return [c.token for c in chunks], figures, instruments.gemm_calls - before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
-    model = open_model(args.model)
+    instruments = Instruments()  # the model's layers count their GEMM calls here
+    model = open_model(args.model, instruments=instruments)
     unit = model.tokenizer.encode(TEXT)
     prompt = (unit * (args.prompt_tokens // len(unit) + 1))[: args.prompt_tokens]
     catalogue = Catalogue(args.catalogue)
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for gemm in (False, True):
         (use_gemm_prefill if gemm else use_quantized_kernel)(model.model)
-        tokens, figures, calls = _measure(model, prompt, args.max_tokens)
+        tokens, figures, calls = _measure(model, prompt, args.max_tokens, instruments)
         results[gemm] = (tokens, figures)
         print(f"{'gemm prefill' if gemm else 'quantized kernel'}: {figures}, gemm layer calls {calls}")
         base = results[False][1]["time_to_first_token_s"]

@@ -21,28 +21,31 @@ from pathlib import Path
 
 from nightshift.engine.bench.cpu_prefill import TEXT
 from nightshift.engine.bench.resident import median_interval, one_round, spread
-from nightshift.engine.cpu_streams import ENV, SplitCounter
+from nightshift.engine.cpu_streams import ENV
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import Model, open_model
 
+SPLIT = ("split_calls", "spread_experts")  # the counters that prove the split ran
 
-def with_streams(model: Model, streams: int, prompt: list[int], tokens: int) -> dict:
-    """One generation with `streams` CPU streams, and what the split did during it."""
+
+def with_streams(model: Model, instruments: Instruments, streams: int, prompt: list[int], tokens: int) -> dict:
+    """One generation with `streams` CPU streams, and what the split did during it (`instruments`: the model's)."""
     os.environ[ENV] = str(streams)
-    before = SplitCounter.snapshot()
+    before = instruments.counts()
     figures = one_round(model, prompt, tokens)
-    return figures | {name: count - before[name] for name, count in SplitCounter.snapshot().items()}
+    return figures | {name: instruments.counts()[name] - before[name] for name in SPLIT}
 
 
-def pairs(model: Model, streams: int, prompt: list[int], tokens: int, count: int) -> dict:
+def pairs(model: Model, instruments: Instruments, streams: int, prompt: list[int], tokens: int, count: int) -> dict:
     """Per pair, the decode rate with `streams` over the rate with one; the split's counters summed; whether
     every generation gave the same tokens."""
-    ratios, split, tokens_seen = [], dict.fromkeys(SplitCounter.snapshot(), 0), set()
+    ratios, split, tokens_seen = [], dict.fromkeys(SPLIT, 0), set()
     for i in range(count):
         order = (1, streams) if i % 2 == 0 else (streams, 1)
-        runs = {n: with_streams(model, n, prompt, tokens) for n in order}
+        runs = {n: with_streams(model, instruments, n, prompt, tokens) for n in order}
         ratios.append(runs[streams]["decode_tok_s"] / runs[1]["decode_tok_s"])
         split = {name: split[name] + runs[streams][name] for name in split}
         tokens_seen |= {tuple(r["tokens"]) for r in runs.values()}
@@ -62,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.streams < 2 or args.pairs < 1 or args.tokens < 2:
         parser.error("--streams must be 2 or more, --pairs 1 or more, --tokens 2 or more")
-    model = open_model(args.store, stream=StreamSettings() if args.streamed else None)
+    instruments = Instruments()
+    model = open_model(args.store, stream=StreamSettings() if args.streamed else None, instruments=instruments)
     try:
         unit = model.tokenizer.encode(TEXT)
         prompt = (unit * (args.prompt_tokens // len(unit) + 1))[: args.prompt_tokens]
-        with_streams(model, 1, prompt, 2)  # builds the kernels (and, streamed, reads the experts): not timed
-        result = pairs(model, args.streams, prompt, args.tokens, args.pairs)
+        with_streams(model, instruments, 1, prompt, 2)  # builds the kernels (and, streamed, reads the experts)
+        result = pairs(model, instruments, args.streams, prompt, args.tokens, args.pairs)
     finally:
         model.close()
     low, high = median_interval(result["ratios"])

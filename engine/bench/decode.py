@@ -33,14 +33,16 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from nightshift.engine.cpu_prefill import use_gemm_prefill
-from nightshift.engine.cpu_streams import SplitCounter, stream_count
+from nightshift.engine.cpu_streams import stream_count
+from nightshift.engine.instruments.probes import ForeseenCall, Instruments
 from nightshift.engine.instruments.trace import CACHE, PassTrace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.figures import StreamFigures
 from nightshift.engine.moe.load import load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream, StreamFigures
+from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import Manifest, read_manifest
@@ -65,22 +67,25 @@ def greedy(logits: mx.array) -> mx.array:
 class DecodeTiming:
     tokens: list[int]
     seconds_per_token: float  # first token excluded (prefill)
-    # What the CPU-stream split did during the decode (`SplitCounter`, first token included): proof it fired.
-    split: dict[str, int] = field(default_factory=dict)
+    # What the model's instruments counted during the decode (the CPU-stream split among them, first token
+    # included): proof a path fired. Empty without instruments.
+    counts: dict[str, int] = field(default_factory=dict)
 
 
-def time_decode(model, tokens: int, prompt: list[int] = PROMPT, at_first_token=None) -> DecodeTiming:
+def time_decode(
+    model, tokens: int, prompt: list[int] = PROMPT, at_first_token=None, instruments: Instruments | None = None
+) -> DecodeTiming:
     """Greedy-decode 1 + `tokens` tokens after `prompt` (the first ends prefill and is not timed);
-    `at_first_token()` is called once prefill is done."""
+    `at_first_token()` is called once prefill is done; `instruments`: those the model was opened with."""
     out, stamps = [], []
-    split_before = SplitCounter.snapshot()
+    before = instruments.counts() if instruments else {}
     for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens + 1, sampler=greedy):
         stamps.append(time.perf_counter())
         out.append(int(token))
         if len(out) == 1 and at_first_token is not None:
             at_first_token()
-    split = {name: count - split_before[name] for name, count in SplitCounter.snapshot().items()}
-    return DecodeTiming(out, (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1), split)
+    counts = {name: count - before[name] for name, count in instruments.counts().items()} if instruments else {}
+    return DecodeTiming(out, (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1), counts)
 
 
 def measure_bandwidth(
@@ -165,16 +170,14 @@ def streamed_decode(
     warmup_prompt: list[int] = WARMUP_PROMPT,
     after_warmup: Callable[[ExpertStream], None] | None = None,
     at_first_token: Callable[[], None] | None = None,
-    foresight: list[tuple[int, tuple[int, ...]]] | None = None,
+    foresight: list[ForeseenCall] | None = None,
 ) -> StreamedDecode:
     """Open the store streamed with `settings`, warm up, then time a greedy decode of `tokens` tokens
     (`after_warmup(stream)` runs between the two, `at_first_token()` where the timing starts: `bench peer`'s;
-    `foresight`: a recorded run's layer calls, whose experts are the guesses, `ExpertStream.foresee`)."""
-    model, _, stream = load_streaming(store, settings, drives, ceilings)
-    if routing:
-        stream.record_routing()
-    if foresight is not None:
-        stream.foresee(foresight)
+    `routing`: log every layer call from the open on; `foresight`: a recorded run's layer calls, whose experts
+    are the guesses; both `Instruments`')."""
+    instruments = Instruments(routing=[] if routing else None, foresight=foresight)
+    model, _, stream = load_streaming(store, settings, drives, ceilings, instruments=instruments)
     try:
         time_decode(model, warmup, warmup_prompt)  # first calls build MLX kernels and fault in the trunk: not timed
         if after_warmup is not None:
@@ -188,7 +191,7 @@ def streamed_decode(
             if at_first_token is not None:
                 at_first_token()
 
-        timing = time_decode(model, tokens, prompt, at_first_token=mark)
+        timing = time_decode(model, tokens, prompt, at_first_token=mark, instruments=instruments)
         figures = stream.figures()
         trace = stream.trace.summary()
     finally:
@@ -198,7 +201,7 @@ def streamed_decode(
     passes = [p for p in stream.trace.passes() if p.began >= decode_began[0]]
     wait = sum(p.wait_s for p in passes)
     pass_bytes = [needed_bytes([p], 0.0) for p in passes]
-    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), stream.routing or [], wait, pass_bytes)
+    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), instruments.routing or [], wait, pass_bytes)
 
 
 def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] | None = None) -> DecodeTiming:
@@ -208,10 +211,11 @@ def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] |
     so the tokens compared are those of one model, not of two summation orders that part at a near-tie.
     """
     resident, _ = load_store(Path(store))
+    instruments = Instruments()
     for site in switch_sites(resident):
-        use_gemm_prefill(module_at(resident, site.path))
+        use_gemm_prefill(module_at(resident, site.path), instruments)
     time_decode(resident, WARMUP, WARMUP_PROMPT)
-    timing = time_decode(resident, tokens, at_first_token=at_first_token)
+    timing = time_decode(resident, tokens, at_first_token=at_first_token, instruments=instruments)
     del resident
     return timing
 
@@ -260,11 +264,11 @@ def decode_bench(
     compute_floor: bool | DecodeTiming = True,
     bandwidth_s: float = BANDWIDTH_S,
     routing: bool = False,
-    foresight: list[tuple[int, tuple[int, ...]]] | None = None,
+    foresight: list[ForeseenCall] | None = None,
 ) -> dict:
     """One decode run: figures (time per token, floors, roofline fraction), counters, trace summary;
     `compute_floor` True measures the in-RAM run, a DecodeTiming reuses one (an A/B's or a ladder's);
-    with `routing`, also every layer call's routing from the warm-up on (`ExpertStream.record_routing`);
+    with `routing`, also every layer call's routing from the warm-up on (`Instruments.routing`);
     `foresight`: guesses from a recorded run's calls (`streamed_decode`)."""
     manifest = with_drives(read_manifest(store), drives)
     in_use = list(settings.use_drives) or list(manifest.drives)
@@ -297,12 +301,12 @@ def decode_bench(
         with_compute_floor(out, run.timing.tokens, compute_floor)
         floor = layer_floor(run.pass_bytes, bandwidth, compute_floor.seconds_per_token, tokens)
         out["layer_floor_ms"], out["layer_floor_fraction"] = 1000 * floor, floor / seconds
-    in_ram_split = compute_floor.split if compute_floor else {}
+    in_ram_split = compute_floor.counts if compute_floor else {}
     return {
         "figures": out,
         "counters": {
             **counters_of(run.figures),
-            "spread_experts": run.timing.split.get("spread_experts", 0),  # streamed experts on another stream
+            "spread_experts": run.timing.counts["spread_experts"],  # streamed experts on another stream
             **({"in_ram_split_calls": in_ram_split["split_calls"]} if in_ram_split else {}),
         },
         "drives": drives_of(run.figures),

@@ -25,7 +25,7 @@ def _reads(model: Model) -> tuple[int, int, int]:
     """(bytes read from the drives, streaming layer calls, unique experts they selected) so far."""
     if model.stream is None:
         return 0, 0, 0
-    calls = model.stream.calls
+    calls = model.stream.call_counts()
     return model.stream.figures().bytes_read, calls.calls, calls.unique
 
 

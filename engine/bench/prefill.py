@@ -23,9 +23,10 @@ from mlx_lm.models.cache import make_prompt_cache
 from nightshift.engine.bench.decode import counters_of, drives_of, measure_bandwidth
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.moe.figures import PrefillReads
 from nightshift.engine.moe.load import load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.stream import ExpertStream, PrefillReads
+from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import counted_prefill, prefill
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from nightshift.engine.bench.cpu_prefill import TEXT
-from nightshift.engine.cpu_prefill import PrefillQuantizedSwitchLinear
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import Model, open_model
 
@@ -77,11 +77,13 @@ def median_interval(values: list[float], draws: int = 10_000) -> tuple[float, fl
 
 def side_by_side(store: Path, dense: Path, prompt_tokens: int, tokens: int, rounds: int, pairs: int,
                  pair_tokens: int) -> dict:  # fmt: skip
-    """Rounds over the three models in alternating order (per model its rounds' figures), then decode pairs."""
+    """Rounds over the three models in alternating order (per model its rounds' figures), then decode pairs; the
+    streamed model's instruments count its grouped-GEMM prefill calls (the proof the prompt took that path)."""
+    instruments = Instruments()
     models = {
         LABELS[0]: open_model(dense),
         LABELS[1]: open_model(store),
-        LABELS[2]: open_model(store, stream=StreamSettings()),
+        LABELS[2]: open_model(store, stream=StreamSettings(), instruments=instruments),
     }
     try:
         unit = models[LABELS[0]].tokenizer.encode(TEXT)
@@ -93,7 +95,8 @@ def side_by_side(store: Path, dense: Path, prompt_tokens: int, tokens: int, roun
                 runs[label].append(one_round(models[label], prompt, tokens))
         paired = decode_pairs(models[LABELS[1]], models[LABELS[2]], prompt[:PAIR_PROMPT_TOKENS], pair_tokens, pairs)
         streamed = models[LABELS[2]].stream
-        return {"runs": runs, "pairs": paired, "figures": streamed.figures(), "budget": streamed.budget}
+        return {"runs": runs, "pairs": paired, "figures": streamed.figures(), "budget": streamed.budget,
+                "instruments": instruments}  # fmt: skip
     finally:
         for model in models.values():
             model.close()
@@ -177,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.pair_tokens < 2:
         parser.error("--pairs must be 1 or more and --pair-tokens 2 or more (a decode rate needs a second token)")
-    gemm_before = PrefillQuantizedSwitchLinear.gemm_calls
     result = side_by_side(
         args.store, args.dense, args.prompt_tokens, args.tokens, args.rounds, args.pairs, args.pair_tokens
     )
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         figures={k: v for k, v in figures.items() if k != "median"}
         | {f"{label} {key}": value for label, med in figures["median"].items() for key, value in med.items()},
         counters={"cache_hits": result["figures"].cache_hits, "resident_layers": figures["resident_layers"],
-                  "expert_gemm_calls": PrefillQuantizedSwitchLinear.gemm_calls - gemm_before},
+                  "expert_gemm_calls": result["instruments"].expert_gemm_calls},
         verdict=said,
         command=shlex.join(["python", "-m", "nightshift.engine.bench.resident", *argv]),
         note="timed on a shared 2-core machine; rounds alternate, decode from adjacent pairs, ratios within the run",

@@ -16,9 +16,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nightshift.engine.distributed.hosts import Host, PipelineError, load_hosts
 from nightshift.engine.distributed.launch import (
@@ -29,17 +31,27 @@ from nightshift.engine.distributed.launch import (
     run_pipeline,
 )
 from nightshift.engine.distributed.worker import Request
-from nightshift.engine.prefill import DEFAULT_CHUNK
-from nightshift.engine.runtime import Chunk, GenerationStats, Message
+from nightshift.engine.generation import (
+    DEFAULT_CHUNK,
+    BatchProgress,
+    BatchStats,
+    BatchText,
+    ChatBatch,
+    Chunk,
+    GenerationStats,
+    Message,
+    ReadFigures,
+    chat_prompt,
+    token_chunks,
+)
+from nightshift.engine.moe.settings import parse_budget
+from nightshift.engine.store.manifest import is_store, read_manifest
 
 DEFAULT_PORT = 32323  # the first ring port when some host is remote (rank r listens on PORT + r)
 
 
 class ClusterModel:
     """Generation over `hosts` for the store at `store` (the same path on every host), per generation."""
-
-    stream = None  # no stream in this process: each host's reads come with its lines
-    drafter = None
 
     def __init__(
         self,
@@ -49,9 +61,8 @@ class ClusterModel:
         port: int | None = None,
         timeouts: Timeouts | None = None,
     ):
+        # mlx-lm when a review opens the model, not when `serve --hosts` starts.
         from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-        from nightshift.engine.store.manifest import read_manifest
 
         self.path = Path(store).absolute()
         self.hosts = hosts
@@ -60,11 +71,16 @@ class ClusterModel:
         self.timeouts = timeouts or Timeouts()
         self.tokenizer = load_tokenizer(self.path, eos_token_ids=read_manifest(self.path).config.get("eos_token_id"))
         self.last: PipelineResult | None = None  # the last finished generation's (each rank's figures, start time)
-        self.reads: dict[int, dict[str, int]] = {}  # per rank: bytes read per drive in the running generation
+        self.reads: dict[int, dict[str, int]] = {}  # per rank: bytes read per drive in the running (or last) generation
+        self.earlier: Counter[str] = Counter()  # bytes read per drive by the generations before that one
 
     def chat_tokens(self, messages: list[Message]) -> list[int]:
         """Token ids of `messages` formatted with the model's chat template, ready to answer."""
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return chat_prompt(self.tokenizer, messages)
+
+    def generate(self, messages: list[Message], **options: Any) -> Iterator[Chunk]:
+        """Stream the answer to `messages`, chat-formatted; `options` are `generate_tokens`'."""
+        yield from self.generate_tokens(self.chat_tokens(messages), **options)
 
     def close(self) -> None:
         """Nothing is held between generations (the ranks live for one each)."""
@@ -73,17 +89,23 @@ class ClusterModel:
         """Bytes read per drive over every host in the running generation (drive names are unique across hosts)."""
         return {name: n for per_rank in self.reads.values() for name, n in per_rank.items()}
 
+    def figures(self) -> ReadFigures:
+        """Bytes read per drive over every host since this model was opened (each host's cache and prefetch
+        figures live with its ranks, one generation: they come with the generation's statistics)."""
+        return ReadFigures(drive_bytes=dict(self.earlier + Counter(self.drive_bytes())))
+
     def _port(self) -> int:
         if self.port is not None:
             return self.port
         return free_port(len(self.hosts)) if all(h.local for h in self.hosts) else DEFAULT_PORT
 
-    def _events(self, request: Request, cancel: threading.Event | None) -> Iterator[tuple[int, dict]]:
+    def _events(self, request: Request, cancel: threading.Event | None) -> Generator[tuple[int, dict], None, None]:
         """Every rank's events as they come, the ranks run by a thread; the ranks are stopped when this ends
         early (a cancel, a consumer that stops) and a fault is raised here as the launcher's PipelineError."""
         events: queue.Queue = queue.Queue()
         stop = threading.Event()
         outcome: dict = {}
+        self.earlier.update(self.drive_bytes())
         self.reads = {}
 
         def body() -> None:
@@ -116,19 +138,18 @@ class ClusterModel:
     def generate_tokens(
         self,
         prompt: list[int],
+        *,
         max_tokens: int = 256,
         temp: float = 0.0,
         seed: int = 0,
         cancel: threading.Event | None = None,
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
-        on_prefill=None,
+        on_prefill: Callable[[GenerationStats], None] | None = None,
     ) -> Iterator[Chunk]:
         """As `Model.generate_tokens`, over the hosts: rank 0's tokens, every host's reads in the statistics.
 
         `on_prefill` also sees each beat while the prompt is read, so the reads show before the first token."""
-        if max_tokens < 1:
-            raise PipelineError(f"max_tokens {max_tokens}: ask for at least 1 token")
         if draft_depth:
             raise PipelineError("speculative decoding is not available over hosts; open the model without a drafter")
         request = pipeline_request(
@@ -136,47 +157,44 @@ class ClusterModel:
             prompt=list(prompt), temp=temp, seed=seed, prefill_chunk=prefill_chunk,
         )  # fmt: skip
         stats = GenerationStats(prompt_tokens=len(prompt))
-        detokenizer = self.tokenizer.detokenizer
         start = time.perf_counter()
-        for _, event in self._events(request, cancel):
+        events = self._events(request, cancel)
+
+        def timed() -> Iterator[tuple[int, float]]:
+            """Rank 0's tokens with its times; the prompt's progress (and each beat's reads) to `on_prefill`."""
+            for _, event in events:
+                stats.drive_bytes = self.drive_bytes()
+                kind = event["event"]
+                if kind in ("prefill", "beat") and stats.generated_tokens == 0:
+                    stats.prompt_done = event["done"] if kind == "prefill" else stats.prompt_done
+                    stats.elapsed = time.perf_counter() - start
+                    if on_prefill is not None:
+                        on_prefill(stats)
+                if kind == "token":
+                    yield event["token"], event["elapsed"]
+
+        def reads(stats: GenerationStats) -> None:
             stats.drive_bytes = self.drive_bytes()
-            kind = event["event"]
-            if kind in ("prefill", "beat") and stats.generated_tokens == 0:
-                stats.prompt_done = event["done"] if kind == "prefill" else stats.prompt_done
-                stats.elapsed = time.perf_counter() - start
-                if on_prefill is not None:
-                    on_prefill(stats)
-            if kind != "token":
-                continue
-            token = event["token"]
-            if stats.generated_tokens == 0:
-                stats.time_to_first_token, stats.prompt_done = event["elapsed"], len(prompt)
-            stats.generated_tokens += 1
-            stats.elapsed = event["elapsed"]
-            done = token in self.tokenizer.eos_token_ids
-            if not done:
-                detokenizer.add_token(token)
-            if done or stats.generated_tokens == max_tokens:
-                detokenizer.finalize()
-                stats.finish_reason = "stop" if done else "length"
-            yield Chunk(token=token, text=detokenizer.last_segment, stats=stats)
-            if stats.finish_reason is None and cancel is not None and cancel.is_set():
-                stats.finish_reason = "cancelled"
-                return  # the ranks are stopped as the events end
-            # After the last token the events go on until every rank has finished and said so.
+
+        try:
+            yield from token_chunks(timed(), self.tokenizer, stats, max_tokens, cancel, reads)
+            if stats.finish_reason != "cancelled":
+                for _ in events:  # after the last token the ranks go on until every one has finished and said so
+                    stats.drive_bytes = self.drive_bytes()
+        finally:
+            events.close()  # a cancel, or a consumer that stopped: the ranks are stopped
 
     def generate_batch(
         self,
         conversations: list[list[Message]],
         max_tokens: int,
+        *,
         prefill_chunk: int = DEFAULT_CHUNK,
         cancel: threading.Event | None = None,
-        progress=None,
-    ):
-        """As `engine.batch.generate_batch`, over the hosts: the chats decoded together by the pipeline; rank 0
+        progress: BatchProgress | None = None,
+    ) -> ChatBatch:
+        """As `Model.generate_batch`, over the hosts: the chats decoded together by the pipeline; rank 0
         sends the texts as they grow and the batch's result; every host's reads are in the statistics."""
-        from nightshift.engine.batch import BatchStats, BatchText, ChatBatch
-
         prompts = [self.chat_tokens(messages) for messages in conversations]
         request = pipeline_request(
             self.path, self.hosts, max_tokens, self.memory_budget,
@@ -224,9 +242,6 @@ class Cluster:
 
     def open(self, path: Path, memory_budget: str = "auto") -> ClusterModel:
         """The review's model over the hosts; a model that is not a store cannot be split, and says so."""
-        from nightshift.engine.moe.settings import parse_budget
-        from nightshift.engine.store.manifest import is_store
-
         if not is_store(path):
             raise PipelineError(
                 f"{path} is not a store: only a store's layers can be spread over hosts; import it with "

@@ -167,8 +167,6 @@ def answer_prompt(model, request: Request, lines: Lines, rank: int):
 def answer_batch(model, request: Request, lines: Lines, rank: int):
     """Answer the request's chats as one batch (engine/batch.py, as one process does); rank 0 says every text
     so far at most every `beat_s`, and the batch's result with `done`."""
-    from nightshift.engine.batch import generate_batch
-
     said = [0.0]
 
     def progress(stats, texts: list[str]) -> None:
@@ -177,8 +175,7 @@ def answer_batch(model, request: Request, lines: Lines, rank: int):
             said[0] = now
             lines.say("progress", stats=asdict(stats), texts=texts)
 
-    batch = generate_batch(
-        model,
+    batch = model.generate_batch(
         request.conversations,
         request.max_tokens,
         prefill_chunk=request.prefill_chunk,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.budget import size_budget, working_set_bytes
@@ -18,9 +18,7 @@ from nightshift.engine.moe.streaming import install
 from nightshift.engine.store.families import build_model, quantize_as_stored
 from nightshift.engine.store.manifest import Manifest, read_manifest
 from nightshift.engine.store.safetensors_io import read_header, read_tensor
-
-if TYPE_CHECKING:
-    from nightshift.engine.distributed.stage import PipelineStage
+from nightshift.engine.store.share import StoreShare
 
 
 def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
@@ -52,12 +50,14 @@ def load_streaming(
     settings: StreamSettings | None = None,
     drives: list[Drive] | None = None,
     ceilings: Ceilings | None = None,
-    stage: PipelineStage | None = None,
+    stage: StoreShare | None = None,
+    instruments: Instruments | None = None,
 ) -> tuple[nn.Module, dict, ExpertStream]:
     """The model of the store at `store` with streaming expert layers, its config, and the stream behind them.
 
     An auto cache budget is sized here, before the trunk is loaded, from the RAM available now.
     `stage`: one rank of a pipeline (engine/distributed): only its layers, their trunk tensors and experts.
+    `instruments`: a benchmark's counters and hooks, handed to the stream and its expert layers.
     """
     store = Path(store)
     settings = settings or StreamSettings()
@@ -75,7 +75,7 @@ def load_streaming(
     model = build_model(manifest.config)
     if stage is not None:
         stage.apply(model)
-    stream = ExpertStream(manifest, settings, budget, ceilings)
+    stream = ExpertStream(manifest, settings, budget, ceilings, instruments)
     if stage is None:  # a pipeline's ranks each hold some layers: none keeps the store's whole profile
         stream.open_profile(store)  # the warm start reads while the trunk loads
     try:

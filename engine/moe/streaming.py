@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from nightshift.engine.cpu_prefill import MIN_ROWS, use_gemm_prefill
-from nightshift.engine.cpu_streams import SplitCounter, cpu_streams, part_bounds, worth_spreading
+from nightshift.engine.cpu_streams import cpu_streams, part_bounds, worth_spreading
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
@@ -147,7 +147,8 @@ class StreamingSwitch(nn.Module):
         bounds = part_bounds(count, self.expert_bytes, len(dealt))
         for turn, (begin, end) in enumerate(itertools.pairwise(bounds)):
             dealt[turn] += end - begin
-        SplitCounter.spread_experts += count - bounds[1]
+        if self._stream.instruments is not None:
+            self._stream.instruments.spread_experts += count - bounds[1]
         blocks.append((places, out.reshape(rows.shape[0], count, -1).swapaxes(0, 1)))
         mx.async_eval(blocks[-1][1])  # queued: this thread goes back to the landing reads
 
@@ -167,7 +168,8 @@ class StreamingSwitch(nn.Module):
         usable = dealt if worth_spreading(self.expert_bytes) else dealt[:1]
         turn = usable.index(min(usable))
         dealt[turn] += 1
-        SplitCounter.spread_experts += turn > 0
+        if self._stream.instruments is not None:
+            self._stream.instruments.spread_experts += turn > 0
         with mx.stream(streams[turn]):
             mine = rows if picked is None else rows[mx.array(picked.astype(np.uint32))]
             self._set_experts([tensors])
@@ -240,7 +242,7 @@ def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
         parent_path, name = site.path.rsplit(".", 1)
         parent = module_at(model, parent_path)
         switch = slim_switch(getattr(parent, name), layers[site.layer])
-        use_gemm_prefill(switch)  # a prompt's experts: dequantized once per pass, one GEMM each (on the CPU)
+        use_gemm_prefill(switch, stream.instruments)  # a prompt's experts: dequantized once per pass, one GEMM each
         setattr(parent, name, StreamingSwitch(switch, layers[site.layer], stream))
     for site, nxt in itertools.pairwise(sites):
-        stream.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)
+        stream.ahead.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)

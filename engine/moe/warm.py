@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nightshift.engine.moe.cache import DECAY_EVERY, Key
-from nightshift.engine.moe.reader import ExpertReader, ExpertReadError, LoadedExpert
+from nightshift.engine.moe.reader import ExpertReader
+from nightshift.engine.moe.reads import ExpertReadError, LoadedExpert
 from nightshift.engine.store.manifest import write_json_atomic
 
 PROFILE_FILE = "routing-profile.json"

@@ -16,12 +16,22 @@ import json
 import re
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.models import get_classes
+from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
+from nightshift.engine.store.loader import load_store
 
 # Sizes of every tiny model: small enough to build ~50 families in seconds, big enough that routing, grouped
 # attention and the family's layer kinds are all exercised.
@@ -780,3 +790,79 @@ def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "a
     for tokenizer_file in Path(src).glob("tokenizer*.json"):
         shutil.copy(tokenizer_file, out_dir)
     return Path(out_dir)
+
+
+# Conformance: a family's checkpoint imported and compared with what mlx-lm holds and generates for it
+# (tests/test_family_conformance.py; bench/family_table.py prints the table).
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
+STEPS = 24
+
+
+def greedy_tokens(model, steps: int = STEPS) -> list[int]:
+    """The first `steps` greedy tokens after PROMPT (token ids in, no tokenizer)."""
+    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
+    return [int(token) for token, _ in tokens]
+
+
+@dataclass
+class Outcome:
+    """What importing one checkpoint gave: `refused` (the importer's reason), or the differences found."""
+
+    refused: str | None = None
+    differences: list[str] | None = None
+    tokens_unchecked: str | None = None  # why greedy tokens could not be compared (mlx-lm cannot run it here)
+
+    @property
+    def passed(self) -> bool:
+        return self.refused is None and not self.differences
+
+
+def tensor_differences(store_model, reference) -> list[str]:
+    """Every parameter where the store's model and mlx-lm's differ: missing, extra, dtype, shape or values."""
+    got, want = dict(tree_flatten(store_model.parameters())), dict(tree_flatten(reference.parameters()))
+    out = [f"missing {name}" for name in sorted(set(want) - set(got))]
+    out += [f"extra {name}" for name in sorted(set(got) - set(want))]
+    for name in sorted(set(got) & set(want)):
+        a, b = got[name], want[name]
+        if a.dtype != b.dtype:
+            out.append(f"{name}: dtype {a.dtype} vs mlx-lm's {b.dtype}")
+        elif a.shape != b.shape:
+            out.append(f"{name}: shape {list(a.shape)} vs mlx-lm's {list(b.shape)}")
+        elif not mx.array_equal(a, b).item():
+            delta = mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
+            out.append(f"{name}: values differ (max |diff| {delta:.3g})")
+    return out
+
+
+def check_import(src: Path, work: Path, options: ImportOptions | None = None) -> Outcome:
+    """Import `src` into a store under `work` and compare it with `mlx_lm.load` of `src`, tensors and tokens.
+
+    A refusal must be a NightshiftError that leaves neither the store nor its drive behind. mlx-lm must load
+    `src` either way (else the checkpoint, not the importer, is wrong: that raises).
+    """
+    store, drive = work / "store", work / "drive"
+    reference, _ = load_model(src, get_model_classes=get_classes)
+    try:
+        import_checkpoint(src, store, [Drive("d0", drive)], options or ImportOptions())
+    except NightshiftError as exc:
+        assert not store.exists() and not drive.exists(), f"refused after writing: {exc}"
+        return Outcome(refused=f"{type(exc).__name__}: {exc}")
+    in_ram, _ = load_store(store)
+    differences = tensor_differences(in_ram, reference)
+    try:
+        expected = greedy_tokens(reference)
+    except RuntimeError as exc:  # e.g. a family whose mlx-lm code needs a Metal kernel, on another backend
+        return Outcome(differences=differences, tokens_unchecked=f"mlx-lm cannot run it here: {exc}")
+    for how, model in (("in RAM", in_ram), ("streamed", None)):
+        if model is None:
+            model, _, stream = load_streaming(store)
+            try:
+                tokens = greedy_tokens(model)
+            finally:
+                stream.close()
+        else:
+            tokens = greedy_tokens(model)
+        if tokens != expected:
+            first = next(i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b)
+            differences.append(f"greedy tokens {how} differ from mlx-lm's from step {first}")
+    return Outcome(differences=differences)

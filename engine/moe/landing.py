@@ -1,0 +1,67 @@
+"""One pass's experts as they come: the cached ones first, then each read as it lands."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from nightshift.engine.instruments.trace import CACHE, ExpertRead, PassTrace
+from nightshift.engine.moe.reads import LoadedExpert, Tensors, as_stored
+from nightshift.engine.store.manifest import MoeLayer
+
+
+@dataclass
+class Landing:
+    """One pass's experts as they come: `found` holds the cached ones, then each read as it lands.
+
+    With a `landed` callback the experts run the moment they are here, timed into the trace, while the other
+    reads are still in flight (the overlap): the cached ones handed over together, then each read as it lands;
+    without one, the pass only waits and the layer runs them stacked.
+    """
+
+    record: PassTrace
+    unique: list[int]  # the pass's experts, sorted; `landed` is told their places in this list
+    found: dict[int, Tensors]
+    spec: MoeLayer
+    landed: Callable[[list[int], list[Tensors]], None] | None
+    missing: list[int] = field(init=False)  # not cached: read from the drives, in `unique` order
+    loaded: list[LoadedExpert] = field(default_factory=list)  # the reads of `missing`, once all have landed
+    start: float = 0.0  # when the wait began (perf_counter)
+    _place: dict[int, int] = field(init=False, repr=False)  # expert -> its place in `unique`
+
+    def __post_init__(self) -> None:
+        self.missing = [e for e in self.unique if e not in self.found]
+        self._place = {e: i for i, e in enumerate(self.unique)}
+
+    def run_cached(self, pending: list[tuple[Future[LoadedExpert], str]]) -> None:
+        """Run the cached experts first (handed over together): their compute overlaps every read still in flight."""
+        if self.found:
+            self._run(list(self.found), sum(not future.done() for future, _ in pending))
+
+    def arrived(self, i: int, loaded: LoadedExpert, still_reading: int) -> None:
+        """The reader's callback as the `i`th missing expert lands: view it in its stored dtypes and run it."""
+        self.record.wait_s = time.perf_counter() - self.start
+        self.found[self.missing[i]] = as_stored(loaded.tensors, self.spec)
+        self._run([self.missing[i]], still_reading)
+
+    def read(self) -> list[tuple[int, Tensors, int]]:
+        """(expert, tensors in their stored dtypes, bytes) of every read expert, once all have landed (those not
+        run as they landed are viewed in their dtypes here)."""
+        for expert, loaded in zip(self.missing, self.loaded):
+            if expert not in self.found:
+                self.found[expert] = as_stored(loaded.tensors, self.spec)
+        return [(expert, self.found[expert], loaded.nbytes) for expert, loaded in zip(self.missing, self.loaded)]
+
+    def traced(self) -> PassTrace:
+        """The pass's trace record with its reads, in demand order, then its cache hits."""
+        self.record.reads += [loaded.read for loaded in self.loaded]
+        self.record.reads += [ExpertRead(e, CACHE) for e in self.unique if e not in self.missing]
+        return self.record
+
+    def _run(self, experts: list[int], still_reading: int) -> None:
+        began = time.perf_counter()
+        self.landed([self._place[e] for e in experts], [self.found[e] for e in experts])
+        self.record.expert_s += time.perf_counter() - began
+        self.record.overlapped += len(experts) * (still_reading > 0)

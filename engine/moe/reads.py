@@ -1,0 +1,92 @@
+"""What one expert read is: where it was placed, what it landed as, and what the reader counts of them.
+
+The reader's parts share these: `tickets` places a read, `expert_files` carries it out, `tail` holds
+read-aheads for drives done early, and `reader` keeps the reads in flight.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.instruments.trace import ExpertRead
+from nightshift.engine.store.manifest import MoeLayer
+from nightshift.engine.store.safetensors_io import DTYPES
+
+Key = tuple[int, int]  # (layer, expert)
+Tensors = dict[str, mx.array]
+
+
+class ExpertReadError(NightshiftError):
+    """No replica of an expert could be read."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One read placed by the dispatcher: drive, file, bytes, and where in the file they start (a part's)."""
+
+    drive: str
+    path: Path
+    nbytes: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A read in flight: its future and where it was placed (released from the drives if it is cancelled)."""
+
+    future: Future
+    tickets: list[Ticket]
+
+
+@dataclass
+class LoadedExpert:
+    tensors: Tensors
+    read: ExpertRead
+    nbytes: int
+
+
+@dataclass
+class ReadCounts:
+    """What the reader did; config assertions check these prove a setting fired."""
+
+    demand_reads: int = 0
+    prefetch_reads: int = 0
+    joined_prefetch: int = 0  # demands served by a prefetch read (landed or still in flight)
+    split_reads: int = 0
+    balanced_reads: int = 0  # demand reads cut in parts so that every drive ends the layer together
+    fallbacks: int = 0  # replicas that failed and were passed over
+    wasted_prefetch: int = 0  # prefetched experts the layer did not use
+    promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
+    cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
+    tail_prefetch: int = 0  # read-aheads started by drives done with their share of a layer (hold_tail)
+
+
+def decode(buffer, layer: MoeLayer) -> Tensors:
+    """The tensors of one expert file, copied out of `buffer` (which is reused) as unsigned integers.
+
+    Only data is made here (reader threads must not build MLX graph nodes: each thread has its
+    own MLX stream); `as_stored` gives them their dtypes on the thread that computes.
+    """
+    data = np.frombuffer(buffer, dtype=np.uint8, count=layer.file_bytes)
+    out = {}
+    for slot in layer.tensors:
+        itemsize = DTYPES[slot.dtype][1]
+        out[slot.name] = mx.array(
+            data[slot.offset : slot.offset + slot.nbytes].view(f"<u{itemsize}").reshape(slot.shape)
+        )
+    return out
+
+
+def as_stored(raw: Tensors, layer: MoeLayer) -> Tensors:
+    """`decode`'s arrays viewed as the dtypes the store recorded (a no-op for unsigned tensors)."""
+    out = {}
+    for slot in layer.tensors:
+        dtype = DTYPES[slot.dtype][0]
+        out[slot.name] = raw[slot.name] if raw[slot.name].dtype == dtype else raw[slot.name].view(dtype)
+    return out

@@ -1,0 +1,71 @@
+"""How the code and its tests are put together: the import-linter contract in pyproject.toml (run by `lint-imports`
+in CI) gives every part of the app and the engine a floor (a part it does not name would be free to import
+anything); a test module imports helpers from tests/helpers/, never another test module; a fixture is defined once."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+
+def parts(folder: str) -> set[str]:
+    """The modules and packages directly in `folder`."""
+    found = set()
+    for path in (ROOT / folder).iterdir():
+        if path.suffix == ".py" and path.stem != "__init__":
+            found.add(path.stem)
+        elif path.is_dir() and (path / "__init__.py").is_file():
+            found.add(path.name)
+    return found
+
+
+def test_every_part_of_the_app_and_the_engine_has_a_floor():
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    floors = {
+        contract["containers"][0]: {part.strip() for layer in contract["layers"] for part in layer.split("|")}
+        for contract in contracts
+        if contract["type"] == "layers" and "containers" in contract
+    }
+    assert floors["nightshift.app"] == parts("app")
+    assert floors["nightshift.engine"] == parts("engine")
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """Every module an `import` or `from ... import` in `tree` names, function-local ones included."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def python_files() -> list[Path]:
+    """The tests, conftest, the helpers and the benchmark scripts."""
+    return sorted([*TESTS.rglob("*.py"), *(ROOT / "bench").glob("*.py")])
+
+
+def test_no_module_imports_a_test_module():
+    found = {
+        str(path.relative_to(ROOT)): sorted(name for name in imported_modules(ast.parse(path.read_text()))
+                                            if name.split(".")[-1].startswith("test_"))
+        for path in python_files()
+    }  # fmt: skip
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_no_fixture_is_defined_twice():
+    defined = defaultdict(list)
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                "fixture" in ast.unparse(decorator) for decorator in node.decorator_list
+            ):
+                defined[node.name].append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert {name: places for name, places in defined.items() if len(places) > 1} == {}
