@@ -21,7 +21,7 @@ t2=$(date +%s.%N)
 .venv/bin/nightshift review run month-end --now
 t3=$(date +%s.%N)
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-.venv/bin/python -c "import mlx.core; from nightshift.engine.cpu_blas import BLAS_IN_USE; print('BLAS:', BLAS_IN_USE)"
+.venv/bin/python -c "import nightshift.engine, mlx.core; from nightshift.engine.cpu_blas import BLAS_IN_USE; print('BLAS:', BLAS_IN_USE)"
 python3 -c "
 t0, t1, t2, t3 = $t0, $t1, $t2, $t3
 print(f'venv+pip install {t1 - t0:.1f} s; model default {t2 - t1:.1f} s; review run {t3 - t2:.1f} s; total {t3 - t0:.1f} s')"
