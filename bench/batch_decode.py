@@ -1,6 +1,6 @@
 """Batched decoding on a streamed store: aggregate tok/s at widths 1, 2, 4, 8, and the union each step read.
 
-    nightshift rig run -- .venv/bin/python bench/batch_decode.py --model bench [--widths 2,4,8] [--tokens 6]
+    nightshift rig run -- .venv/bin/python -m bench.batch_decode --model bench [--widths 2,4,8] [--tokens 6]
 
 Every prompt is first decoded alone (width 1) with the barrier trace on: its time is the width-1 figure and
 its trace says which experts each of its decode steps selected per layer. A batch of width B then decodes the

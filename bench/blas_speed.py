@@ -1,6 +1,6 @@
 """A float32 1024x1024 matmul through the engine with each BLAS it can load, side by side in one run.
 
-    .venv/bin/python bench/blas_speed.py [--sides default hidden system wheel bundled] [--rounds 3]
+    .venv/bin/python -m bench.blas_speed [--sides default hidden system wheel bundled] [--rounds 3]
         [--seconds 2] [--gate 0.5] [--catalogue FILE]
 
 Each side is a fresh process that imports `nightshift.engine` (which loads the BLAS, engine/cpu_blas.py) and

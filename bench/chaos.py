@@ -1,6 +1,6 @@
 """Chaos benchmark: scheduled runs through a real `nightshift serve` that is killed, flooded and starved of disk.
 
-    .venv/bin/python bench/chaos.py --model MODEL_DIR --runs 200 [--minutes 45] [--seed 1] [--tmpfs-mb 48]
+    .venv/bin/python -m bench.chaos --model MODEL_DIR --runs 200 [--minutes 45] [--seed 1] [--tmpfs-mb 48]
 
 Starts `nightshift serve` as a child process on a fresh data dir (a small tmpfs
 of its own when run as root, so the disk can be filled; otherwise no disk
@@ -38,8 +38,7 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from soak import write_schedule
-
+from bench.soak import write_schedule
 from nightshift.app.commands.jobs import format_runs
 from nightshift.app.daemon import control
 from nightshift.app.daemon.runs import RunQueue

@@ -1,6 +1,6 @@
 """Benchmark: loading a large CSV source, seconds and peak memory, against an older revision side by side.
 
-    .venv/bin/python bench/csv_load.py --mb 100 --against 171850c --catalogue /tmp/nsb/bench_runs.sqlite
+    .venv/bin/python -m bench.csv_load --mb 100 --against 171850c --catalogue /tmp/nsb/bench_runs.sqlite
 
 Writes a bank-statement CSV of about MB megabytes (date, amount, reference,
 description, account; one row in 64 outside the reviewed month) into a

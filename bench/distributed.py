@@ -2,7 +2,7 @@
 
 Run inside the rig's cgroup (each rank reads its own throttled drives):
 
-    nightshift rig run -- .venv/bin/python bench/distributed.py --one ONE --two TWO --hosts HOSTS_JSON \
+    nightshift rig run -- .venv/bin/python -m bench.distributed --one ONE --two TWO --hosts HOSTS_JSON \
         --single-drives rig0,rig1 [--tokens 24]
 
 ONE is the store placed on the single process's 2 drives, TWO the same weights placed with

@@ -1,6 +1,6 @@
 """One expert's compute at n rows on this CPU: the quantized kernel (row by row) against the grouped GEMM.
 
-    .venv/bin/python bench/expert_kernel.py --model bench [--rows 1,2,3,4,8] [--repeats 7]
+    .venv/bin/python -m bench.expert_kernel --model bench [--rows 1,2,3,4,8] [--repeats 7]
 
 A batched decode step runs each expert of its union on the rows that selected it; this says which kernel
 that should be, and so how a step's expert compute grows with its width. The expert has the store's shapes

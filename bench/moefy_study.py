@@ -6,7 +6,7 @@ weight-1 sum as llama_moe, computed with dense matmuls so a sweep is fast on a C
 Groups and routers are fitted on the calibration text; perplexity is measured on
 the separate evaluation text. Prints a markdown table and writes the figures as JSON.
 
-    .venv/bin/python bench/moefy_study.py DENSE_DIR --experts 16 32 64 --routers oracle linear mlp --json out.json
+    .venv/bin/python -m bench.moefy_study DENSE_DIR --experts 16 32 64 --routers oracle linear mlp --json out.json
 """
 
 from __future__ import annotations

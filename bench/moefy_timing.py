@@ -1,6 +1,6 @@
 """MoEfication time of the default model, by step and in all; printed, never asserted.
 
-    .venv/bin/python bench/moefy_timing.py [--against REV] [--runs 2] [--dense DIR]
+    .venv/bin/python -m bench.moefy_timing [--against REV] [--runs 2] [--dense DIR]
 
 Times this checkout's engine/store/moefy.py and, with --against, the one at git revision REV, taking
 turns so that other work on a shared machine weighs on both alike. Steps run one after another on the

@@ -1,12 +1,12 @@
 """A review's narrative as one prompt (single) or as a summary plus one prompt per finding in one batch (split).
 
-    .venv/bin/python bench/narrative_split.py [--review month-end] [--model NAME] [--rounds 1]
+    .venv/bin/python -m bench.narrative_split [--review month-end] [--model NAME] [--rounds 1]
 
 Side by side in one process on one loaded model (the default model unless --model): each round writes the
 review's narrative single, split, split, single (ABBA, so a cache warming or a neighbour's load falls on
-both), and times reading the prompt(s), writing, and the whole narrative. Its text is then checked as the
-report checks it (app/review/runner.py's build_report_context): numbers stated, verified and flagged, and the
-findings given to the model that got a line of their own, and a line stating one of their own figures.
+both), and times reading the prompt(s), writing, and the whole narrative. Its text then passes the report's
+gate (app/review/runner.py's build_report_context): sentences written, kept and refused, and the findings
+given to the model whose line keeps a sentence of the model's, and one stating a figure of their own.
 Prints a table and one JSON line; records the run in the run catalogue (kind `narrative-split`).
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from nightshift.app.models import open_for_generation, resolve_model
 from nightshift.app.paths import catalogue_file
-from nightshift.app.review.narrative import Narrative, build_prompt, write_narrative
+from nightshift.app.review.narrative import Narrative, Prompt, build_prompt, write_narrative
 from nightshift.app.review.runner import Checked, _provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import Schedule, find_schedule
 from nightshift.engine.instruments.catalogue import Catalogue, Run
@@ -46,7 +46,7 @@ def narrative_figures(schedule: Schedule, checked: Checked, model: Model, mode: 
     figures = {
         "mode": mode, "total_s": round(total, 2), "prompt_s": round(reading, 2),
         "writing_s": round(total - reading, 2), "prompt_tokens": stats.prompt_tokens,
-        "generated_tokens": stats.generated_tokens, **check_counts(schedule, checked, narrative, prompt.findings_given),
+        "generated_tokens": stats.generated_tokens, **check_counts(schedule, checked, narrative, prompt),
         "text": narrative.text,
     }  # fmt: skip
     if narrative.batch is not None:
@@ -63,15 +63,15 @@ def narrative_figures(schedule: Schedule, checked: Checked, model: Model, mode: 
     return figures
 
 
-def check_counts(schedule: Schedule, checked: Checked, narrative: Narrative, given: int) -> dict[str, int]:
-    """The report's own check of the text: numbers verified and flagged, findings with a line, with a figure."""
+def check_counts(schedule: Schedule, checked: Checked, narrative: Narrative, prompt: Prompt) -> dict[str, int]:
+    """The report's gate on the text: sentences written, kept, refused; findings with a model sentence, with a figure."""
     provenance = _provenance(schedule, checked, "bench", narrative)
-    context = build_report_context(schedule, checked, "", narrative, provenance, datetime.now(UTC))
-    comments = {n: str(text) for n, text in context["comments"].items() if 1 <= n <= given}
+    context = build_report_context(schedule, checked, prompt, narrative, provenance, datetime.now(UTC))
+    shown = context["narrative"]
+    comments = {n: " ".join(text) for n, text in shown.comments.items() if 1 <= n <= prompt.findings_given}
     return {
-        "numbers": context["narrative_numbers"], "flagged": len(context["unverified"]),
-        "verified": context["narrative_numbers"] - len(context["unverified"]), "findings_given": given,
-        "findings_covered": sum(bool(text.strip()) for text in comments.values()),
+        "written": shown.gated.written, "kept": shown.gated.kept, "refused": len(shown.gated.refused),
+        "findings_given": prompt.findings_given, "findings_covered": len(comments),
         "findings_with_own_figure": sum('class="verified"' in text for text in comments.values()),
     }  # fmt: skip
 
@@ -89,7 +89,7 @@ def main() -> None:
     runs = [narrative_figures(schedule, checked, model, mode) for _ in range(args.rounds)
             for mode in (*MODES, *reversed(MODES))]  # fmt: skip
     model.close()
-    keys = ("total_s", "prompt_s", "writing_s", "generated_tokens", "numbers", "verified", "flagged",
+    keys = ("total_s", "prompt_s", "writing_s", "generated_tokens", "written", "kept", "refused",
             "findings_covered", "findings_with_own_figure")  # fmt: skip
     medians = {
         mode: {key: statistics.median(r[key] for r in runs if r["mode"] == mode) for key in keys} for mode in MODES

@@ -1,6 +1,6 @@
 """Benchmark: a whole review (sources, capped checks, the model, the PDF) whose bank statement is a 500 MB CSV.
 
-    .venv/bin/python bench/review_500mb.py --model MODEL_DIR [--mb 500] [--timeout-seconds 1800]
+    .venv/bin/python -m bench.review_500mb --model MODEL_DIR [--mb 500] [--timeout-seconds 1800]
 
 Writes bench/csv_load.py's statement of about MB megabytes (nearly every row in
 October 2026, none in the bundled ledger, so nearly every row is a finding
@@ -24,8 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from csv_load import write_csv
-
+from bench.csv_load import write_csv
 from nightshift.app.review.schedule import BUNDLED_DIR
 
 

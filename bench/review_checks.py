@@ -1,8 +1,8 @@
 """Benchmark: reconciliation checks on a million rows, numpy against plain Python, side by side;
 or (--review) a whole review without the model, every check and the PDF, with its peak memory.
 
-    .venv/bin/python bench/review_checks.py --rows 1000000
-    .venv/bin/python bench/review_checks.py --review --rows 10000000
+    .venv/bin/python -m bench.review_checks --rows 1000000
+    .venv/bin/python -m bench.review_checks --review --rows 10000000
 
 Writes a synthetic bank statement and ledger (CSV) of ROWS rows each into a
 temporary folder, with a known number of planted unmatched rows, times loading
@@ -185,7 +185,7 @@ def review_without_model(folder: Path, rows: int, missing: int) -> dict[str, Any
     prompt, t_prompt = timed(lambda: build_prompt(schedule.prompt_template, schedule.title, window.label,
                                                   checked.result, schedule.generation.prompt_findings))  # fmt: skip
     step("prompt", t_prompt)
-    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt.user,
+    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt,
                                                  Narrative(""), "none (narrative skipped)", started))  # fmt: skip
     step("report (HTML, PDF, index)", t_report)
     return {

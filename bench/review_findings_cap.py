@@ -1,7 +1,7 @@
 """Benchmark: a review whose checks find a flood of findings (a wrong file, a wrong period), capped per check.
 
-    .venv/bin/python bench/review_findings_cap.py --rows 1000000 --missing 500000
-    .venv/bin/python bench/review_findings_cap.py --rows 20000 --missing 5000 --max-findings 5000
+    .venv/bin/python -m bench.review_findings_cap --rows 1000000 --missing 500000
+    .venv/bin/python -m bench.review_findings_cap --rows 20000 --missing 5000 --max-findings 5000
 
 Writes bench/review_checks.py's synthetic bank statement and ledger (ROWS rows each, MISSING bank rows
 dropped, so MISSING ledger rows are unmatched findings), then runs the review without the model, every
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from review_checks import peak_rss_mb, timed, write_review_files
 
+from bench.review_checks import peak_rss_mb, timed, write_review_files
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 
@@ -55,7 +55,7 @@ def capped_review(folder: Path, rows: int, missing: int, max_findings: int) -> d
     result = checked.result
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, result,
                           schedule.generation.prompt_findings)  # fmt: skip
-    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt.user,
+    entry, t_report = timed(lambda: write_report(schedule, schedule.as_of, checked, prompt,
                                                  Narrative(""), "none (narrative skipped)", started))  # fmt: skip
     step("report (HTML, PDF, index)", t_report)
     return {

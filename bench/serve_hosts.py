@@ -3,7 +3,7 @@
 Run inside the rig's cgroup (each rank reads its own throttled drives), after the setup of
 docs/results.md's "Pipeline over hosts (issue [16])":
 
-    nightshift rig run -- .venv/bin/python bench/serve_hosts.py --one ONE --two TWO --hosts HOSTS_JSON \
+    nightshift rig run -- .venv/bin/python -m bench.serve_hosts --one ONE --two TWO --hosts HOSTS_JSON \
         --single-drives rig0,rig1 [--tokens 12] [--width 2]
 
 1. Start cost. The service keeps one process's model loaded between runs; over hosts the ranks are

@@ -1,6 +1,6 @@
 """Three reviews due in the same minute: one after another, as the service did, against one batch ([15]).
 
-    flock /work/notes/bench.lock .venv/bin/python bench/service_batch.py [--reviews month-end daily weekly]
+    flock /work/notes/bench.lock .venv/bin/python -m bench.service_batch [--reviews month-end daily weekly]
         [--model NAME] [--width 3] [--part-tokens 24] [--rounds 1]
 
 Each way runs the service's own code on the three bundled reviews (as user schedules in a temporary data dir,

@@ -1,6 +1,6 @@
 """Soak benchmark: many scheduled runs back to back through the real service, with the clock stepped.
 
-    .venv/bin/python bench/soak.py --model MODEL_DIR --runs 200
+    .venv/bin/python -m bench.soak --model MODEL_DIR --runs 200
 
 Starts the scheduler service (scheduler, worker, control socket) in this
 process on a fresh data dir, with one schedule: the bundled daily review over

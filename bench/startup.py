@@ -1,6 +1,6 @@
 """Start-up time of the light `nightshift` commands (docs/results.md); printed, never asserted.
 
-    .venv/bin/python bench/startup.py [--runs 20] [--json startup.json] [--against REV]
+    .venv/bin/python -m bench.startup [--runs 20] [--json startup.json] [--against REV]
 
 Each command runs as users run it (the `nightshift` console script beside this Python) in fresh
 processes, with NIGHTSHIFT_HOME at an empty directory and at the data dir in use (the one with the

@@ -1,9 +1,9 @@
 """What --trunk-bits 16/8/4 does to logits and greedy tokens (docs/results.md, store section); printed, never asserted.
 
-    .venv/bin/python bench/trunk_bits.py SCRATCH_DIR
+    .venv/bin/python -m bench.trunk_bits SCRATCH_DIR
 
 Tiny synthetic checkpoints of each family, imported at each trunk width, against mlx-lm.
-`PROMPT` and `greedy_tokens` are also the tests' reference decode of a store against its checkpoint.
+The decode compared is the tests' reference one (tests/helpers/reference.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import argparse
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
 from nightshift.engine.io.drives import Drive
@@ -24,15 +23,7 @@ from nightshift.engine.models import get_classes
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.synth import FAMILIES, synthesize
-
-PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
-STEPS = 32
-
-
-def greedy_tokens(model, steps: int = STEPS) -> list[int]:
-    """The first `steps` greedy tokens after PROMPT."""
-    steps = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
-    return [int(token) for token, _ in steps]
+from tests.helpers.reference import PROMPT, greedy_tokens
 
 
 def _agreeing_prefix(a: list[int], b: list[int]) -> int:

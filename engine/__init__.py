@@ -1,6 +1,6 @@
 """nightshift's engine: open a model and generate (runtime.py; the contract in generation.py), the streaming
-layer (moe/), the store (store/), drives and reads (io/), instruments, benchmarks (bench/) and several hosts
-(distributed/).
+layer (moe/), the store (store/), drives and reads (io/), instruments, benchmark scenarios (bench/), the throttled
+drive rig (rig/) and several hosts (distributed/).
 
 No facade: callers import each name from the module that defines it, so the type checker and import-linter
 see every import, and a light command imports only light modules (`errors`, `moe.settings`, `store.manifest`

@@ -35,6 +35,7 @@ from nightshift.engine.generation import (
     BatchText,
     ChatBatch,
     GenerationStats,
+    LogitsProcessor,
 )
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import prefill
@@ -49,10 +50,12 @@ def batch_tokens(
     prefill_chunk: int = DEFAULT_CHUNK,
     stats: BatchStats | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    logits_processors: list[list[LogitsProcessor]] | None = None,
 ) -> list[list[int]]:
     """Greedy tokens for every prompt, decoded together; each list ends at its first end token or `max_tokens`.
 
     `on_token(sequence, token)` sees every token as it comes (the first ones after each prompt is read).
+    `logits_processors`, one list per prompt, shape that sequence's logits given its own tokens so far, as alone.
     """
     if not prompts or any(not p for p in prompts):
         raise NightshiftError("a batch needs at least one prompt, and every prompt at least one token")
@@ -67,7 +70,8 @@ def batch_tokens(
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
-        first = int(mx.argmax(prefill(model, prompt[shared:], cache, prefill_chunk)).item())
+        logits = prefill(model, prompt[shared:], cache, prefill_chunk)[None]
+        first = int(mx.argmax(_processed(logits, [], logits_processors[i] if logits_processors else [])).item())
         caches.append(cache)
         out.append([first])
         if on_token is not None:
@@ -81,6 +85,9 @@ def batch_tokens(
     while live:
         rows = mx.array([[out[i][-1]] for i in live])
         logits = model(rows, cache=batch)[:, -1, :]
+        if logits_processors:
+            logits = mx.concatenate([_processed(logits[k : k + 1], out[i], logits_processors[i])
+                                     for k, i in enumerate(live)])  # fmt: skip
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         chosen = mx.argmax(logprobs, axis=-1).tolist()
         stats.steps += 1
@@ -101,6 +108,13 @@ def batch_tokens(
         stats.layer_calls, stats.experts_read = after.calls - before.calls, after.unique - before.unique
     stats.tokens = [len(tokens) for tokens in out]
     return out
+
+
+def _processed(logits: mx.array, tokens: list[int], processors: list[LogitsProcessor]) -> mx.array:
+    """One row's logits (1, vocab) through the processors, given that sequence's tokens so far."""
+    for processor in processors:
+        logits = processor(mx.array(tokens, dtype=mx.int32), logits)
+    return logits
 
 
 def shared_prefix(prompts: list[list[int]], chunk: int) -> int:
@@ -148,6 +162,7 @@ def chat_batch(
     cancel: threading.Event | None = None,
     progress: BatchProgress | None = None,
     reads: Callable[[GenerationStats], None] | None = None,
+    logits_processors: list[list[LogitsProcessor]] | None = None,
 ) -> ChatBatch:
     """Greedy answers to several chat prompts, decoded together (`batch_tokens`) and detokenized one by one
     (`runtime.Model.generate_batch`).
@@ -156,7 +171,8 @@ def chat_batch(
     each token and at the end; its tokens count from when every prompt has been read (until then a progress
     line says the prompt is being read), so their first tokens count then, together. `reads` brings the
     statistics' reads up to date after each token. `cancel` is looked at after each token, and a cancelled
-    batch returns what was written with finish reason "cancelled".
+    batch returns what was written with finish reason "cancelled". `logits_processors`: one list per prompt
+    (`batch_tokens`).
     """
     eos = set(tokenizer.eos_token_ids)
     detokenizers = [tokenizer.detokenizer for _ in prompts]
@@ -191,7 +207,8 @@ def chat_batch(
             raise _Cancelled
 
     try:
-        tokens = batch_tokens(model, prompts, max_tokens, stream, eos, prefill_chunk, stats, on_token)
+        tokens = batch_tokens(model, prompts, max_tokens, stream, eos, prefill_chunk, stats, on_token,
+                              logits_processors)  # fmt: skip
     except _Cancelled:
         tokens = None
     parts = []

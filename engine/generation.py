@@ -19,6 +19,19 @@ from typing import Any, Protocol
 from nightshift.engine.errors import NightshiftError
 
 Message = dict[str, str]  # {"role": ..., "content": ...}, as a chat template takes it
+# mlx-lm's logits processor: (tokens generated so far, logits of shape (1, vocab)) -> logits, MLX arrays.
+LogitsProcessor = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What shapes each token's logits besides the sampler, said as data so that it travels to other hosts:
+    every rank builds the same logits processors from it (engine/decoding.py) where the tokens are chosen."""
+
+    no_numerals: bool = False  # block every token whose text holds a digit or another numeral...
+    numerals_after: str = ""  # ...except where the text so far ends matching this pattern (a tag such as "F3")
+    repetition_penalty: float = 1.0  # mlx-lm's, over the last tokens (1: none)
+
 
 # Rows per forward pass while prefilling; a chunk reads each selected expert once.
 DEFAULT_CHUNK = 512
@@ -246,6 +259,7 @@ class LanguageModel(Protocol):
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
         on_prefill: Callable[[GenerationStats], None] | None = None,
+        decoding: Decoding | None = None,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`; `on_prefill` sees the statistics while it is read."""
         ...
@@ -258,8 +272,9 @@ class LanguageModel(Protocol):
         prefill_chunk: int = DEFAULT_CHUNK,
         cancel: threading.Event | None = None,
         progress: BatchProgress | None = None,
+        decodings: list[Decoding] | None = None,
     ) -> ChatBatch:
-        """Greedy answers to several chats, decoded together (engine/batch.py)."""
+        """Greedy answers to several chats, decoded together (engine/batch.py); `decodings`: one per chat."""
         ...
 
     def figures(self) -> ReadFigures:

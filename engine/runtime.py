@@ -27,14 +27,17 @@ from mlx_lm.utils import load_model
 
 from nightshift.engine.batch import chat_batch
 from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.decoding import logits_processors
 from nightshift.engine.errors import ModelFormatError, ModelNotFoundError, NightshiftError
 from nightshift.engine.generation import (
     DEFAULT_CHUNK,
     BatchProgress,
     ChatBatch,
     Chunk,
+    Decoding,
     DraftStats,
     GenerationStats,
+    LogitsProcessor,
     Message,
     ReadFigures,
     chat_prompt,
@@ -124,9 +127,13 @@ class Model:
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
         on_prefill: Callable[[GenerationStats], None] | None = None,
+        decoding: Decoding | None = None,
         draft_switch_off: bool = True,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
+
+        `decoding` (engine/decoding.py: numerals blocked, a repetition penalty) shapes every token's logits, the
+        first one's too, from the tokens generated so far, not the prompt. Not with a drafter.
 
         `on_prefill` sees the statistics after each prefilled chunk (`prompt_done` of `prompt_tokens`):
         on a slow machine reading the prompt takes most of a generation's time.
@@ -145,6 +152,11 @@ class Model:
             stats.draft = DraftStats(depth=depth)
         elif draft_depth:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
+        processors = logits_processors(decoding, self.tokenizer, str(self.path))
+        if processors and stats.draft is not None:
+            raise NightshiftError(
+                "a decoding's processors do not apply to drafted tokens: open the model without a drafter"
+            )
         start = time.perf_counter()
         before = self.figures()  # this generation's figures: deltas (a loaded model serves many)
 
@@ -160,7 +172,7 @@ class Model:
         def timed() -> Iterator[tuple[int, float]]:
             sampler = make_sampler(temp=temp)
             for token in self._token_ids(
-                prompt, max_tokens, sampler, prefill_chunk, stats, draft_switch_off, prefilled
+                prompt, max_tokens, sampler, prefill_chunk, stats, draft_switch_off, prefilled, processors
             ):
                 stats.peak_memory_bytes = mx.get_peak_memory()
                 yield token, time.perf_counter() - start
@@ -175,16 +187,32 @@ class Model:
         prefill_chunk: int = DEFAULT_CHUNK,
         cancel: threading.Event | None = None,
         progress: BatchProgress | None = None,
+        decodings: list[Decoding] | None = None,
     ) -> ChatBatch:
-        """Greedy answers to several chats, decoded together (`engine.batch.chat_batch`)."""
+        """Greedy answers to several chats, decoded together (`engine.batch.chat_batch`); `decodings`, one per
+        chat (`generate_tokens`)."""
         prompts = [self.chat_tokens(messages) for messages in conversations]
+        if decodings is not None and len(decodings) != len(prompts):
+            raise NightshiftError(f"{len(decodings)} decodings for {len(prompts)} chats: give one per chat")
+        processors = (
+            None if decodings is None else [logits_processors(d, self.tokenizer, str(self.path)) for d in decodings]
+        )
         before = self.figures()  # the stream's counters since this batch began (a shared model)
 
         def reads(stats: GenerationStats) -> None:
             stats.count_reads(self.figures(settled=True), before)
 
         return chat_batch(
-            self.model, self.tokenizer, self.stream, prompts, max_tokens, prefill_chunk, cancel, progress, reads
+            self.model,
+            self.tokenizer,
+            self.stream,
+            prompts,
+            max_tokens,
+            prefill_chunk,
+            cancel,
+            progress,
+            reads,
+            processors,
         )
 
     def _token_ids(
@@ -196,13 +224,17 @@ class Model:
         stats: GenerationStats,
         draft_switch_off: bool = True,
         prefilled: Callable[[int, int], None] | None = None,
+        processors: list[LogitsProcessor] | None = None,
     ) -> Iterator[int]:
         """Token ids: the first from the prefill's last row, the rest from mlx-lm's decode loop on the same cache."""
         cache = make_prompt_cache(self.model)
         logprobs, reads = counted_prefill(self.model, prompt, cache, prefill_chunk, self.stream, prefilled)
         if reads is not None:
             stats.prefill_bytes_read, stats.prefill_unique_bytes = reads.bytes_read, reads.unique_bytes
-        first = sampler(logprobs[None]).item()
+        logits = logprobs[None]
+        for processor in processors or []:
+            logits = processor(mx.array([], dtype=mx.int32), logits)
+        first = sampler(logits).item()
         yield first
         if max_tokens > 1 and self.drafter is not None and stats.draft is not None and stats.draft.depth > 0:
             yield from self._drafted(
@@ -218,7 +250,12 @@ class Model:
             )
         elif max_tokens > 1:
             steps = generate_step(
-                mx.array([first]), self.model, prompt_cache=cache, sampler=sampler, max_tokens=max_tokens - 1
+                mx.array([first]),
+                self.model,
+                prompt_cache=cache,
+                sampler=sampler,
+                max_tokens=max_tokens - 1,
+                logits_processors=list(processors or []),
             )
             yield from (int(token) for token, _ in steps)
 

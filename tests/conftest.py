@@ -31,10 +31,10 @@ from nightshift.app.default_model import (
 from nightshift.app.paths import cache_dir, data_dir
 from nightshift.app.review.runner import run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, load_schedule, load_schedules
-from nightshift.engine.bench.rig import STATE_FILE, RigState, rig_down
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.tuning import TUNING_FILE
 from nightshift.engine.moe.warm import PROFILE_FILE
+from nightshift.engine.rig.drives import STATE_FILE, RigState, rig_down
 from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.manifest import read_manifest, write_manifest
 from tests.helpers.clock import ZONE, Clock

@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.app.commands.bench import add_stream_arguments, settings_from
+from nightshift.app.commands.stream_flags import add_stream_arguments, settings_from
 from nightshift.engine.moe.settings import StreamSettings
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
@@ -191,7 +191,7 @@ def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hi
 
 
 def test_the_resident_bench_takes_each_ratio_within_a_round():
-    from nightshift.engine.bench.resident import per_round
+    from bench.resident import per_round
 
     rates = {"streamed": [2.0, 3.0, 9.0], "in RAM": [1.0, 4.0, 10.0]}  # the ratio of medians: 3 / 4
     got = per_round({k: [{"rate": r} for r in v] for k, v in rates.items()}, "ratio", "streamed", "in RAM", "rate")
@@ -199,7 +199,7 @@ def test_the_resident_bench_takes_each_ratio_within_a_round():
 
 
 def test_the_resident_bench_says_unresolved_when_the_decode_interval_straddles_the_bound():
-    from nightshift.engine.bench.resident import decode_figures, verdict
+    from bench.resident import decode_figures, verdict
 
     read_once = {"drive_reads": 480, "distinct_experts_read": 480, "read_after_first_round": 0}
     fine = {**read_once, "tokens_identical_to_in_ram": True, "prefill_vs_dense": 1.15}

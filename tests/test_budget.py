@@ -94,7 +94,7 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
     store = stores["qwen3_moe"]
     model, _, stream = load_streaming(store, StreamSettings())
     try:
-        from bench.trunk_bits import greedy_tokens
+        from tests.helpers.reference import greedy_tokens
 
         tokens = greedy_tokens(model, 8)
         held = stream.residency.cache.used
@@ -235,7 +235,7 @@ def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):
     import subprocess
     import sys
 
-    from nightshift.engine.bench.cgroups import CgroupError, MemoryGroup, command_in
+    from nightshift.engine.rig.cgroups import CgroupError, MemoryGroup, command_in
 
     if os.geteuid() != 0:
         pytest.skip("needs root (memory cgroups)")

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from nightshift.engine.bench.rig import RigSpec, inside_rig, rig_up
 from nightshift.engine.distributed.hosts import load_hosts
 from nightshift.engine.distributed.launch import free_port, generate_over_hosts
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.rig.drives import RigSpec, inside_rig, rig_up
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.synth import synthesize
 from tests.helpers.hosts import LAYERS, PROMPT, TOKENS, place_by_hosts, single_process

@@ -279,7 +279,7 @@ def test_each_format_goes_through_the_month_end_checks_to_a_pdf(review, home):
     checked = run_checks_for(schedule, schedule.as_of)
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
                           schedule.generation.prompt_findings)  # fmt: skip
-    entry = write_report(schedule, schedule.as_of, checked, prompt.user, Narrative(""), "none", time.monotonic())
+    entry = write_report(schedule, schedule.as_of, checked, prompt, Narrative(""), "none", time.monotonic())
     report = Path(entry.path)
     assert report.read_bytes().startswith(b"%PDF")
     text = " ".join(subprocess.run(["pdftotext", str(report), "-"], capture_output=True, text=True).stdout.split())

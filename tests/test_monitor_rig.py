@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from nightshift.engine.bench.probe import measure, probe_file
-from nightshift.engine.bench.rig import RigSpec, inside_rig, rig_up
 from nightshift.engine.instruments.monitor import ENGINE_BYTES, ENGINE_IN_FLIGHT, OS_BYTES, DriveMonitor
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.direct import open_direct
+from nightshift.engine.io.probe import measure, probe_file
+from nightshift.engine.rig.drives import RigSpec, inside_rig, rig_up
 from tests.helpers.rig import requires_rig
 
 pytestmark = [pytest.mark.rig, requires_rig]

@@ -1,5 +1,8 @@
 """The adversarial narrative bank: hand-written narratives about the bundled month-end review, each number in
-them right or wrong on purpose; every wrong one must be flagged and every right one passed.
+them right or wrong on purpose. A wrong one refuses its sentence (verify.placed); a right one is rebuilt as its
+role's placeholder, so the report prints the finding's own figure. Since [19] "right" means the right figure in
+the right role of what the line is about: an F<n> line states finding n's figures, the summary only its own
+(how many findings, how many high, the period).
 
 The month-end findings of the sample data, as the model is given them (most severe first):
   F1 In ledger, not in bank: INV-5010  1,918.40 (30 Oct)     F5 Amount differs for INV-5004: -45.00
@@ -12,16 +15,16 @@ The month-end findings of the sample data, as the model is given them (most seve
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from decimal import Decimal
 
 import pytest
 
-from nightshift.app.review.checks import Figures, Finding
-from nightshift.app.review.runner import _headline, run_checks_for
-from nightshift.app.review.schedule import load_schedules
-from nightshift.app.review.verify import Verifier, verifier_for
-from nightshift.app.review.window import window_containing
+from nightshift.app.review.checks import Figures
+from nightshift.app.review.narrative import by_severity
+from nightshift.app.review.roles import PLACEHOLDER, cues, written
+from nightshift.app.review.verify import _tokens, matches, placed
 
 # (narrative, the numbers in it that are wrong); every other number in it is right.
 BANK = [
@@ -34,30 +37,23 @@ BANK = [
     ("F5: INV-5004 is 1,250.00 in the ledger and 1,205.00 in the bank, a difference of -45.00.", []),
     ("F7: Cheque CHQ-1042 for 830.00 has not cleared.", []),
     ("October 2026 has 8 findings, 5 of them high.", []),
-    ("The bank shows 1,480.00 not in the ledger and the balance is off by 100.00.", []),
     ("F6: Travel is up 260.9% on September 2026.", []),
     ("F1: INV-5010, 1,918.40, on 2026-10-30 has no bank line within 3 days.", []),
     ("F3: \u22121,480.00 left the bank on 9 October.", []),
-    ("F5: The bank is (45.00) short.", []),
     ("F6: Travel doubled to 2,310.", []),
-    ("Sales are down 8% and Purchases up 7%.", []),
-    ("The ledger has 68 rows in October 2026, 65 matched.", []),
     ("F8: Charges of forty-five were taken.", []),
     ("F3: 1.480,00 was debited.", []),
     ("F4: A difference of 100.", []),
     ("F3: The debit of 1480.00 on Oct 9.", []),
-    ("We expected 1,480.00 for insurance but the charges were 45.00.", []),
     ("F6: Travel changed by -1,670.00.", []),
     ("F5: INV-5004 on 28 October 2026 against 27 October 2026.", []),
     ("F2: INV-5010 was posted twice, so 1,918.40 is counted twice.", []),
     ("F1: See also F2.", []),
     ("F3: EUR -1,480.00 on 09.10.2026.", []),
-    ("Travel went from 640.00 to 2,310.00.", []),
     # another finding's amount
     ("F8: Bank charges of 1,480.00 were not booked.", ["1,480.00"]),
     ("Bank charges of 1,480.00 were not booked.", ["1,480.00"]),
     ("A bank charge of 1,480.00 was not booked.", ["1,480.00"]),
-    ("The insurance debits of 1,480.00 and the charge of 45.00 are missing.", []),
     ("The travel increase of 1,480.00 needs approval.", ["1,480.00"]),
     ("Insurance of 45.00 was debited and bank charges of 1,480.00 were taken.", ["45.00", "1,480.00"]),
     ("F7: The cheque of 1,918.40 has not cleared.", ["1,918.40"]),
@@ -107,15 +103,34 @@ BANK = [
 ]
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    schedules, _ = load_schedules()
-    schedule = schedules["month-end"]
-    checked = run_checks_for(schedule, schedule.as_of)
-    headline = _headline(checked)
-    result = checked.result
-    return verifier_for(result.findings, result.tables, checked.window, checked.previous,
-                        [headline.findings, *headline.rows.values(), *headline.by_severity.values()])  # fmt: skip
+# Right figures the contract refuses since [19]: the summary states only its own figures (a finding's amount
+# belongs in that finding's line), and a figure after a source's name is that source's (the bank shows 1,205.00).
+STRICTER = [
+    ("The bank shows 1,480.00 not in the ledger and the balance is off by 100.00.", "unplaced"),
+    ("F5: The bank is (45.00) short.", "misattributed"),
+    ("Sales are down 8% and Purchases up 7%.", "unplaced"),
+    ("The ledger has 68 rows in October 2026, 65 matched.", "unplaced"),
+    ("We expected 1,480.00 for insurance but the charges were 45.00.", "unplaced"),
+    ("Travel went from 640.00 to 2,310.00.", "unplaced"),
+    ("The insurance debits of 1,480.00 and the charge of 45.00 are missing.", "unplaced"),
+    # a figure in another figure's role (issue [19]'s outside test found these marked "verified")
+    ("F5: The bank shows 1,250.00 for INV-5004.", "misattributed"),
+    ("F4: The discrepancy is 176,475.46.", "misattributed"),
+    ("F6: Travel rose above the threshold of 261%.", "misattributed"),
+    ("F4: The opening balance is 176,575.46.", "misattributed"),
+]
+
+
+def checked(findings: list, narrative: str) -> tuple[str, dict, str | None]:
+    """The sentence rebuilt against what it is about (an F<n> line: finding n; else the summary), its roles, and
+    why it was refused."""
+    tag = re.match(r"F(\d+): ", narrative)
+    summary = {"findings": len(findings), **by_severity(findings)}
+    roles = {"period": "October 2026", "previous": "September 2026",
+             **(findings[int(tag.group(1)) - 1].figures.roles if tag and int(tag.group(1)) <= len(findings)
+                else summary)}  # fmt: skip
+    text, problem = placed(narrative[tag.end() :] if tag else narrative, roles, cues(roles), len(findings))
+    return text, roles, None if problem is None else problem.reason
 
 
 def test_the_bank_is_large_enough_and_covers_each_kind_of_wrong_number():
@@ -123,18 +138,32 @@ def test_the_bank_is_large_enough_and_covers_each_kind_of_wrong_number():
 
 
 @pytest.mark.parametrize(("narrative", "wrong"), BANK, ids=[text[:40] for text, _ in BANK])
-def test_every_wrong_number_is_flagged_and_every_right_one_passes(verifier, narrative, wrong):
-    checked = verifier.check(narrative)
-    assert [n.text for n in checked if not n.verified] == wrong
-    assert checked, "the narrative states no number: the case tests nothing"
+def test_every_wrong_number_refuses_its_sentence_and_every_right_one_is_its_role(month_end, narrative, wrong):
+    findings = month_end[1].result.findings
+    assert any(t.kind != "words" or t.value is not None for t in _tokens(narrative)), "it states no number"
+    text, roles, reason = checked(findings, narrative)
+    if wrong:
+        assert reason in ("unplaced", "misattributed"), text
+        return
+    assert reason is None, text
+    assert not re.search(r"\d", re.sub(r"\bF\d\b", "", PLACEHOLDER.sub("", text)))  # no digit of the model's left
+    written_numbers = [t for t in _tokens(narrative[3:] if narrative[:1] == "F" else narrative) if t.kind != "other"]
+    placed_roles = [m.group(1) for m in PLACEHOLDER.finditer(text)]
+    for token, role in zip(written_numbers, placed_roles):  # each figure stands for the role whose value it is
+        assert matches(token, roles[role]) or token.text.upper().startswith("F"), (token.text, role)
+
+
+@pytest.mark.parametrize(("narrative", "reason"), STRICTER, ids=[text[:40] for text, _ in STRICTER])
+def test_a_figure_outside_its_line_or_role_is_refused(month_end, narrative, reason):
+    assert checked(month_end[1].result.findings, narrative)[2] == reason
 
 
 def test_a_written_sign_must_be_the_findings_own():
-    """'-100.00' passed for +100.00 (issue 17): a signed number verifies only against a figure of that sign."""
-    window = window_containing("month", date(2026, 10, 15))
-    plus = Finding("balance", "high", "Bank: opening + movements does not equal closing", "", Decimal("100.00"),
-                   figures=Figures(amounts=(Decimal("100.00"),), labels=("Bank",)))  # fmt: skip
-    checker = verifier_for([plus], [], window, window.previous())
-    for text in ("F1: off by -100.00", "The balance is off by -100.00.", "F1: off by (100.00)"):
-        assert [(n.text, n.verified) for n in checker.check(text)][-1][1] is False, text
-    assert all(n.verified for n in checker.check("F1: off by 100.00, +100.00 in all"))
+    """'-100.00' passed for +100.00 (issue 17): a signed number states only a figure of that sign."""
+    roles = Figures("balance", {"account": "Bank", "difference": Decimal("100.00"),
+                                "closing_date": date(2026, 10, 31)}).roles  # fmt: skip
+    for text in ("off by -100.00", "The balance is off by -100.00.", "off by (100.00)"):
+        assert placed(text, roles, cues(roles))[1] is not None, text
+    text, problem = placed("off by 100.00, +100.00 in all", roles, cues(roles))
+    assert problem is None and text == "off by {difference}, {difference} in all"
+    assert written(roles["difference"]) == "100.00"

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
 from nightshift.engine.moe.settings import StreamSettings
+from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
 from tests.helpers.waits import wait_for
 

@@ -11,13 +11,13 @@ import tempfile
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine.bench.fio import compare_with_fio
-from nightshift.engine.bench.probe import PROBE_FILE, probe_drive
 from nightshift.engine.errors import NoSpaceError
 from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.io.direct import O_DIRECT_MODE, DirectReadError, aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive, format_drives
+from nightshift.engine.io.probe import PROBE_FILE, probe_drive
+from nightshift.engine.rig.fio import compare_with_fio
 
 KiB, MiB = 1 << 10, 1 << 20
 

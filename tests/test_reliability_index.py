@@ -17,8 +17,8 @@ from tests.helpers.reviews import BANK, month_end_on
 EARLIER = {"state": "done", "run": 1, "as_of": "2026-09-30", "review": "month-end", "title": "Month-end review",
            "period": "September 2026", "start": "2026-09-01", "end": "2026-09-30",
            "created": "2026-09-30T22:04:11+01:00", "findings": 3,
-           "by_severity": {"high": 1, "medium": 2, "low": 0}, "unverified_numbers": 0, "seconds": 12.5}  # fmt: skip
-# An entry as the first index files stored reports: no state, run, title, unverified count or time.
+           "by_severity": {"high": 1, "medium": 2, "low": 0}, "replaced_sentences": 0, "seconds": 12.5}  # fmt: skip
+# An entry as the first index files stored reports: no state, run, title, replaced count or time.
 FIRST_FORMAT = {"id": 1, "as_of": "2026-08-31", "review": "month-end", "period": "August 2026",
                 "start": "2026-08-01", "end": "2026-08-31", "created": "2026-08-31T22:04:11+01:00",
                 "path": "/nowhere/month-end-2026-08-01.pdf", "findings": 2,
@@ -69,7 +69,7 @@ def test_an_index_in_the_first_format_is_read_and_kept_as_it_was(home, capsys):
     reports_index().write_text(json.dumps([FIRST_FORMAT]))
     add_failure("month-end", "no file", 2)
     (first, failed) = read_index()
-    assert (first.state, first.run, first.name, first.unverified_numbers, first.seconds) == (
+    assert (first.state, first.run, first.name, first.replaced_sentences, first.seconds) == (
         "done", None, "month-end", 0, None)  # fmt: skip
     assert first.path == FIRST_FORMAT["path"] and first.missing and failed.id == 2
     assert json.loads(reports_index().read_text())[0] == FIRST_FORMAT

@@ -7,19 +7,17 @@ import shutil
 import socket
 import subprocess
 import threading
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 
 from nightshift.app.review.charts import bar_chart
-from nightshift.app.review.checks import Figures, Finding
-from nightshift.app.review.narrative import split_narrative
+from nightshift.app.review.gate import Answer
+from nightshift.app.review.narrative import Prompt, read_narrative
 from nightshift.app.review.report import REPORTS_DIR, local_only_fetcher, render_html, write_pdf
 from nightshift.app.review.runner import Provenance, build_report_context, run_checks_for
 from nightshift.app.review.schedule import BUNDLED_DIR, Schedule, load_schedule, load_schedules
-from nightshift.app.review.verify import mark, verifier_for
-from nightshift.app.review.window import window_containing
 from nightshift.engine.generation import GenerationStats
 
 NARRATIVE = """The bank shows 1,480.00 not in the ledger and the balance is off by 100.00; roughly 7,777 is at risk. <script>alert(1)</script>
@@ -27,29 +25,20 @@ F1: Check INV-5010 & its duplicate.
 F4: Find the 100.00 difference."""
 
 
-def test_numbers_are_marked_verified_or_not_and_text_is_escaped():
-    window = window_containing("month", date(2026, 10, 15))
-    finding = Finding("match", "high", "In bank, not in ledger: X", "", Decimal("-1480.00"),
-                      figures=Figures(amounts=(Decimal("-1480.00"),)))  # fmt: skip
-    verifier = verifier_for([finding], [], window, window.previous())
-    text = "1,480.00 <b>and</b> 99.5 in October 2026"
-    html = str(mark(text, verifier.check(text)))
-    assert html == ('<span class="verified">1,480.00</span> &lt;b&gt;and&lt;/b&gt; '
-                    '<span class="unverified" title="not a figure of what it is about">99.5</span> in '
-                    '<span class="verified">October 2026</span>')  # fmt: skip
-    assert [(n.text, n.verified) for n in verifier.check("F1, F2")] == [("F1", True), ("F2", False)]  # one finding
-
-
-def test_the_narrative_keeps_its_text_and_picks_out_comments():
-    narrative = split_narrative(NARRATIVE, GenerationStats())
+def test_the_narrative_picks_out_each_finding_s_line():
+    narrative = read_narrative(NARRATIVE, GenerationStats(), cut=True)
     assert narrative.text == NARRATIVE
-    assert narrative.comments == {1: "Check INV-5010 & its duplicate.", 4: "Find the 100.00 difference."}
+    assert narrative.answers == [
+        Answer(NARRATIVE.splitlines()[0], None),
+        Answer("Check INV-5010 & its duplicate.", 1),
+        Answer("Find the 100.00 difference.", 4, cut=True),  # a cut falls on the last part
+    ]
 
 
 def test_control_characters_a_model_emits_are_dropped_line_breaks_and_tabs_kept():
-    narrative = split_narrative("Totals\x11 agree.\r\nF2:\x13 check\tthe\x7f fee.\x00", GenerationStats())
+    narrative = read_narrative("Totals\x11 agree.\r\nF2:\x13 check\tthe\x7f fee.\x00", GenerationStats())
     assert narrative.text == "Totals agree.\r\nF2: check\tthe fee."
-    assert narrative.comments == {2: "check\tthe fee."}
+    assert narrative.answers == [Answer("Totals agree.", None), Answer("check\tthe fee.", 2)]
 
 
 def test_the_fetcher_refuses_the_network_and_files_outside_the_templates(tmp_path):
@@ -93,13 +82,14 @@ def test_chart_is_svg_with_escaped_labels():
 def report_of(schedule: Schedule, narrative_text: str = NARRATIVE) -> tuple[str, dict]:
     """The report's HTML and context for `schedule` over its pinned period, with `narrative_text` as the model's."""
     checked = run_checks_for(schedule, schedule.as_of)
-    narrative = split_narrative(narrative_text, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
+    narrative = read_narrative(narrative_text, GenerationStats(prompt_tokens=400, generated_tokens=60, elapsed=30.0))
     stats = GenerationStats(prompt_tokens=400, generated_tokens=60, time_to_first_token=20.0, elapsed=30.0,
                             peak_memory_bytes=10**8, finish_reason="length", drive_bytes={"ssd0": 123456789},
                             cache_hits=1234, prefetch_recall=0.87)  # fmt: skip
     provenance = Provenance("/models/m", 160, 0.0, 0, stats, [], [], str(schedule.file), "abc", "test")
     created = datetime(2026, 10, 30, 22, 5, tzinfo=UTC)
-    context = build_report_context(schedule, checked, "", narrative, provenance, created)
+    prompt = Prompt("system", "user", len(checked.result.findings))
+    context = build_report_context(schedule, checked, prompt, narrative, provenance, created)
     return render_html(schedule.report_template, context), context
 
 
@@ -109,13 +99,20 @@ def month_end_html():
     return report_of(schedules["month-end"])
 
 
-def test_model_text_is_escaped_and_unverified_numbers_highlighted(month_end_html):
+def test_model_text_is_escaped_and_every_figure_in_it_is_the_template_s(month_end_html):
+    """Since [19] the model's figures are never printed: the summary's (a finding's amounts, an invented 7,777)
+    are refused there, and a finding's line prints its figures from the finding (100.00 is its -100.00)."""
     html, context = month_end_html
-    assert "<script>" not in html and "&lt;script&gt;alert(" in html
-    assert context["unverified"] == ["7,777"]
-    assert '<span class="unverified" title="not a figure of what it is about">7,777</span>' in html
-    assert '<span class="verified">1,480.00</span>' in html
-    assert 'Check <span class="verified">INV-5010</span> &amp; its duplicate.' in html
+    assert "<script>" not in html and "alert(" not in html and "7,777" not in html
+    assert [r.reason for r in context["narrative"].gated.refused] == ["unplaced", "unplaced"]  # <script>alert(1)
+    assert (
+        'F4: Find the <span class="verified" title="placed from the finding: difference">-100.00</span> difference.'
+        in html
+    )
+    assert (
+        'Check <span class="name" title="placed from the finding: reference">INV-5010</span> &amp; its duplicate.'
+        in html
+    )
     assert "ssd0: 123,456,789" in html and "1,234 hits" in html and "prefetch recall 87 %" in html
     assert "prefill 20.0 tok/s, decode 5.9 tok/s" in html and "60 generated (length)" in html  # the stats' own
 

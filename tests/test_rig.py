@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.engine.bench.rig import (
+from nightshift.engine.io.devices import resolve_device
+from nightshift.engine.io.drives import load_drives
+from nightshift.engine.rig.drives import (
     RigError,
     RigSpec,
     RigState,
@@ -23,8 +25,6 @@ from nightshift.engine.bench.rig import (
     rig_status,
     rig_up,
 )
-from nightshift.engine.io.devices import resolve_device
-from nightshift.engine.io.drives import load_drives
 from tests.helpers.rig import leftovers, requires_rig
 from tests.helpers.waits import wait_for
 

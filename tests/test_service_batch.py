@@ -25,7 +25,7 @@ from nightshift.app.daemon.runs import RunProgress, RunQueue
 from nightshift.app.daemon.service import Service
 from nightshift.app.daemon.settings import SettingsError, load_settings
 from nightshift.app.daemon.work import execute
-from nightshift.app.review.narrative import CONTROL, SharedBatch, split_narrative
+from nightshift.app.review.narrative import CONTROL, SharedBatch, read_narrative
 from nightshift.app.review.report import render_html
 from nightshift.app.review.schedule import load_schedules
 from nightshift.engine.generation import GenerationStats
@@ -195,7 +195,7 @@ def test_service_settings_default_without_a_file(home):
 def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end):
     schedule, checked = month_end
     stats = GenerationStats(prompt_tokens=40, generated_tokens=12, time_to_first_token=30.0, elapsed=40.0)
-    narrative = split_narrative("The month closed.\nF1: one payment is missing.", stats)
+    narrative = read_narrative("The month closed.\nF1: one payment is missing.", stats)
     narrative.shared = SharedBatch(((3, "month-end"), (4, "daily"), (5, "weekly")), 9, 23, 2.7, (0.9, 1.0, 0.8),
                                    (11.0, 12.0, 10.0), own=0)  # fmt: skip
     html = render_html(schedule.report_template, report_context(schedule, checked, narrative))

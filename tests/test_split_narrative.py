@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from nightshift.app.review.errors import ReviewError, ScheduleError
-from nightshift.app.review.narrative import CONTROL, build_prompt, joined, split_narrative, write_narrative
+from nightshift.app.review.narrative import CONTROL, build_prompt, split_answers, write_narrative
 from nightshift.app.review.report import render_html
 from nightshift.app.review.runner import Checked
 from nightshift.app.review.schedule import load_schedule
-from nightshift.engine.generation import GenerationStats
+from nightshift.engine.generation import BatchText, GenerationStats
 from nightshift.engine.runtime import open_model
 from tests.helpers.reviews import report_context
 from tests.helpers.service import user_schedule
@@ -60,41 +60,39 @@ def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):
     assert sum(part.tokens for part in batch.parts) == 5
 
 
-def test_a_finding_s_paragraph_is_checked_against_that_finding_s_figures(month_end):
+def test_each_answer_is_its_finding_s_and_its_figures_are_checked_against_that_finding(month_end):
     schedule, checked = month_end
-    # F1 is INV-5010 (1,918.40); F3 the insurance debit (-1,480.00). The third paragraph states F1's amount.
-    texts = [
-        "Eight issues, 1,918.40 twice.",
-        "F1: Check 1,918.40\nagainst the bank.",
-        "",
-        "Book 1,918.40 and 1,480.00.",
-    ]
-    narrative = split_narrative(joined(texts), GenerationStats())
+    # F1 is INV-5010 (1,918.40); F3 the insurance debit (-1,480.00). The third answer states F1's amount.
+    texts = ["Eight issues need a look, the insurance first.", "F1: Check 1,918.40\nagainst the bank.", "",
+             "Book 1,918.40 for the insurance. Then book the Northwind Insurance debit of 1,480.00."]  # fmt: skip
+    narrative = split_answers([BatchText(text, 5, 5, "stop", 0.1, 0.1) for text in texts], GenerationStats())
     assert narrative.text.splitlines()[1:] == [
         "F1: Check 1,918.40 against the bank.",
-        "F3: Book 1,918.40 and 1,480.00.",
+        "F3: Book 1,918.40 for the insurance. Then book the Northwind Insurance debit of 1,480.00.",
     ]
-    assert set(narrative.comments) == {1, 3}  # the empty paragraph (F2) is left out
-    context = report_context(schedule, checked, narrative)
-    assert 'class="verified">1,918.40<' in context["comments"][1]
-    assert 'class="unverified" title="not a figure of what it is about">1,918.40<' in context["comments"][3]
-    assert 'class="verified">1,480.00<' in context["comments"][3]
-    assert context["unverified"] == ["1,918.40"]  # F3's line, not the summary's (a general clause) or F1's
+    assert [answer.finding for answer in narrative.answers] == [None, 1, 2, 3]
+    shown = report_context(schedule, checked, narrative)["narrative"]
+    assert [(r.finding, r.reason) for r in shown.gated.refused] == [(2, "empty"), (3, "unplaced")]
+    assert shown.comments[1] == ['Check <span class="verified" title="placed from the finding: amount">1,918.40</span> '
+                                 "against the bank."]  # fmt: skip
+    assert "-1,480.00</span>." in shown.comments[3][0] and len(shown.comments[3]) == 1
+    assert shown.lines[2][0].startswith("<em>")  # no answer: the plain sentence
 
 
-def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_batch(tiny_model, home, month_end):
+def test_a_split_review_on_the_tiny_model_gates_each_answer_and_shows_the_batch(tiny_model, home, month_end):
     schedule = load_schedule(user_schedule(home, tiny_model, max_tokens=TOKENS))
     schedule.generation.narrative, schedule.generation.part_tokens, schedule.generation.batch_width = "split", TOKENS, 4
     checked = month_end[1]
     prompt = split_prompt(schedule, checked, width=4)
     narrative = write_narrative(open_model(tiny_model), prompt, TOKENS, 0.0, 0)
     batch = narrative.batch
-    for number, part in enumerate(batch.parts[1:], 1):  # each paragraph on its own finding's line
-        paragraph = " ".join(CONTROL.sub("", part.text).split())
-        assert narrative.comments.get(number, "") == paragraph
-        assert (f"F{number}: {paragraph}" in narrative.text.splitlines()) == bool(paragraph)
-    context = report_context(schedule, checked, narrative)
-    assert set(context["comments"]) == set(narrative.comments)
+    assert [(a.finding, a.text, a.cut) for a in narrative.answers] == [
+        (n or None, CONTROL.sub("", part.text).strip(), part.finish_reason == "length")
+        for n, part in enumerate(batch.parts)]  # fmt: skip
+    assert not any(ch.isdigit() for part in batch.parts for ch in part.text)  # digits blocked while decoding
+    context = report_context(schedule, checked, narrative, prompt)
+    shown = context["narrative"]
+    assert set(shown.lines) == set(range(1, prompt.findings_given + 1))  # every finding given has a line
     html = render_html(schedule.report_template, context)
     assert "narrative split: 4 answers of up to 6 tokens each" in html
     assert f"width 4, {batch.stats.steps} decode steps: summary {TOKENS} tokens (length)" in html
@@ -103,7 +101,8 @@ def test_a_split_review_on_the_tiny_model_checks_each_paragraph_and_shows_the_ba
 @pytest.mark.parametrize(
     ("setting", "message"),
     [('narrative = "both"', "should be one of single, split"), ("batch_width = 1", "should be at least 2"),
-     ('narrative = "split"\ntemp = 0.7', "written greedily"), ("temp = 0.7", r"split narrative \(the default\)")],
+     ('narrative = "split"\ntemp = 0.7', "written greedily"), ("temp = 0.7", r"split narrative \(the default\)"),
+     ("repetition_penalty = 0.5", r"should be 1 \(none\) or more")],
 )  # fmt: skip
 def test_split_narrative_settings_are_checked(home, tiny_model, setting, message):
     path = user_schedule(home, tiny_model)

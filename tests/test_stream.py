@@ -14,7 +14,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from bench.trunk_bits import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
@@ -23,6 +22,7 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.streaming import in_slot_order
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
+from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import QUICK, import_tiny, streamed, streamed_tokens, tiny_checkpoint
 
 MORE = ["gpt_oss", "mixtral"]

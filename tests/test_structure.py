@@ -1,13 +1,20 @@
 """How the code and its tests are put together: the import-linter contract in pyproject.toml (run by `lint-imports`
 in CI) gives every part of the app and the engine a floor (a part it does not name would be free to import
-anything); a test module imports helpers from tests/helpers/, never another test module; a fixture is defined once."""
+anything); a test module imports helpers from tests/helpers/, never another test module; a fixture is defined once;
+benchmark code sits where its kind goes (docs/bench.md): the installed package is a library that imports no study
+script or test, and every study script in bench/ imports as `bench.NAME` from the repository root."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -69,3 +76,44 @@ def test_no_fixture_is_defined_twice():
             ):
                 defined[node.name].append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert {name: places for name, places in defined.items() if len(places) > 1} == {}
+
+
+def package_files() -> list[Path]:
+    """The modules of the installed package's code: the app and the engine."""
+    return sorted([*(ROOT / "app").rglob("*.py"), *(ROOT / "engine").rglob("*.py")])
+
+
+def test_the_package_imports_no_study_script_or_test():
+    found = {
+        str(path.relative_to(ROOT)): sorted(name for name in imported_modules(ast.parse(path.read_text()))
+                                            if name.split(".")[0] in ("bench", "tests"))
+        for path in package_files()
+    }  # fmt: skip
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_an_engine_module_with_a_main_is_a_process_the_engine_starts():
+    """Study scripts live in bench/; a `__main__` in the engine is one side of a run the engine itself starts."""
+    engine = sorted((ROOT / "engine").rglob("*.py"))
+    sources = {path: path.read_text() for path in engine}
+    mains = [path for path, text in sources.items() if 'if __name__ == "__main__"' in text]
+    assert mains, "the engine's own processes (the distributed worker, a side of `bench peer`) have a __main__"
+    for path in mains:
+        dotted = "nightshift." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        started = [
+            other for other, text in sources.items() if other != path and (dotted in text or f'"{path.name}"' in text)
+        ]
+        assert started, (
+            f"{path.relative_to(ROOT)} has a __main__ but nothing in the engine starts it: a study script goes in bench/"
+        )
+
+
+@pytest.mark.slow
+def test_every_study_script_imports_from_the_repository_root():
+    """As the README runs them (`.venv/bin/python -m bench.NAME`), in a fresh interpreter with no PYTHONPATH: every
+    script, with what it imports (the package, its sibling scripts, the tests' helpers)."""
+    names = sorted(path.stem for path in (ROOT / "bench").glob("*.py") if path.stem != "__init__")
+    code = f"import importlib\nfor name in {names!r}:\n    importlib.import_module('bench.' + name)"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

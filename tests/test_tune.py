@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nightshift.app.cli import main
-from nightshift.app.commands.bench import add_stream_arguments, settings_from
+from nightshift.app.commands.stream_flags import add_stream_arguments, settings_from
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.tuning import (
     TuningError,

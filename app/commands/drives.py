@@ -28,9 +28,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.probe import probe_drive
     from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings
     from nightshift.engine.io.drives import load_drives
+    from nightshift.engine.io.probe import probe_drive
 
     if args.seconds <= 0 or args.file_mib < 1:
         raise NightshiftError("--seconds and --file-mib must be positive")
@@ -92,7 +92,7 @@ def format_table(ceilings, sizes: list[int], depths: list[int]) -> str:
 @contextmanager
 def _inside_rig_if_these_are_its_drives(path: Path) -> Iterator[str]:
     """The rig's drives are only throttled inside its cgroup, so probe them from there; yields where."""
-    from nightshift.engine.bench.rig import RigError, RigState, inside_rig
+    from nightshift.engine.rig.drives import RigError, RigState, inside_rig
 
     try:
         state = RigState.load(rig_dir())

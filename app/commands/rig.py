@@ -13,7 +13,7 @@ from nightshift.engine.errors import NightshiftError
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.rig import RigSpec, rig_up
+    from nightshift.engine.rig.drives import RigSpec, rig_up
 
     if args.drives < 1 or args.size_mib < 16 or args.mbps <= 0 or (args.iops is not None and args.iops < 1):
         raise NightshiftError("need --drives >= 1, --size-mib >= 16, --mbps > 0 and, if given, --iops >= 1")
@@ -27,7 +27,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.rig import rig_down
+    from nightshift.engine.rig.drives import rig_down
 
     state = rig_down(rig_dir())
     say(f"removed {len(state.drives)} drive(s), their mounts, loop devices, images and the cgroup")
@@ -35,7 +35,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_limit(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.rig import rig_limit
+    from nightshift.engine.rig.drives import rig_limit
 
     state = rig_limit(rig_dir(), int(args.mbps * 1e6), args.iops)
     say(
@@ -46,7 +46,7 @@ def cmd_limit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.rig import rig_status
+    from nightshift.engine.rig.drives import rig_status
 
     state, drives = rig_status(rig_dir())
     print("drive\tloop\tmounted\tdirect_io\tlimit MB/s\tmount")
@@ -64,7 +64,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.rig import RigState, rig_command
+    from nightshift.engine.rig.drives import RigState, rig_command
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     command = rig_command(RigState.load(rig_dir()), argv)
@@ -75,8 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from nightshift.engine.bench.fio import compare_with_fio
-    from nightshift.engine.bench.rig import RigState, inside_rig
+    from nightshift.engine.rig.drives import RigState, inside_rig
+    from nightshift.engine.rig.fio import compare_with_fio
 
     state = RigState.load(rig_dir())
     limit = state.spec.read_bps

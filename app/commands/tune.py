@@ -12,8 +12,8 @@ import shlex
 from dataclasses import replace
 
 from nightshift.app.commands import say
-from nightshift.app.commands.bench import comma_list, sources_from
 from nightshift.app.commands.runs import catalogue
+from nightshift.app.commands.stream_flags import comma_list, sources_from
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from nightshift.app.commands import say
-from nightshift.app.commands.bench import add_stream_arguments, settings_from, sources_from
 from nightshift.app.commands.runs import catalogue
+from nightshift.app.commands.stream_flags import add_stream_arguments, settings_from, sources_from
 from nightshift.app.paths import verify_record
 
 STEPS = 32

@@ -2,9 +2,10 @@
 
 The numbers in a report come from here, never from the model. A finding
 carries its severity, the rows behind it so a reader can go back to the
-source line, and its figures (amounts signed, counts, percentages, dates,
-labels) so a narrative's numbers can be checked against the finding they
-talk about.
+source line, and its figures, each named by its role (the bank's amount, the
+ledger's, the difference, the opening balance...), so that a narrative's
+sentence gets every figure placed by the template in the role it names
+(app/review/roles.py).
 
 No check does nothing quietly: a check that cannot run on what it got (no
 rows in the period, no opening balance, a column the source lacks) raises
@@ -41,15 +42,21 @@ class CouldNotRun(ReviewError):
     """A check cannot run on what it got; the message says why (it becomes a high finding, never a silent pass)."""
 
 
+class Percent(Decimal):
+    """A percentage, exact (260.9375), so that it is never read as an amount."""
+
+
 @dataclass(frozen=True)
 class Figures:
-    """What a finding states, typed, so a narrative's number is checked against the finding it talks about."""
+    """What a finding states, each value named by its role, and the shape of the sentence that states them.
 
-    amounts: tuple[Decimal, ...] = ()  # signed, as the finding states them
-    counts: tuple[int, ...] = ()
-    percents: tuple[Decimal, ...] = ()  # exact, not rounded
-    dates: tuple[date, ...] = ()
-    labels: tuple[str, ...] = ()  # references, accounts, descriptions: what the finding is about
+    Values are typed: Decimal an amount (signed, as the finding states it), Percent a percentage (exact), int a
+    count, date a date, str a name (a reference, an account, a source). The narrative names figures only by
+    role (`{difference}`); the template writes the value (app/review/roles.py).
+    """
+
+    kind: str = ""  # unmatched, differs, duplicates, totals, balance, variance, more, not_run
+    roles: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -157,8 +164,9 @@ def _label(row: dict[str, Any]) -> str:
     return row.get("reference") or row.get("description") or f"line {row['line']}"
 
 
-def _labels(*values: Any) -> tuple[str, ...]:
-    return tuple(str(value) for value in values if value)
+def _named(row: dict[str, Any]) -> dict[str, str]:
+    """A row's reference and description, those it has, as a finding's roles."""
+    return {key: str(row[key]) for key in ("reference", "description") if row.get(key)}
 
 
 def _day(value: Any) -> date:
@@ -258,8 +266,10 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
             f"{right.amount(j):,} on {right.dates[j]}: a difference of {difference:,} "
             f"(dates may differ by {tolerance} days).",
             difference, [left.row(i), right.row(j)], 2,
-            Figures((left.amount(i), right.amount(j), difference), (tolerance,), (),
-                    (_day(left.dates[i]), _day(right.dates[j])), _labels(reference)),
+            Figures("differs", {"reference": reference, "left": left.name, "right": right.name,
+                                "left_amount": left.amount(i), "right_amount": right.amount(j),
+                                "difference": difference, "left_date": _day(left.dates[i]),
+                                "right_date": _day(right.dates[j]), "days": tolerance}),
         ))  # fmt: skip
     for table, other, rest in ((left, right, left_rest), (right, left, right_rest)):
         kept, dropped = _largest(table.amounts[rest], cap)
@@ -271,8 +281,8 @@ def check_match(config: dict[str, Any], context: CheckContext) -> CheckResult:
                 f"{row['date']} {row.get('description', '')} {row['amount']:,} has no counterpart in {other.name} "
                 f"(same amount, within {tolerance} days).",
                 row["amount"], [row], 1,
-                Figures((row["amount"],), (tolerance,), (), (_day(row["date"]),),
-                        _labels(row.get("reference"), row.get("description"))),
+                Figures("unmatched", {"source": table.name, "other": other.name, "amount": row["amount"],
+                                      "date": _day(row["date"]), **_named(row), "days": tolerance}),
             ))  # fmt: skip
     matched_left, matched_right = int(left_in[result.left].sum()), int(right_in[result.right].sum())
     summary = SummaryTable(
@@ -321,8 +331,8 @@ def check_duplicates(config: dict[str, Any], context: CheckContext) -> CheckResu
             f"{count} rows share {', '.join(keys)} ({first['date']}, {first['amount']:,}); "
             f"if only one is genuine, {extra:,} is counted twice.",
             extra, _rows(table, rows), count,
-            Figures((first["amount"], extra), (count,), (), (_day(first["date"]),),
-                    _labels(first.get("reference"), first.get("description"))),
+            Figures("duplicates", {"source": table.name, "count": count, "amount": first["amount"], "extra": extra,
+                                   "date": _day(first["date"]), **_named(first)}),
         ))  # fmt: skip
     return out
 
@@ -368,7 +378,9 @@ def check_totals(config: dict[str, Any], context: CheckContext) -> CheckResult:
             out.findings.append(Finding(
                 "totals", context.severity(mine - theirs), f"{by} {group}: totals differ",
                 f"{table.name} totals {mine:,}, {other_name} {theirs:,} for {by} {group}.",
-                mine - theirs, figures=Figures((mine, theirs, mine - theirs), labels=(group,)),
+                mine - theirs, figures=Figures("totals", {"by": by, "group": group, "source": table.name,
+                                                          "other": other_name, "total": mine, "other_total": theirs,
+                                                          "difference": mine - theirs}),
             ))  # fmt: skip
     chart = [(group, to_decimal(totals[group], table.scale), None) for group in shown]
     out.tables.append(SummaryTable(f"Totals of {table.name} by {by}", [by, "rows", "total"], rows, chart))
@@ -429,7 +441,9 @@ def check_balance(config: dict[str, Any], context: CheckContext) -> CheckResult:
                 f"Opening {values[0]:,} ({opened}) + movements {values[1]:,} = {values[2]:,}, but the closing "
                 f"balance on {closed} is {values[3]:,}: {amount:,} unexplained.",
                 amount, [mine.row(int(opening_row)), mine.row(int(closing_row))], 2,
-                Figures((*values, amount), (), (), (opened, closed), (account,)),
+                Figures("balance", {"account": account, "opening": values[0], "movements": values[1],
+                                    "expected": values[2], "closing": values[3], "difference": amount,
+                                    "opening_date": opened, "closing_date": closed}),
             ))  # fmt: skip
     if not rows and out.not_run:
         raise CouldNotRun("; ".join(out.not_run))
@@ -485,8 +499,10 @@ def check_variance(config: dict[str, Any], context: CheckContext) -> CheckResult
             "variance", "medium", f"{by} {group}: {said} against {context.previous.label}",
             f"{group} moved from {before:,} in {context.previous.label} to {now:,} in "
             f"{context.window.label} ({change:+,}, {said}); threshold {threshold}%.", change,
-            figures=Figures((before, now, change), (), (threshold,) if exact is None else (exact, threshold), (),
-                            (group,)),
+            figures=Figures("variance", {"by": by, "group": group, "before": before, "after": now, "change": change,
+                                         **({} if exact is None else {"percent": Percent(exact)}),
+                                         "threshold": Percent(threshold), "previous": context.previous.label,
+                                         "period": context.window.label}),
         ))  # fmt: skip
     chart = [(group, changes[group][1], changes[group][0]) for group in shown]
     out.tables.append(SummaryTable(
@@ -527,7 +543,7 @@ def _about(config: dict[str, Any]) -> str:
 def _could_not_run(kind: str, why: str) -> Finding:
     return Finding(kind, "high", f"could not run: {why}",
                    "This check was not done, so its absence of findings means nothing: fix the source or the "
-                   "schedule so it can run.")  # fmt: skip
+                   "schedule so it can run.", figures=Figures("not_run", {"check": kind, "why": why}))  # fmt: skip
 
 
 def _rank(finding: Finding) -> tuple[int, Decimal]:
@@ -548,7 +564,8 @@ def _capped(kind: str, number: int, result: CheckResult, cap: int) -> list[Findi
             f"Check {number} found {len(findings) + rest.count:,} findings; the {len(findings):,} largest are listed. "
             f"The other {rest.count:,} ({counts}) amount to {rest.total:,} in absolute terms. Raise `max_findings` "
             "in the check to list more, or look for what makes so many (the wrong file or period?).",
-            rest.total, figures=Figures((rest.total,), (rest.count, len(findings), *rest.by_severity.values())),
+            rest.total, figures=Figures("more", {"check": kind, "count": rest.count, "listed": len(findings),
+                                                 "total": rest.total}),
             summarized=dict(rest.by_severity),
         ))  # fmt: skip
     return findings

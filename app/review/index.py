@@ -43,7 +43,7 @@ def _locked() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-_REPORT_FIELDS = ("path", "findings", "by_severity", "unverified_numbers", "seconds")  # a written report's only
+_REPORT_FIELDS = ("path", "findings", "by_severity", "replaced_sentences", "seconds")  # a written report's only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +67,7 @@ class IndexEntry:
     path: str | None = None
     findings: int = 0
     by_severity: dict[str, int] = field(default_factory=dict)
-    unverified_numbers: int = 0  # numbers in the narrative not found in the data
+    replaced_sentences: int = 0  # the model's sentences the gate refused (each replaced by a plain one)
     seconds: float | None = None  # how long the run took
     reason: str | None = None
     missing: bool = False

@@ -22,18 +22,21 @@ from nightshift.app.review.checks import REQUIRED, SEVERITIES, CheckContext, Che
 from nightshift.app.review.errors import ReviewError, ReviewInterrupted
 from nightshift.app.review.index import IndexEntry, add_to_index
 from nightshift.app.review.narrative import (
+    FACTS,
+    FACTS_DIR,
     PROMPTS_DIR,
     Narrative,
     Progress,
     Prompt,
     SharedBatch,
     build_prompt,
+    by_severity,
+    shown_narrative,
     write_narrative,
 )
 from nightshift.app.review.report import REPORTS_DIR, render_html, write_pdf
 from nightshift.app.review.schedule import Schedule
 from nightshift.app.review.sources import Cancel, Table
-from nightshift.app.review.verify import mark, verifier_for
 from nightshift.app.review.window import Window, window_containing
 from nightshift.engine.generation import ChatBatch, GenerationStats, LanguageModel
 from nightshift.engine.store.gguf_import import sha256_of
@@ -178,6 +181,7 @@ def _provenance(schedule: Schedule, checked: Checked, model: Path | str, narrati
     files = source_files(checked)
     templates = [
         TemplateFile(f"prompts/{schedule.prompt_template}", _file_digest(PROMPTS_DIR / schedule.prompt_template)),
+        TemplateFile(f"prompts/{FACTS}", _file_digest(FACTS_DIR / FACTS)),
         TemplateFile(f"reports/{schedule.report_template}", _file_digest(REPORTS_DIR / schedule.report_template)),
         TemplateFile("reports/report.css", _file_digest(REPORTS_DIR / "report.css")),
     ]  # fmt: skip
@@ -190,23 +194,19 @@ def _headline(checked: Checked) -> Headline:
     findings = checked.result.findings
     return Headline(
         findings=checked.result.total_findings,
-        by_severity={severity: sum(f.summarized.get(severity, 0) if f.summarized else f.severity == severity
-                                   for f in findings) for severity in SEVERITIES},
+        by_severity=by_severity(findings),
         flagged_amount=sum((abs(f.amount) for f in findings if f.amount is not None and f.check == "match"), Decimal(0)),
         rows={name: len(table.between(checked.window.start, checked.window.end)) for name, table in checked.tables.items()},
     )  # fmt: skip
 
 
-def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str, narrative: Narrative,
+def build_report_context(schedule: Schedule, checked: Checked, prompt: Prompt | None, narrative: Narrative,
                          provenance: Provenance, created: datetime) -> dict[str, Any]:  # fmt: skip
-    """Everything the report template shows; model text is escaped and its numbers checked here."""
+    """Everything the report template shows; the model's sentences pass the gate here and get their figures
+    placed (`prompt` None: the narrative was skipped, and the report's is the template's own)."""
     headline = _headline(checked)
     result = checked.result
-    verifier = verifier_for(result.findings, result.tables, checked.window, checked.previous,
-                            [headline.findings, *headline.rows.values(), *headline.by_severity.values()])  # fmt: skip
-    stated = verifier.check(narrative.text)
-    marked_text = mark(narrative.text, stated)  # shown verbatim; comments also go by their findings
-    comments = {n: mark(text, verifier.comment(n, text)) for n, text in narrative.comments.items()}
+    shown = shown_narrative(narrative, prompt, result.findings, checked.window.label, checked.previous.label)
     charts = [
         bar_chart(table.chart, checked.window.label, checked.previous.label if any(b for _, _, b in table.chart) else None)
         if table.chart else None
@@ -215,8 +215,7 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt_text: str,
     return {
         "schedule": schedule, "window": checked.window, "previous": checked.previous,
         "findings": checked.result.findings, "tables": list(zip(checked.result.tables, charts)),
-        "narrative": marked_text, "comments": comments, "narrative_numbers": len(stated),
-        "unverified": [n.text for n in stated if not n.verified], "headline": headline, "runs": result.runs,
+        "narrative": shown, "headline": headline, "runs": result.runs,
         "provenance": provenance, "created": created, "severities": SEVERITIES,
     }  # fmt: skip
 
@@ -240,7 +239,8 @@ def prepare_review(schedule: Schedule, as_of: date, cancel: threading.Event | No
     say(f"{schedule.name}: {checked.window.label}: {len(checked.result.findings)} finding(s); writing the narrative")
     settings = schedule.generation
     prompt = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result,
-                          settings.prompt_findings, settings.narrative, settings.batch_width)  # fmt: skip
+                          settings.prompt_findings, settings.narrative, settings.batch_width,
+                          settings.repetition_penalty)  # fmt: skip
     return Prepared(schedule, as_of, checked, prompt, started)
 
 
@@ -261,7 +261,7 @@ def report_review(prepared: Prepared, narrative: Narrative, model: Path, cancel:
         when = "reading the prompt" if narrative.stats.generated_tokens <= 1 else "writing"
         raise ReviewInterrupted(f"{schedule.name}: stopped while the model was {when}; no report was written")
     say(f"{schedule.name}: {narrative.stats.generated_tokens} tokens written; laying out the report")
-    return write_report(schedule, prepared.as_of, prepared.checked, prepared.prompt.user, narrative, model,
+    return write_report(schedule, prepared.as_of, prepared.checked, prepared.prompt, narrative, model,
                         prepared.started, run_id)  # fmt: skip
 
 
@@ -279,12 +279,12 @@ def run_review(
     return report_review(prepared, narrative, model.path, cancel, say, run_id)
 
 
-def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt_text: str, narrative: Narrative,
+def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt: Prompt | None, narrative: Narrative,
                  model: Path | str, started: float, run_id: int | None = None) -> IndexEntry:  # fmt: skip
     """The PDF and its index entry, from the checks and the narrative (the checks benchmark calls it with none)."""
     created = datetime.now(UTC).astimezone(schedule.timezone)
     provenance = _provenance(schedule, checked, model, narrative)
-    context = build_report_context(schedule, checked, prompt_text, narrative, provenance, created)
+    context = build_report_context(schedule, checked, prompt, narrative, provenance, created)
     target = schedule.output / f"{schedule.name}-{checked.window.start:%Y-%m-%d}-{created:%Y%m%dT%H%M%S}.pdf"
     write_pdf(render_html(schedule.report_template, context), target)
     summary: Headline = context["headline"]
@@ -293,5 +293,5 @@ def write_report(schedule: Schedule, as_of: date, checked: Checked, prompt_text:
         period=checked.window.label, start=checked.window.start.isoformat(), end=checked.window.end.isoformat(),
         created=created.isoformat(timespec="seconds"), path=str(target),
         findings=summary.findings, by_severity=summary.by_severity,
-        unverified_numbers=len(context["unverified"]), seconds=round(time.monotonic() - started, 1),
+        replaced_sentences=len(context["narrative"].gated.refused), seconds=round(time.monotonic() - started, 1),
     ))  # fmt: skip

@@ -1,44 +1,36 @@
-"""Checks every number the model writes against the figures of what it is talking about.
+"""Every figure in a sentence, bound to the role the sentence gives it, and the sentence rebuilt with placeholders.
 
-Why checking, not placeholders: a small model asked to write `{F3.amount}`
-instead of a figure still writes figures (it copies them from the prompt, and
-sometimes invents them), so every figure it writes must be checked in any
-case; once that check is bound to meaning, a placeholder scheme adds nothing
-but a new way to fail (a malformed tag). So the model writes plain text, and
-every number in it is read with its kind and bound to a scope:
+"Verified" means the right figure in the right role, not a number that occurs somewhere in the data:
+"the bank shows -1,853.55" is wrong when -1,853.55 is the ledger's amount, however true the number.
+A sentence is read clause by clause (split at `;`, `:`, `, `, `and`, `but`, a dash). A cue word
+(app/review/roles.py: "bank", "ledger", "opening", "discrepancy", "threshold"...) names the role of the
+next figure after it in its clause. Each figure is then
 
-- a line `F3: ...` speaks of finding 3: its numbers verify only against that
-  finding's own figures;
-- a summary clause that names findings (their tag, reference, or a word of
-  their label only they have, like "charges" for BANK CHARGES) verifies
-  against those findings' figures; a clause that names none inherits its
-  sentence's findings, and a sentence that names none verifies against every
-  finding and table and the period's dates.
+- a placeholder (`{difference}`): it must name a role of the sentence's finding, and when a cue names
+  another figure's role ("the bank shows {right_amount}") the sentence is refused as misattributed;
+- a number the model typed (where digits were not blocked while decoding): read with its kind (an
+  amount, a percentage, a count, a date, an identifier such as INV-5010), it must equal the value of the
+  role its cue names, or, without a cue, of one role of the finding; it is then replaced by that
+  role's placeholder, so the template writes the figure and the model's digits never reach the report.
 
-Kinds never mix: an amount matches an amount of the scope (a written sign
-must be the figure's sign; a number written without one is a size and
-matches either sign; decimals are compared as values, so 1,480 is 1,480.00
-but 1,918 is not 1,918.40), a whole number may also be a count, a
-percentage matches a percentage (rounded to the decimals written), a date
-matches only as a whole date, a month only as a month of the period, an
-identifier (INV-5010, F3) only as one of the scope's. Everything else (a
-number in words that is not a figure, digits glued to letters, a number in
-another format) is highlighted and counted. Text is HTML-escaped here, since
-the model's output is untrusted.
+Kinds never mix: an amount matches an amount (a written sign must be the figure's sign; a number
+written without one is a size; 1,480 is 1,480.00 but 1,918 is not 1,918.40), a whole number may be a
+count, a percentage matches a percentage rounded to the decimals written (261% for 260.9375), a date
+only a whole date (or a day and month of one), an identifier only a name of the finding. Anything else
+with digits (10k, 1st, a figure of another finding) refuses the sentence.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import date
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
 
-from markupsafe import Markup, escape
-
-from nightshift.app.review.checks import Figures, Finding, SummaryTable
-from nightshift.app.review.window import Window
+from nightshift.app.review.checks import Percent
+from nightshift.app.review.roles import PLACEHOLDER, WORDS, kind_of, stem, written
 
 MONTH_NAMES = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
                "november", "december")  # fmt: skip
@@ -71,113 +63,10 @@ TOKEN = re.compile(
     """,
     re.IGNORECASE | re.VERBOSE,
 )
-TAG_LINE = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]", re.IGNORECASE)
-SENTENCE = re.compile(r"(?<=[.!?])\s+")
+TAG = re.compile(r"^F(\d+)$", re.IGNORECASE)
 CLAUSE = re.compile(
-    r";|,\s|(?<!hundred)(?<!thousand)(?<!million)\s(?:and|but|while|whereas|whilst)\s|\s[-\u2013\u2014]\s"
+    r";|:\s|,\s|(?<!hundred)(?<!thousand)(?<!million)\s(?:and|but|while|whereas|whilst)\s|\s[-\u2013\u2014]\s"
 )
-WORD = re.compile(r"[a-z]{4,}")
-# Words that say nothing about which finding a clause is about.
-COMMON = frozenset(
-    [
-        "bank",
-        "ledger",
-        "balance",
-        "balances",
-        "statement",
-        "amount",
-        "amounts",
-        "total",
-        "totals",
-        "with",
-        "from",
-        "that",
-        "this",
-        "have",
-        "been",
-        "were",
-        "which",
-        "their",
-        "there",
-        "should",
-        "check",
-        "review",
-        "period",
-        "month",
-        "week",
-        "account",
-        "accounts",
-        "payment",
-        "payments",
-        "row",
-        "rows",
-        "entry",
-        "entries",
-        "booked",
-        "posted",
-        "posting",
-        "found",
-        "differ",
-        "differs",
-        "difference",
-        "identical",
-        "counted",
-        "twice",
-        "opening",
-        "closing",
-        "movements",
-        "against",
-        "change",
-        "issue",
-        "issues",
-        "finding",
-        "findings",
-    ]
-)
-
-
-@dataclass
-class Scope:
-    """Figures a number may be checked against: a finding's, several findings', or the whole review's."""
-
-    amounts: set[Decimal] = field(default_factory=set)  # signed, normalised
-    counts: set[int] = field(default_factory=set)
-    percents: set[Decimal] = field(default_factory=set)  # exact
-    dates: set[date] = field(default_factory=set)
-    months: set[tuple[int, int]] = field(default_factory=set)
-    weeks: set[str] = field(default_factory=set)
-    identifiers: set[str] = field(default_factory=set)  # lower case
-
-    def add(self, figures: Figures) -> Scope:
-        self.amounts.update(amount.normalize() for amount in figures.amounts)
-        self.counts.update(figures.counts)
-        self.percents.update(figures.percents)
-        self.dates.update(figures.dates)
-        self.counts.update(day.year for day in figures.dates)
-        for label in figures.labels:
-            self.identifiers.update(match.group().lower() for match in re.finditer(r"[\w\-/]*\d[\w\-/]*", label))
-        return self
-
-    def merge(self, other: Scope) -> Scope:
-        for name in ("amounts", "counts", "percents", "dates", "months", "weeks", "identifiers"):
-            getattr(self, name).update(getattr(other, name))
-        return self
-
-    def add_text(self, text: str) -> Scope:
-        """The figures written in a text of ours (a table cell, a title), read like the model's."""
-        for token in _tokens(text):
-            kind, value = token.kind, token.value
-            if kind == "amount":
-                self.amounts.add(value)
-                if token.whole:
-                    self.counts.add(int(abs(value)))
-            elif kind == "percent":
-                self.percents.add(abs(value) if token.sign is None else value)
-            elif kind == "date":
-                self.dates.add(value)
-            elif kind == "ident":
-                self.identifiers.add(token.text.lower())
-        return self
 
 
 @dataclass
@@ -282,162 +171,127 @@ def _percent_matches(written: Decimal, decimals: int, sign: int | None, exact: D
     )
 
 
-def verified(token: Token, scope: Scope) -> bool:
-    """Whether `token` states a figure of `scope`, of the same kind (and sign, when one is written)."""
-    if token.kind == "amount":
-        value = token.value.normalize()
-        if token.sign is None:
-            sized = value in scope.amounts or -value in scope.amounts
-            return sized or (token.whole and value == value.to_integral_value() and int(value) in scope.counts)
-        return value in scope.amounts or (token.sign == 1 and token.whole and int(value) in scope.counts)
-    if token.kind == "percent":
-        return any(_percent_matches(token.value, token.decimals, token.sign, exact) for exact in scope.percents)
-    if token.kind == "date":
+def matches(token: Token, value: Any) -> bool:
+    """Whether the number `token` states `value`, of the same kind (and sign, where one is written)."""
+    if isinstance(value, Percent):
+        return token.kind == "percent" and _percent_matches(token.value, token.decimals, token.sign, value)
+    if isinstance(value, str):  # a name: INV-5010, the period's label (October 2026, 2026-W44, 2026-10-30)
+        return " ".join(token.text.split()).lower() == value.lower()
+    if isinstance(value, bool) or token.kind not in ("amount", "date", "daymonth"):
+        return False
+    if isinstance(value, int):
+        return token.kind == "amount" and token.whole and token.value == value
+    if isinstance(value, Decimal):
+        return token.kind == "amount" and (
+            abs(token.value) == abs(value) if token.sign is None else token.value == value
+        )
+    if isinstance(value, date):
+        if token.kind == "daymonth":
+            return token.value == (value.month, value.day)
         readings = token.value if isinstance(token.value, tuple) else (token.value,)
-        return any(reading in scope.dates for reading in readings if reading is not None)
-    if token.kind == "daymonth":
-        return token.value in {(day.month, day.day) for day in scope.dates}
-    if token.kind == "month":
-        return token.value in scope.months or token.value in {(day.year, day.month) for day in scope.dates}
-    if token.kind == "week":
-        return token.text.upper() in scope.weeks
-    if token.kind == "ident":
-        return token.text.lower() in scope.identifiers
+        return token.kind == "date" and value in readings
     return False
 
 
-@dataclass
-class Checked:
-    """One number of the narrative, where it is, and whether it states a figure of what it talks about."""
+@dataclass(frozen=True)
+class Problem:
+    """Why a sentence cannot stand: `reason` a key of gate.REASONS, `detail` what was wrong in it."""
 
-    text: str
-    start: int
-    end: int
-    verified: bool
+    reason: str
+    detail: str
 
 
-class Verifier:
-    """Binds each number of a narrative to the findings it talks about and checks it against their figures."""
+def placed(
+    sentence: str, roles: Mapping[str, Any], cues: Mapping[str, str], tags: int = 0
+) -> tuple[str, Problem | None]:
+    """`sentence` with every figure as its role's placeholder, or the first figure that is not its role's.
 
-    def __init__(self, findings: list[Finding], general: Scope, period: Scope):
-        self.findings, self.period = findings, period
-        # A finding's own figures, and those its title states (a could-not-run finding's date, say).
-        self.scopes = [Scope(identifiers={f"f{n}"}).add(f.figures).add_text(f.title) for n, f in enumerate(findings, 1)]
-        self.general = general
-        common = _stems(" ".join(COMMON)) | set(MONTHS)
-        words: dict[str, set[int]] = {}
-        for n, finding in enumerate(findings):
-            for label in finding.figures.labels:
-                for word in _stems(label) - common:
-                    words.setdefault(word, set()).add(n)
-        # A word of one finding's labels only ("charges", "insurance"), or a finding's tag or identifiers.
-        self.keys = [
-            {word for word, owners in words.items() if owners == {n}} | self.scopes[n].identifiers
-            for n in range(len(findings))
-        ]
-
-    def _bound(self, clause: str) -> set[int]:
-        present = _stems(clause) | {m.group().lower() for m in re.finditer(r"[\w\-/]*\d[\w\-/]*", clause)}
-        return {n for n, keys in enumerate(self.keys) if keys & present}
-
-    def _scope(self, bound: set[int]) -> Scope:
-        # The periods' months, weeks and years are about the review, whatever the line talks about;
-        # their first and last days are not a finding's dates.
-        scope = Scope(identifiers={f"f{n}" for n in range(1, len(self.findings) + 1)}).merge(self.period)
-        scope.dates = set()
-        for n in bound:
-            scope.merge(self.scopes[n])
-        return scope
-
-    def check(self, text: str) -> list[Checked]:
-        """Every number in `text`, in order, verified or not."""
-        out: list[Checked] = []
-        at = 0
-        for line in text.splitlines(keepends=True):
-            tag = TAG_LINE.match(line)
-            if tag:
-                number = int(tag.group(1))
-                scope = self._scope({number - 1}) if 1 <= number <= len(self.findings) else self.period
-                out.extend(self._checked(line[tag.end() :], at + tag.end(), scope))
-            else:
-                self._check_line(line, at, out)
-            at += len(line)
-        return out
-
-    def _check_line(self, line: str, at: int, out: list[Checked]) -> None:
-        for sentence, sentence_at in _pieces(line, SENTENCE, at):
-            clauses = list(_pieces(sentence, CLAUSE, sentence_at))
-            bound = [self._bound(clause) for clause, _ in clauses]
-            everywhere = set().union(*bound)
-            for (clause, clause_at), mine in zip(clauses, bound):
-                findings = mine or everywhere
-                scope = self._scope(findings) if findings else self.general
-                out.extend(self._checked(clause, clause_at, scope))
-
-    @staticmethod
-    def _checked(text: str, at: int, scope: Scope) -> Iterator[Checked]:
-        for token in _tokens(text):
-            yield Checked(token.text, at + token.start, at + token.end, verified(token, scope))
-
-    def comment(self, number: int, text: str) -> list[Checked]:
-        """The numbers of the model's line on finding `number` (its text after the tag), against that finding."""
-        scope = self._scope({number - 1}) if 1 <= number <= len(self.findings) else self.period
-        return list(self._checked(text, 0, scope))
+    `roles` are the figures the sentence may state (its finding's, or the summary's), `cues` the words that
+    name them (roles.cues), `tags` how many findings there are (F1..F`tags` may be named as such).
+    """
+    sentence = re.sub(
+        r"[$€£]\s?(?=[{\[])", "", _names_as_placeholders(sentence, roles)
+    )  # the template writes amounts bare
+    out, last = [], 0
+    for clause, start in _clauses(sentence):
+        rebuilt, problem = _placed_clause(clause, roles, cues, tags)
+        if problem is not None:
+            return sentence, problem
+        out.append(sentence[last:start] + rebuilt)
+        last = start + len(clause)
+    text = "".join(out) + sentence[last:]
+    stray = re.search(r"\d", PLACEHOLDER.sub("", _without_tags(text, tags)))
+    if stray:
+        return text, Problem("unplaced", f"a digit the template did not place ({text[stray.start() :][:12]!r})")
+    return text, None
 
 
-def _stems(text: str) -> set[str]:
-    """The words of `text` (four letters or more), lower case, a plural's s dropped: "charge" finds "CHARGES"."""
-    return {word[:-1] if word.endswith("s") and len(word) > 4 else word for word in WORD.findall(text.lower())}
+def _names_as_placeholders(sentence: str, roles: Mapping[str, Any]) -> str:
+    """Names with digits that are not one token (a description "Invoice 4711 ACME") written out as their
+    placeholders, the longest first; INV-5010 or October 2026 are read as tokens (`matches`)."""
+    names = sorted(((role, value) for role, value in roles.items() if isinstance(value, str)
+                    and re.search(r"\d", value) and [t.text for t in _tokens(value)] != [value]),
+                   key=lambda item: -len(item[1]))  # fmt: skip
+    for role, value in names:
+        sentence = re.sub(rf"(?<![\w-]){re.escape(value)}(?![\w-])", "{" + role + "}", sentence, flags=re.IGNORECASE)
+    return sentence
 
 
-def _pieces(text: str, separator: re.Pattern, at: int) -> Iterator[tuple[str, int]]:
+def _clauses(sentence: str) -> Iterator[tuple[str, int]]:
     last = 0
-    for match in separator.finditer(text):
-        yield text[last : match.start()], at + last
+    for match in CLAUSE.finditer(sentence):
+        yield sentence[last : match.start()], last
         last = match.end()
-    yield text[last:], at + last
+    yield sentence[last:], last
 
 
-def mark(text: str, numbers: Iterable[Checked]) -> Markup:
-    """`text` escaped as HTML, each number wrapped in <span class="verified|unverified">."""
-    pieces, last = [], 0
-    for number in numbers:
-        pieces.append(escape(text[last : number.start]))
-        state = "verified" if number.verified else "unverified"
-        title = "" if number.verified else ' title="not a figure of what it is about"'
-        pieces.append(Markup(f'<span class="{state}"{title}>{escape(number.text)}</span>'))
-        last = number.end
-    pieces.append(escape(text[last:]))
-    return Markup("").join(pieces)
+def _placed_clause(
+    clause: str, roles: Mapping[str, Any], cues: Mapping[str, str], tags: int
+) -> tuple[str, Problem | None]:
+    """One clause rebuilt: each figure bound to the role of the last cue before it, else by its value.
+
+    A cue binds the next figure of its role's kind ("the closing balance on {closing_date} is {closing}":
+    `closing` passes the date by and binds the amount); a figure of that kind in another role is misattributed.
+    """
+    holders = [(m.start(), m.end(), "holder", m) for m in PLACEHOLDER.finditer(clause)]
+    taken = [(start, end) for start, end, _, _ in holders]
+    numbers = [(t.start, t.end, "number", t) for t in _tokens(clause)
+               if t.kind != "other" or re.search(r"\d", t.text)]  # fmt: skip
+    numbers = [n for n in numbers if not any(s < n[1] and n[0] < e for s, e in taken)]
+    words = [
+        (m.start(), m.end(), "cue", cues[stem(m.group())]) for m in WORDS.finditer(clause) if stem(m.group()) in cues
+    ]
+    words = [w for w in words if not any(s < w[1] and w[0] < e for s, e, _, _ in holders + numbers)]
+    pending: str | None = None
+    replaced: list[tuple[int, int, str]] = []
+    for start, end, kind, item in sorted(holders + numbers + words, key=lambda event: event[0]):
+        if kind == "cue":
+            pending = item
+            continue
+        if kind == "holder":
+            role = item.group(1)
+            if role not in roles:
+                return clause, Problem("placeholder", f"{item.group()} names no figure of what it is about")
+            candidates, shown = [role], item.group()
+        elif item.kind == "ident" and TAG.match(item.text) and 1 <= int(TAG.match(item.text).group(1)) <= tags:
+            continue
+        else:
+            candidates = sorted((role for role, value in roles.items() if matches(item, value)),
+                                key=lambda role: written(roles[role]) != item.text.lstrip("+"))  # fmt: skip
+            if not candidates:
+                return clause, Problem("unplaced", f"{item.text} is no figure of what it is about")
+            shown = item.text
+        figure_kind = kind_of(roles[candidates[0]])
+        if pending is not None and figure_kind != "name" and kind_of(roles.get(pending, Decimal(0))) == figure_kind:
+            if pending not in candidates:
+                return clause, Problem("misattributed", f"{shown} where the sentence names {pending}")
+            candidates, pending = [pending], None
+        if kind == "number":
+            replaced.append((start, end, candidates[0]))
+    for start, end, role in reversed(replaced):
+        clause = clause[:start] + "{" + role + "}" + clause[end:]
+    return clause, None
 
 
-def period_scope(window: Window, previous: Window) -> Scope:
-    """The reviewed period's and the previous one's first and last days, years, months and labels."""
-    scope = Scope()
-    for period in (window, previous):
-        scope.dates.update((period.start, period.end))
-        scope.counts.update((period.start.year, period.end.year))
-        scope.months.update(((period.start.year, period.start.month), (period.end.year, period.end.month)))
-        scope.weeks.add(period.label.upper())
-    return scope
-
-
-def review_scope(
-    findings: list[Finding], tables: list[SummaryTable], period: Scope, counts: Iterable[int] = ()
-) -> Scope:
-    """The whole review's figures: every finding's, every table cell's, the periods', and `counts`."""
-    scope = Scope(counts=set(counts) | {len(findings)}).merge(period)
-    for finding in findings:
-        scope.add(finding.figures).add_text(finding.title)
-    for table in tables:
-        for row in table.rows:
-            for cell in row:
-                scope.add_text(cell)
-    return scope
-
-
-def verifier_for(findings: list[Finding], tables: list[SummaryTable], window: Window, previous: Window,
-                 counts: Iterable[int] = ()) -> Verifier:  # fmt: skip
-    """A review's verifier: findings' own figures for the lines about them, the review's for the rest."""
-    period = period_scope(window, previous)
-    return Verifier(findings, review_scope(findings, tables, period, counts), period)
+def _without_tags(text: str, tags: int) -> str:
+    return re.sub(r"\bF(\d+)\b", lambda m: "" if 1 <= int(m.group(1)) <= tags else m.group(), text)

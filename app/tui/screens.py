@@ -297,7 +297,7 @@ class ReportsScreen(DashboardScreen):
         summary.set(
             f"report {report.id} (run {report.run or '—'}) {report.name}, {report.period}: "
             f"{report.findings} findings ({severity}); "
-            f"{report.unverified_numbers} number(s) in the narrative not found in the data; "
+            f"{report.replaced_sentences} model sentence(s) replaced by plain ones; "
             f"written in {seconds(report.seconds)}\n{report.path}"
             + ("\n(the PDF is no longer there)" if report.missing else "")
         )  # fmt: skip

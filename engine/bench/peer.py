@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nightshift.engine.bench.cgroups import MemoryGroup, command_in
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.rig.cgroups import MemoryGroup, command_in
 
 SIDE = Path(__file__).with_name("peer_side.py")
 SLACK = 16 << 20  # room over the measured need: allocator and page-table churn while decoding

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from nightshift.engine.generation import (
     BatchText,
     ChatBatch,
     Chunk,
+    Decoding,
     GenerationStats,
     Message,
     ReadFigures,
@@ -146,6 +147,7 @@ class ClusterModel:
         prefill_chunk: int = DEFAULT_CHUNK,
         draft_depth: int | None = None,
         on_prefill: Callable[[GenerationStats], None] | None = None,
+        decoding: Decoding | None = None,
     ) -> Iterator[Chunk]:
         """As `Model.generate_tokens`, over the hosts: rank 0's tokens, every host's reads in the statistics.
 
@@ -155,6 +157,7 @@ class ClusterModel:
         request = pipeline_request(
             self.path, self.hosts, max_tokens, self.memory_budget,
             prompt=list(prompt), temp=temp, seed=seed, prefill_chunk=prefill_chunk,
+            decodings=None if decoding is None else [asdict(decoding)],
         )  # fmt: skip
         stats = GenerationStats(prompt_tokens=len(prompt))
         start = time.perf_counter()
@@ -192,6 +195,7 @@ class ClusterModel:
         prefill_chunk: int = DEFAULT_CHUNK,
         cancel: threading.Event | None = None,
         progress: BatchProgress | None = None,
+        decodings: list[Decoding] | None = None,
     ) -> ChatBatch:
         """As `Model.generate_batch`, over the hosts: the chats decoded together by the pipeline; rank 0
         sends the texts as they grow and the batch's result; every host's reads are in the statistics."""
@@ -199,6 +203,7 @@ class ClusterModel:
         request = pipeline_request(
             self.path, self.hosts, max_tokens, self.memory_budget,
             conversations=conversations, prefill_chunk=prefill_chunk,
+            decodings=None if decodings is None else [asdict(d) for d in decodings],
         )  # fmt: skip
         stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
         texts = ["" for _ in prompts]

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import Decoding
 
 
 @dataclass
@@ -43,6 +44,11 @@ class Request:
     seed: int = 0
     conversations: list[list[dict[str, str]]] | None = None  # set: answer these chats as one batch, not `prompt`
     shape: str = "pipeline"  # or "experts": every rank every layer, a share of each layer's experts (experts.py)
+    # generation.Decoding's fields, one per chat (one for `prompt`): every rank builds the same processors
+    decodings: list[dict] | None = None
+
+    def decoding(self) -> list[Decoding] | None:
+        return None if self.decodings is None else [Decoding(**d) for d in self.decodings]
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
@@ -157,6 +163,7 @@ def answer_prompt(model, request: Request, lines: Lines, rank: int):
         seed=request.seed,
         prefill_chunk=request.prefill_chunk,
         on_prefill=prefilled if rank == 0 else None,
+        decoding=(request.decoding() or [None])[0],
     ):
         stats = chunk.stats
         if rank == 0:
@@ -180,6 +187,7 @@ def answer_batch(model, request: Request, lines: Lines, rank: int):
         request.max_tokens,
         prefill_chunk=request.prefill_chunk,
         progress=progress if rank == 0 else None,
+        decodings=request.decoding(),
     )
     return batch, batch.generation
 

@@ -97,7 +97,7 @@ JUST_FAILED = replace(RUNNING, state="failed", finished="2026-11-30T22:00:03+00:
 
 REPORTS = [
     IndexEntry(id=n, run=run, review=review, title=title, period=period, created=created, findings=findings,
-               by_severity={"high": high, "medium": findings - high, "low": 0}, unverified_numbers=0, seconds=secs,
+               by_severity={"high": high, "medium": findings - high, "low": 0}, replaced_sentences=0, seconds=secs,
                path=f"{REPORT_DIR}/{review}/{review}-{n}.pdf", missing=missing)
     for n, run, review, title, period, created, findings, high, secs, missing in [
         (1, 2, "weekly", "Weekly review", "week 44, 2026", "2026-11-06T17:02:40+01:00", 3, 0, 98.0, True),

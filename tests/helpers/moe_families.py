@@ -23,7 +23,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
 from nightshift.engine.errors import NightshiftError
@@ -32,6 +31,7 @@ from nightshift.engine.models import get_classes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
+from tests.helpers.reference import greedy_tokens
 
 # Sizes of every tiny model: small enough to build ~50 families in seconds, big enough that routing, grouped
 # attention and the family's layer kinds are all exercised.
@@ -794,14 +794,7 @@ def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "a
 
 # Conformance: a family's checkpoint imported and compared with what mlx-lm holds and generates for it
 # (tests/test_family_conformance.py; bench/family_table.py prints the table).
-PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
-STEPS = 24
-
-
-def greedy_tokens(model, steps: int = STEPS) -> list[int]:
-    """The first `steps` greedy tokens after PROMPT (token ids in, no tokenizer)."""
-    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
-    return [int(token) for token, _ in tokens]
+STEPS = 24  # greedy tokens compared after tests/helpers/reference.py's PROMPT
 
 
 @dataclass
@@ -850,18 +843,18 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
     in_ram, _ = load_store(store)
     differences = tensor_differences(in_ram, reference)
     try:
-        expected = greedy_tokens(reference)
+        expected = greedy_tokens(reference, STEPS)
     except RuntimeError as exc:  # e.g. a family whose mlx-lm code needs a Metal kernel, on another backend
         return Outcome(differences=differences, tokens_unchecked=f"mlx-lm cannot run it here: {exc}")
     for how, model in (("in RAM", in_ram), ("streamed", None)):
         if model is None:
             model, _, stream = load_streaming(store)
             try:
-                tokens = greedy_tokens(model)
+                tokens = greedy_tokens(model, STEPS)
             finally:
                 stream.close()
         else:
-            tokens = greedy_tokens(model)
+            tokens = greedy_tokens(model, STEPS)
         if tokens != expected:
             first = next(i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b)
             differences.append(f"greedy tokens {how} differ from mlx-lm's from step {first}")

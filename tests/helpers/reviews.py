@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nightshift.app.review.narrative import Prompt
 from nightshift.app.review.runner import _provenance, build_report_context
 from nightshift.app.review.schedule import BUNDLED_DIR
 
@@ -27,8 +28,11 @@ def row(amount: str, reference: str = "X-1", text: str = "Hostile", day: str = "
     return f"{day};{amount};{reference};{text}\n"
 
 
-def report_context(schedule, checked, narrative) -> dict:
+def report_context(schedule, checked, narrative, prompt=None) -> dict:
+    """The report's context for `narrative`, as written for `prompt` (by default a split one over every finding,
+    three of them with an answer of their own)."""
     from datetime import datetime
 
     provenance = _provenance(schedule, checked, "tiny", narrative)
-    return build_report_context(schedule, checked, "", narrative, provenance, datetime.now())
+    prompt = prompt or Prompt("system", "summary", len(checked.result.findings), ("a", "b", "c"), "split")
+    return build_report_context(schedule, checked, prompt, narrative, provenance, datetime.now())

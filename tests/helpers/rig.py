@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nightshift.engine.bench.cgroups import CgroupError, throttle_root
-from nightshift.engine.bench.rig import cgroup_name
+from nightshift.engine.rig.cgroups import CgroupError, throttle_root
+from nightshift.engine.rig.drives import cgroup_name
 
 
 def rig_skip_reason() -> str | None:

@@ -12,10 +12,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightshift.engine.bench.probe import measure, probe_file
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.io.direct import open_direct
 from nightshift.engine.io.drives import Drive
+from nightshift.engine.io.probe import measure, probe_file
 
 
 class FioError(NightshiftError):

@@ -20,7 +20,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from nightshift.engine.bench.cgroups import (
+from nightshift.engine.errors import NightshiftError
+from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
+from nightshift.engine.io.devices import mount_of, parse_mountinfo
+from nightshift.engine.io.drives import Drive, format_drives
+from nightshift.engine.rig.cgroups import (
     CgroupError,
     ReadThrottle,
     command_in,
@@ -29,10 +33,6 @@ from nightshift.engine.bench.cgroups import (
     remove_throttle,
     throttle_root,
 )
-from nightshift.engine.errors import NightshiftError
-from nightshift.engine.io.ceilings import CEILINGS_FILE, Ceilings, CeilingsFileError
-from nightshift.engine.io.devices import mount_of, parse_mountinfo
-from nightshift.engine.io.drives import Drive, format_drives
 
 STATE_FILE = "rig.json"
 MB = 1_000_000

@@ -1,6 +1,6 @@
 """Benchmark: the drive monitor's cadence and CPU cost while direct reads run on every drive.
 
-    python -m nightshift.engine.bench.monitor_load --drives-file DRIVES [--rig-dir RIG] [--seconds 10]
+    python -m bench.monitor_load --drives-file DRIVES [--rig-dir RIG] [--seconds 10]
 
 With --rig-dir the process joins the rig's cgroup first, so the drives run at their limits.
 Prints, per drive, what the readers counted next to what the monitor saw (engine and OS
@@ -15,14 +15,14 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightshift.engine.bench.probe import measure, probe_file
-from nightshift.engine.bench.rig import RigState, inside_rig
 from nightshift.engine.instruments.monitor import Cadence, DriveMonitor, DriveRates
 from nightshift.engine.io.ceilings import ProbeCell
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.direct import open_direct
 from nightshift.engine.io.drives import Drive, load_drives
+from nightshift.engine.io.probe import measure, probe_file
+from nightshift.engine.rig.drives import RigState, inside_rig
 
 MiB = 1 << 20
 

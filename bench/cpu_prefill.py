@@ -1,6 +1,6 @@
 """Benchmark: GEMM prefill against MLX's quantized kernel, side by side on one model in one run.
 
-    python -m nightshift.engine.bench.cpu_prefill MODEL_DIR --catalogue PATH [--prompt-tokens 400]
+    python -m bench.cpu_prefill MODEL_DIR --catalogue PATH [--prompt-tokens 400]
 
 Both runs answer the same prompt greedily; the GEMM run is recorded only if its layers
 took the GEMM path (counter `gemm_calls`), and both must produce the same tokens.
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     unit = model.tokenizer.encode(TEXT)
     prompt = (unit * (args.prompt_tokens // len(unit) + 1))[: args.prompt_tokens]
     catalogue = Catalogue(args.catalogue)
-    command = shlex.join(["python", "-m", "nightshift.engine.bench.cpu_prefill", *argv])
+    command = shlex.join(["python", "-m", "bench.cpu_prefill", *argv])
     results = {}
     for gemm in (False, True):
         (use_gemm_prefill if gemm else use_quantized_kernel)(model.model)

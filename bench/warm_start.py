@@ -5,7 +5,7 @@ profile (restored before every open, since each run adds itself to it): the time
 token and to the `tokens`th, the cache's hit rate, and what the warm start read, kept and served. The
 prompt is the first `--prompt-tokens` of a text (a review's, say), so the profile's runs and this one differ.
 
-    python -m nightshift.engine.bench.warm_start STORE --catalogue CAT --text FILE [--budget 0.1] [--tokens 16]
+    python -m bench.warm_start STORE --catalogue CAT --text FILE [--budget 0.1] [--tokens 16]
         [--prompt-tokens 400] [--rounds 2]
 """
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         figures=figures,
         counters={"warm_kept": med["warm"]["warm_kept"], "warm_hits": med["warm"]["warm_hits"]},
         verdict="measured" if same else "tokens differ",
-        command=shlex.join(["python", "-m", "nightshift.engine.bench.warm_start", *argv]),
+        command=shlex.join(["python", "-m", "bench.warm_start", *argv]),
         note="timed on a shared 2-core machine; rounds alternate their order",
     )  # fmt: skip
     proofs = [Proof("warm start", "warm_kept")]

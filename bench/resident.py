@@ -14,7 +14,7 @@ within 5 % of the store in RAM, so a noisy run says "unresolved" rather than pas
 model's counters prove what was read: every expert once (drive reads equal to distinct experts read, bytes
 equal to the store's expert bytes) and nothing after the first round.
 
-    python -m nightshift.engine.bench.resident STORE DENSE --catalogue CAT [--prompt-tokens 400] [--tokens 32]
+    python -m bench.resident STORE DENSE --catalogue CAT [--prompt-tokens 400] [--tokens 32]
         [--rounds 2] [--pairs 24] [--pair-tokens 33]
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nightshift.engine.bench.cpu_prefill import TEXT
+from bench.cpu_prefill import TEXT
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.instruments.probes import Instruments
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         counters={"cache_hits": result["figures"].cache_hits, "resident_layers": figures["resident_layers"],
                   "expert_gemm_calls": result["instruments"].expert_gemm_calls},
         verdict=said,
-        command=shlex.join(["python", "-m", "nightshift.engine.bench.resident", *argv]),
+        command=shlex.join(["python", "-m", "bench.resident", *argv]),
         note="timed on a shared 2-core machine; rounds alternate, decode from adjacent pairs, ratios within the run",
     )  # fmt: skip
     proofs = [Proof("resident layers", "resident_layers"), Proof("expert GEMM prefill", "expert_gemm_calls")]

@@ -9,7 +9,7 @@ RAM available, swap in use. The run passes when it completes (no OOM kill: the c
 swapping), swap did not grow, the cache shrank while the other process held its RAM, and the tokens
 equal an undisturbed run's.
 
-    python -m nightshift.engine.bench.pressure STORE --catalogue CAT [--limit 4G] [--tokens 24]
+    python -m bench.pressure STORE --catalogue CAT [--limit 4G] [--tokens 24]
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import psutil
 
-from nightshift.engine.bench.cgroups import MemoryGroup
 from nightshift.engine.moe.budget import memory_now
 from nightshift.engine.moe.settings import StreamSettings, parse_budget
+from nightshift.engine.rig.cgroups import MemoryGroup
 
 HOG = "import sys, time; b = b'\\x01' * int(sys.argv[1]); time.sleep(float(sys.argv[2]))"
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     group = enter_cgroup(args.limit)
     try:
-        from nightshift.engine.bench.cpu_prefill import TEXT
+        from bench.cpu_prefill import TEXT
         from nightshift.engine.instruments.catalogue import Catalogue, Run
         from nightshift.engine.runtime import open_model
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         kind="pressure", model=args.store.name, config={"limit": args.limit, "hog_share": args.hog_share,
         "hog_after": args.hog_after, "hog_seconds": args.hog_seconds, "tokens": args.tokens},
         figures={**figures, "log": log}, verdict=verdict,
-        command=shlex.join(["python", "-m", "nightshift.engine.bench.pressure", *argv]),
+        command=shlex.join(["python", "-m", "bench.pressure", *argv]),
         note="memory cgroup standing for the machine's RAM; shared machine",
     )  # fmt: skip
     print(f"recorded run {Catalogue(args.catalogue).record(run)} ({verdict})")

@@ -7,7 +7,7 @@ median carries a seeded bootstrap 95 % interval. The variant is recorded only if
 ran (`split_calls` for a call over a stack of experts, `spread_experts` for experts run as they land), and
 both sides must give the same tokens: the split computes each expert with the same kernel on the same bits.
 
-    python -m nightshift.engine.bench.cpu_streams STORE --catalogue CAT [--streams 2] [--pairs 8]
+    python -m bench.cpu_streams STORE --catalogue CAT [--streams 2] [--pairs 8]
         [--prompt-tokens 100] [--tokens 17] [--streamed]
 """
 
@@ -19,8 +19,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from nightshift.engine.bench.cpu_prefill import TEXT
-from nightshift.engine.bench.resident import median_interval, one_round, spread
+from bench.cpu_prefill import TEXT
+from bench.resident import median_interval, one_round, spread
 from nightshift.engine.cpu_streams import ENV
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         figures=figures,
         counters=result["split"],
         verdict=said,
-        command=shlex.join(["python", "-m", "nightshift.engine.bench.cpu_streams", *argv]),
+        command=shlex.join(["python", "-m", "bench.cpu_streams", *argv]),
         note="adjacent pairs, which goes first alternating; ratios within the run",
     )  # fmt: skip
     print(f"recorded run {Catalogue(args.catalogue).record(run, [Proof('cpu streams', counter)])} ({said})")

@@ -1,0 +1,3 @@
+"""Study scripts: one-off measurements behind figures in docs/results.md, each run from the repository root as
+`.venv/bin/python -m bench.NAME` (docs/bench.md). They may import the installed `nightshift`, each other and the
+tests' helpers (tests/helpers); nothing in the package imports them."""
