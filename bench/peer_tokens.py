@@ -1,0 +1,39 @@
+"""The greedy tokens bench/streaming_peers.py's engines are held to: mlx-lm on each copy it can load (the 4-bit MLX
+copy nunspark packs, the float32 source fastllm and AirLLM read) and the nightshift store in RAM, on the same prompt.
+
+    python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+
+from bench.streaming_peers import prompt_ids
+from nightshift.engine.runtime import open_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("store", type=Path)
+    parser.add_argument("models", type=Path, nargs="*", help="checkpoints mlx-lm loads")
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    args = parser.parse_args()
+    prompt = prompt_ids(args.store, args.prompt_tokens)[0]
+    for path in args.models:
+        model, _ = load(str(path))
+        steps = generate_step(mx.array(prompt), model, max_tokens=args.tokens)
+        print(f"mlx-lm, {path}: {[int(token) for token, _ in steps]}")
+    store = open_model(args.store)
+    print(
+        f"nightshift store in RAM, {args.store}: {[c.token for c in store.generate_tokens(prompt, max_tokens=args.tokens)]}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""nightshift beside the engines that stream experts themselves (fastllm, nunspark, AirLLM), at the same total memory.
+
+For each budget (a share of the store's expert bytes) nightshift runs first, in a memory cgroup without a limit, so
+its whole process is measured: the group's peak (its own memory and any page cache it caused) is then the memory
+limit of every peer's process at that budget, and each peer's own expert cache is given the same bytes nightshift's
+cache had. Every engine is its own process in its own interpreter (bench/peers/side_*.py; each peer in the venv its
+`bash bench/peers/setup.sh PEER` builds), reads its own copy of the same checkpoint, decodes the same prompt ids greedily for
+the same number of tokens, and prints its tokens, times and its own counters. The bench adds what the kernel counts
+for the process (os.wait4: peak RSS, blocks read from storage) and the cgroup (peak, OOM kills). The page cache of
+each engine's files is dropped before its run, so none starts warm; nightshift reads with O_DIRECT.
+
+    python -m bench.streaming_peers STORE --ftllm HF_DIR --nunspark PACKED_DIR --airllm HF_DIR [--shares 0.1,0.25,0.5]
+
+Each run is recorded in the run catalogue (kind `streaming-peers`), a peer's failure (killed at the limit, an error)
+included with its last line. A peer whose venv is missing is skipped, with the command that builds it. Root only
+(memory cgroups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from nightshift.app.paths import catalogue_file
+from nightshift.engine.bench.peer import drop_page_cache
+from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.rig.cgroups import MemoryGroup, command_in
+
+SIDES = Path(__file__).with_name("peers")
+TRACED = ("nightshift", "nunspark")  # the sides that can write the experts each layer call asked for
+PEERS_HOME = Path(os.environ.get("NIGHTSHIFT_PEERS", "/work/peers"))
+PROMPT_TEXT = (
+    "The month-end close reconciles the ledger with the bank statements: every payment is matched to an invoice, "
+    "every difference is explained, and the accruals are reviewed before the books are locked for the period."
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine of the comparison: its interpreter, its side script and the copy of the model it reads."""
+
+    name: str
+    python: Path
+    model: Path
+
+    @property
+    def side(self) -> Path:
+        return SIDES / f"side_{self.name}.py"
+
+    def missing(self) -> str | None:
+        """Why this engine cannot run here (with the command that fixes it), or None."""
+        if not self.python.exists():
+            return f"{self.name}: no {self.python}; build it with `bash bench/peers/setup.sh {self.name}`"
+        if not self.model.exists():
+            return f"{self.name}: no model copy at {self.model}"
+        return None
+
+
+def expert_bytes(store: Path) -> int:
+    """The routed experts' bytes of a nightshift store (one replica)."""
+    manifest = json.loads((store / "manifest.json").read_text())
+    return sum(layer["file_bytes"] * layer["num_experts"] for layer in manifest["layers"])
+
+
+def prompt_ids(store: Path, count: int, width: int = 1) -> list[list[int]]:
+    """`width` prompts of `count` token ids of the bench text, by the store's tokenizer (every copy has the same
+    one): the first from its start, each next from two tokens further on."""
+    ids = Tokenizer.from_file(str(store / "tokenizer.json")).encode(PROMPT_TEXT).ids
+    if len(ids) < count + 2 * (width - 1):
+        raise SystemExit(f"--prompt-tokens {count} at width {width}: the bench text has {len(ids)} tokens; ask less")
+    return [ids[2 * i : 2 * i + count] for i in range(width)]
+
+
+def model_files(model: Path) -> list[Path]:
+    return [p for p in model.rglob("*") if p.is_file()]
+
+
+def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
+    """Run one engine's side in a fresh memory cgroup (held to `limit` bytes if given); what it and the kernel say."""
+    drop_page_cache(model_files(engine.model))
+    group = MemoryGroup.create(f"nightshift-peers-{engine.name}-{os.getpid()}", limit)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    argv = [str(engine.python), str(engine.side), json.dumps(job)]
+    try:
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            began = time.perf_counter()
+            proc = subprocess.Popen(command_in(group.procs_file, argv), stdout=out, stderr=err, env=env)
+            _, status, usage = os.wait4(proc.pid, 0)  # this process's own rusage, not the children's sum
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            wall = time.perf_counter() - began
+            out.seek(0), err.seek(0)
+            said, complaint = out.read(), err.read()
+        figures = {
+            "wall_s": wall,
+            "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "process_read_bytes": usage.ru_inblock * 512,
+            "group_peak_bytes": group.figure("peak"),
+            "oom_kills": group.oom_kills(),
+            "returncode": proc.returncode,
+        }
+        lines = [line for line in said.splitlines() if line.startswith("{")]
+        if proc.returncode == 0 and lines:
+            figures.update(json.loads(lines[-1]))
+        else:
+            tail = [line.strip() for line in (complaint or said).splitlines() if line.strip()]
+            last = tail[-1] if tail else f"exit {proc.returncode}, nothing said"
+            killed = f"killed at the memory limit ({limit / 1e6:.0f} MB; OOM kills {figures['oom_kills']}); "
+            figures["error"] = (killed if figures["oom_kills"] and limit else "") + f"its last line: {last}"
+        return figures
+    finally:
+        group.remove()
+
+
+def rates(figures: dict, prompt: int, tokens: int) -> dict:
+    """Prompt and decode tok/s, what the prompt read and what each decoded token read, where the side finished."""
+    if "tokens" not in figures:
+        return {}
+    made = sum(len(t) for t in figures["tokens"])
+    after_first = max(made - len(figures["tokens"]), 1)
+    return {
+        "prompt_tok_s": prompt * len(figures["tokens"]) / figures["prompt_s"] if figures["prompt_s"] else 0.0,
+        "decode_tok_s": after_first / figures["decode_s"] if figures["decode_s"] else 0.0,
+        "aggregate_tok_s": made / (figures["prompt_s"] + figures["decode_s"]),
+        "prompt_read_mb": figures["prompt_read_bytes"] / 1e6,
+        "decode_read_mb_per_token": figures["decode_read_bytes"] / 1e6 / after_first,
+    }
+
+
+def hit_rate(name: str, counters: dict) -> float | None:
+    """The expert cache's hit rate as the engine counts it (None where it keeps no such count)."""
+    if name == "ftllm":
+        hits, misses = counters.get("cpu_hits", 0), counters.get("misses", 0)
+    else:
+        hits, misses = counters.get("hits", 0), counters.get("misses", 0)
+    return hits / (hits + misses) if hits + misses else None
+
+
+def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogue: Catalogue, load: tuple) -> dict:
+    """One engine's run of `job` under `limit`: measured, recorded in the catalogue, printed as a row."""
+    figures = run_side(engine, {**job, "model": str(engine.model)}, limit)
+    prompt = len(job["prompts"][0])
+    figures.update(rates(figures, prompt, job["tokens"]))
+    rate = hit_rate(engine.name, figures.get("counters", {}))
+    config = {"engine": engine.name, "share": share, "budget_bytes": job["budget"], "limit_bytes": limit,
+              "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"]}  # fmt: skip
+    verdict = "fail" if "error" in figures else "measured"
+    run = Run("streaming-peers", engine.model.name, config, {**figures, "hit_rate": rate, "load": load},
+              verdict, command=" ".join(sys.argv), note=figures.get("error", ""))  # fmt: skip
+    run_id = catalogue.record(run)
+    said = figures.get("error") or figures["tokens"][0]
+    rate_text = "" if rate is None else f"{rate:.3f}"
+    print(
+        f"{share:>6.2f} {job['width']:>3} {engine.name:>10} {(limit or figures['group_peak_bytes']) / 1e6:>9.0f} "
+        f"{figures.get('prompt_tok_s', 0):>10.2f} {figures.get('decode_tok_s', 0):>10.3f} "
+        f"{figures.get('aggregate_tok_s', 0):>9.3f} {figures['peak_rss_bytes'] / 1e6:>11.0f} "
+        f"{figures.get('prompt_read_mb', 0):>9.1f} {figures.get('decode_read_mb_per_token', 0):>8.1f} "
+        f"{rate_text:>8}  {said} (run {run_id})",
+        flush=True,
+    )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("store", type=Path, help="the nightshift store (its expert bytes set the budgets)")
+    parser.add_argument("--ftllm", type=Path, help="the HF safetensors copy fastllm reads")
+    parser.add_argument("--nunspark", type=Path, help="nunspark's packed copy (`nunspark pack` of a 4-bit MLX copy)")
+    parser.add_argument("--airllm", type=Path, help="the HF safetensors copy AirLLM splits")
+    parser.add_argument("--shares", default="0.1,0.25,0.5", help="budgets as shares of the expert bytes")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens to generate")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
+    parser.add_argument("--width", type=int, default=0, help="also decode this many prompts together (0: not)")
+    parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
+    args = parser.parse_args()
+
+    nightshift = Engine("nightshift", Path(sys.executable), args.store)
+    peers = [
+        Engine(name, PEERS_HOME / name / "venv" / "bin" / "python", model)
+        for name, model in (("ftllm", args.ftllm), ("nunspark", args.nunspark), ("airllm", args.airllm))
+        if model is not None
+    ]
+    for why in filter(None, (p.missing() for p in peers)):
+        print(f"skipped: {why}")
+    peers = [p for p in peers if p.missing() is None]
+    catalogue = Catalogue(args.catalogue or catalogue_file())
+    if args.traces:
+        args.traces.mkdir(parents=True, exist_ok=True)
+    total = expert_bytes(args.store)
+    prompt = prompt_ids(args.store, args.prompt_tokens)[0]
+    load = os.getloadavg()
+    print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {load[0]:.2f}")
+    header = f"{'share':>6} {'w':>3} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'all t/s':>9} {'peak RSS MB':>11}"
+    print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
+    shares = [float(s) for s in args.shares.split(",")]
+    for index, share in enumerate(shares):
+        budget = int(share * total)
+        job = {"budget": budget, "prompts": [prompt], "prompt": prompt, "tokens": args.tokens,
+               "threads": args.threads, "width": 1}  # fmt: skip
+        order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
+        limit = None
+        for engine in [nightshift, *order]:
+            trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
+            figures = measure(engine, {**job, "trace": trace and str(trace)}, share, limit, catalogue, load)
+            limit = figures["group_peak_bytes"] if engine is nightshift else limit
+    if args.width > 1:  # the batched pair: nightshift's width against nunspark's batched decode, at the middle budget
+        share = shares[len(shares) // 2]
+        prompts = prompt_ids(args.store, args.prompt_tokens, args.width)
+        job = {"budget": int(share * total), "prompts": prompts, "prompt": prompts[0], "tokens": args.tokens,
+               "threads": args.threads, "width": args.width}  # fmt: skip
+        limit = None
+        for engine in [nightshift, *(p for p in peers if p.name == "nunspark")]:
+            figures = measure(engine, job, share, limit, catalogue, load)
+            limit = figures["group_peak_bytes"] if engine is nightshift else limit
+    print(f"recorded in {catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
