@@ -1,42 +1,17 @@
-"""CPU compute: the system BLAS is picked up in-process, and GEMM prefill computes what the quantized kernel does."""
+"""CPU compute: GEMM prefill computes what the quantized kernel does (the BLAS it runs on: test_python_alone.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 
-from nightshift.engine.cpu_blas import BUNDLED, _candidates
 from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.gguf_import import convert_gguf
 from tests.helpers.gguf_files import write_tiny_llama
-
-
-def _blas_in_a_fresh_process(**env: str) -> str:
-    # MLX imported directly, after the engine package: the package loads the BLAS just before MLX loads.
-    code = "import nightshift.engine, mlx.core; from nightshift.engine.cpu_blas import BLAS_IN_USE; print(BLAS_IN_USE)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
-
-
-def test_bundled_blas_can_be_kept():
-    assert _blas_in_a_fresh_process(NIGHTSHIFT_BLAS=BUNDLED) == BUNDLED
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the system BLAS route is for Linux")
-def test_system_openblas_is_used_when_present():
-    present = [c for c in _candidates() if os.path.exists(c)]
-    if not present:
-        pytest.skip("no system OpenBLAS (Debian: libopenblas0-pthread)")
-    assert _blas_in_a_fresh_process() == present[0]
 
 
 def _layer(seed: int = 0, dtype: mx.Dtype = mx.float16) -> nn.QuantizedLinear:

@@ -256,6 +256,10 @@ def _generate(queue: RunQueue, group: list[_Member], say: Callable[[str], None],
         for member in group:
             member.ended(error)
         return
+    from nightshift.engine.cpu_blas import SLOW_BLAS  # known once MLX is loaded, which opening the model did
+
+    if SLOW_BLAS:
+        say(SLOW_BLAS)
     settings = first.schedule.generation
     if len(group) == 1:
         with first.attempt():
