@@ -189,6 +189,7 @@ def prepare_sparse_default_model(say: Say = print) -> Path:
 
 
 def _prepare_sparse(beat: Heartbeat) -> Path:
+    from nightshift.engine.cpu_blas import SLOW_BLAS
     from nightshift.engine.io.drives import Drive
     from nightshift.engine.store.importer import ImportOptions, import_checkpoint
     from nightshift.engine.store.moefy import moefy
@@ -204,6 +205,8 @@ def _prepare_sparse(beat: Heartbeat) -> Path:
         shutil.rmtree(store)
     if not (checkpoint / "config.json").is_file():
         beat.say(f"MoEfying {dense.name}: {DEFAULT_EXPERTS} experts per layer, {DEFAULT_K} active (minutes, once)")
+        if SLOW_BLAS:
+            beat.say(SLOW_BLAS)
         moefy(dense, checkpoint, experts=DEFAULT_EXPERTS, k=DEFAULT_K, say=beat.say)
     beat.say(f"importing {checkpoint.name} into the expert store at {store}")
     # 16: the trunk stays as the GGUF had it (4-bit, 8-bit embeddings) and the routers stay float32.

@@ -42,11 +42,16 @@ def resolve_model(name: str | None) -> Path:
 
 
 def open_for_generation(
-    path: Path, in_ram: bool = False, drafter: Path | None = None, memory_budget: str = "auto"
+    path: Path,
+    in_ram: bool = False,
+    drafter: Path | None = None,
+    memory_budget: str = "auto",
+    float32_prefill: bool = False,
 ) -> Model:
     """Open `path` to generate: a store streams its experts from its drives unless `in_ram`, keeping what
     `memory_budget` allows in RAM (auto: sized from the RAM available; 0: none; or a size such as 12G);
-    `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding."""
+    `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding;
+    `float32_prefill`: prompts of 16-bit checkpoints through float32 BLAS (faster, not mlx-lm's tokens)."""
     from nightshift.engine.moe.settings import StreamSettings, parse_budget
     from nightshift.engine.moe.tuning import apply_tuning  # the store's `model tune` choice, if any
     from nightshift.engine.runtime import open_model  # MLX and mlx-lm: only when a model is opened
@@ -55,7 +60,7 @@ def open_for_generation(
     streamed = StreamSettings(verify_checksums="first", cache_bytes=budget) if is_store(path) and not in_ram else None
     if streamed is not None:
         streamed = apply_tuning(path, streamed)
-    return open_model(path, stream=streamed, drafter=drafter)
+    return open_model(path, stream=streamed, drafter=drafter, float32_prefill=float32_prefill)
 
 
 def open_for_review(path: Path, memory_budget: str = "auto", cluster: Cluster | None = None) -> LanguageModel:

@@ -14,8 +14,15 @@ import stat
 import sys
 from pathlib import Path
 
+from nightshift.engine.errors import NightshiftError
+
 log = logging.getLogger("nightshift.paths")
 _warned: set[Path] = set()
+SET_HOME = "set NIGHTSHIFT_HOME to a folder of yours"
+
+
+class DataDirError(NightshiftError):
+    """The data dir cannot be made, or written where a command has to write; the message says what to do."""
 
 
 def data_dir() -> Path:
@@ -39,6 +46,10 @@ def ensure_data_dir() -> Path:
         home.mkdir(mode=0o700, parents=True)
         home.chmod(0o700)  # whatever the umask
     except FileExistsError:
+        if not home.is_dir():
+            raise DataDirError(
+                f"the data dir {home} is a file, not a folder; move the file away or {SET_HOME}"
+            ) from None
         mode = stat.S_IMODE(home.stat().st_mode)
         if mode & 0o077 and home not in _warned:
             _warned.add(home)
@@ -47,18 +58,53 @@ def ensure_data_dir() -> Path:
                 "(chmod 700 %s to keep reviews private); its own files are created owner-only",
                 home, mode, home,
             )  # fmt: skip
+    except OSError as exc:
+        raise DataDirError(f"cannot make the data dir {home}: {_why(home, exc)}; {SET_HOME}") from None
     return home
+
+
+def _why(home: Path, error: OSError) -> str:
+    """What keeps `home` from being made: a part of its path that is a file, else the system's reason."""
+    if isinstance(error, NotADirectoryError):
+        blocking = next((part for part in home.parents if part.is_file()), None)
+        if blocking is not None:
+            return f"{blocking} is a file, not a folder"
+    return error.strerror or str(error)
+
+
+def writable_data_dir() -> Path:
+    """The data dir, made if missing and checked writable: for the commands that write there (serve, review run),
+    so a data dir they cannot use is one line that says why, before they start."""
+    home = ensure_data_dir()
+    if os.access(home, os.W_OK | os.X_OK):
+        return home
+    if os.statvfs(home).f_flag & os.ST_RDONLY:
+        raise DataDirError(f"the data dir {home} is on a read-only file system; mount it read-write or {SET_HOME}")
+    raise DataDirError(f"the data dir {home} is not writable by you; make it yours (chmod u+rwx) or {SET_HOME}")
+
+
+def private_folder(path: Path) -> Path:
+    """The folders of `path` created owner-only (0700) where missing, the data dir as `ensure_data_dir` makes it;
+    returns `path`."""
+    if path.is_relative_to(data_dir()):
+        ensure_data_dir()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 def private_file(path: Path) -> Path:
     """`path` created empty and owner-only (0600) if it does not exist, its folders 0700; returns it.
 
-    Called before a file in the data dir is first opened, whichever command gets there first.
+    Called before a file in the data dir is first opened, whichever command gets there first. Never for a
+    SQLite file: opening and closing one beside SQLite's connections drops their locks (engine `open_database`).
     """
-    if path.is_relative_to(data_dir()):
-        ensure_data_dir()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    try:
+        os.close(os.open(private_folder(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    except OSError as exc:
+        if path.is_dir():
+            raise DataDirError(f"{path} is a folder where nightshift keeps a file; move the folder away") from None
+        raise DataDirError(f"cannot create {path}: {exc.strerror}; check that its folder is yours, writable and has "
+                           "free space") from None  # fmt: skip
     return path
 
 

@@ -72,8 +72,21 @@ def where_time_goes(stats: list[BatchStats], passes: list[list[PassTrace]], band
     }
 
 
-def solo_selections(model: Model, prompt: list[int], tokens: int) -> tuple[BatchStats, list[PassTrace], list[dict]]:
-    """Decode `prompt` alone; its stats, decode passes and, per decode step, the experts each layer selected."""
+def replay_from(model: Model, first: int) -> None:
+    """A model whose routers replay recorded routing (kimi_k3_replay) takes the recorded sequences in turn, one
+    per fresh cache: start its next sequence at `first`, so that a batch of B replays the very sequences its first
+    B prompts replayed alone (and the union predicted from them is the batch's). Other models: nothing."""
+    restart = getattr(model.model, "restart_replay", None)
+    if restart is not None:
+        restart(first)
+
+
+def solo_selections(
+    model: Model, prompt: list[int], tokens: int, index: int = 0
+) -> tuple[BatchStats, list[PassTrace], list[dict]]:
+    """Decode `prompt` (the `index`-th) alone; its stats, decode passes and, per decode step, the experts each
+    layer selected."""
+    replay_from(model, index)
     stats, decode = timed_batch(model, [prompt], tokens)
     layers = len(model.stream.manifest.layers)
     steps: list[dict[int, set[int]]] = [{} for _ in range(len(decode) // layers)]
@@ -123,7 +136,7 @@ def main() -> None:
 
     solo = []
     for i, prompt in enumerate(prompts, 1):
-        solo.append(solo_selections(model, prompt, args.tokens))
+        solo.append(solo_selections(model, prompt, args.tokens, i - 1))
         print(f"alone {i}/{len(prompts)}: {solo[-1][0].decode_tokens_per_s:.3f} tok/s", flush=True)
     width1 = sum(s.decode_tokens_per_s for s, _, _ in solo) / len(solo)
     k_per_call = sum(s.experts_per_layer_call for s, _, _ in solo) / len(solo)
@@ -133,6 +146,7 @@ def main() -> None:
     counters: dict[str, float] = {}
     for width in widths:
         start = time.perf_counter()
+        replay_from(model, 0)
         stats, passes = timed_batch(model, prompts[:width], args.tokens)
         predicted = predicted_union([sel for _, _, sel in solo[:width]])
         time_goes = where_time_goes([stats], [passes], bandwidth)

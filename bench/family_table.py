@@ -14,7 +14,7 @@ Both results go into the run catalogue.
 
 from __future__ import annotations
 
-# First, before mlx: nightshift.engine routes MLX's float matmuls to the system BLAS (engine/cpu_blas.py).
+# First, before mlx: nightshift.engine routes MLX's float matmuls to an OpenBLAS (engine/cpu_blas.py).
 import nightshift.engine  # noqa: F401
 
 # isort: split

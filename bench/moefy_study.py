@@ -11,7 +11,7 @@ the separate evaluation text. Prints a markdown table and writes the figures as 
 
 from __future__ import annotations
 
-# First, before mlx: nightshift.engine routes MLX's float matmuls to the system BLAS (engine/cpu_blas.py).
+# First, before mlx: nightshift.engine routes MLX's float matmuls to an OpenBLAS (engine/cpu_blas.py).
 import nightshift.engine  # noqa: F401
 
 # isort: split
@@ -169,29 +169,49 @@ def _scorer(router: str, x: np.ndarray, contribution: np.ndarray, seed: int) -> 
     return fit_mlp_router(x, router_targets(contribution), seed)
 
 
-def ffn_errors(dense_dir: Path, experts: int, k: int, routers: list[str], layers: list[int], say=print) -> list[dict]:
+def ffn_errors(
+    dense_dir: Path,
+    experts: int,
+    k: int,
+    routers: list[str],
+    layers: list[int],
+    compensate: bool = False,
+    on: str = "evaluation",
+    say=print,
+) -> list[dict]:
     """Per layer, the relative error of the routed FFN's output on the evaluation text's dense activations.
 
     A quick proxy to compare routers without a full perplexity run: ||dense - routed|| / ||dense||, averaged.
+    `compensate`: also with each skipped group's mean output on the calibration text added in its place (a
+    per-layer bias a model could carry). `on="calibration"`: measured on the text the routers were fitted to
+    (how much of a router's gap to the oracle is fit, how much generalisation).
     """
     reference = DenseReference(dense_dir)
     calibration = reference.mlp_inputs(reference.windows(CALIBRATION_TEXT.read_text()))
-    evaluation = reference.mlp_inputs(reference.windows(EVALUATION_TEXT.read_text()))
+    measured = (
+        calibration if on == "calibration" else reference.mlp_inputs(reference.windows(EVALUATION_TEXT.read_text()))
+    )
     rows = []
     for index in layers:
         mlp = reference.layers[index].mlp
         groups, norms = layer_groups(mlp, calibration[index], experts, seed=index)
-        outputs = group_outputs(neuron_activations(mlp, evaluation[index]), np.array(mlp.down_proj.weight), groups)
+        down = np.array(mlp.down_proj.weight)
+        outputs = group_outputs(neuron_activations(mlp, measured[index]), down, groups)
+        mean = (
+            group_outputs(neuron_activations(mlp, calibration[index]), down, groups).mean(axis=0) if compensate else 0
+        )
         dense = outputs.sum(axis=1)
         row = {"layer": index}
         for router in routers:
             scorer = _scorer(router, calibration[index], norms, index)
-            inputs = mx.array(evaluation[index])
+            inputs = mx.array(measured[index])
             scores = np.linalg.norm(outputs, axis=-1) if scorer is None else np.array(scorer(inputs))
             kept = np.zeros_like(scores)
             np.put_along_axis(kept, np.argsort(-scores, axis=1)[:, :k], 1.0, axis=1)
-            error = np.linalg.norm(dense - (outputs * kept[..., None]).sum(axis=1), axis=-1)
-            row[router] = float(np.mean(error / np.linalg.norm(dense, axis=-1)))
+            routed = (outputs * kept[..., None]).sum(axis=1)
+            variants = {router: routed, f"{router}+mean": routed + ((1 - kept)[..., None] * mean).sum(axis=1)}
+            for name, value in list(variants.items())[: 2 if compensate else 1]:
+                row[name] = float(np.mean(np.linalg.norm(dense - value, axis=-1) / np.linalg.norm(dense, axis=-1)))
         say(
             "  ".join(
                 f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}" for key, value in row.items()
@@ -199,6 +219,33 @@ def ffn_errors(dense_dir: Path, experts: int, k: int, routers: list[str], layers
         )
         rows.append(row)
     return rows
+
+
+def checkpoint_perplexity(dense_dir: Path, checkpoint: Path, ks: list[int], say=print) -> dict:
+    """Perplexity of a built llama_moe checkpoint at each k (its experts' weights as stored, computed in
+    float32), beside the dense model's: the study's figures checked on the model itself."""
+    from mlx_lm.utils import load_model
+
+    from nightshift.engine.models import get_classes
+    from nightshift.engine.store.moefy import dequantize_float32
+
+    reference = DenseReference(dense_dir)
+    windows = reference.windows(EVALUATION_TEXT.read_text())
+    dense = perplexity(reference.model, windows)
+    model, config = load_model(checkpoint, get_model_classes=get_classes)
+    dequantize_float32(model)
+    rows = []
+    for k in ks:
+        for layer in model.model.layers:
+            layer.mlp.num_experts_per_tok = k
+        value = perplexity(model, windows)
+        rows.append({"experts": config["num_experts"], "router": "checkpoint", "k": k, "perplexity": value,
+                     "vs_dense": value / dense - 1})  # fmt: skip
+        say(
+            f"{checkpoint.name}: k {k:3d} of {config['num_experts']}  perplexity {value:10.3f}  ({value / dense - 1:+.1%})"
+        )
+    return {"dense": dense, "neurons": config["intermediate_size"], "evaluation_tokens": sum(w.shape[1] for w in windows),
+            "rows": rows}  # fmt: skip
 
 
 def markdown_table(results: dict) -> str:
@@ -230,9 +277,24 @@ def main(argv: list[str] | None = None) -> None:
         help="instead of perplexity, the routed FFN's output error per layer at this split (quick router comparison)",
     )  # fmt: skip
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 5, 10, 15, 20, 25, 29], help="for --ffn-error")
+    parser.add_argument(
+        "--compensate", action="store_true", help="for --ffn-error: also with skipped groups' mean outputs added"
+    )
+    parser.add_argument(
+        "--on", choices=("evaluation", "calibration"), default="evaluation", help="for --ffn-error: the text measured"
+    )
+    parser.add_argument("--checkpoint", type=Path, help="instead, the perplexity of this built llama_moe model")
+    parser.add_argument("--ks", type=int, nargs="+", help="with --checkpoint: the k values (default: its own)")
     args = parser.parse_args(argv)
+    if args.checkpoint:
+        ks = args.ks or [json.loads((args.checkpoint / "config.json").read_text())["num_experts_per_tok"]]
+        results = checkpoint_perplexity(args.dense, args.checkpoint, ks)
+        print(markdown_table(results))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return
     if args.ffn_error:
-        rows = ffn_errors(args.dense, *args.ffn_error, args.routers, args.layers)
+        rows = ffn_errors(args.dense, *args.ffn_error, args.routers, args.layers, args.compensate, args.on)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
         return

@@ -98,16 +98,23 @@ def stepped_clock(start: datetime) -> Iterator[list[datetime]]:
         apscheduler.schedulers.base.datetime, clock.now = saved
 
 
-def write_schedule(home: Path, model: Path, max_tokens: int) -> None:
-    """The bundled daily review as the data dir's only user schedule, written by `model`."""
+def write_schedule(home: Path, model: Path | None, max_tokens: int, name: str = "soak", when: str | None = None,
+                   single: bool = False) -> None:  # fmt: skip
+    """The bundled daily review as a user schedule `name` in `home`, written by `model` (None: the default model),
+    firing `when` in UTC if given (a crontab line); `single`: one answer of `max_tokens`, not the split narrative."""
     text = (BUNDLED_DIR / "daily.toml").read_text().replace('"sample-data/', f'"{BUNDLED_DIR}/sample-data/')
-    text = text.replace('name = "daily"', 'name = "soak"').replace(
-        'output = "reports/daily"', 'output = "reports/soak"'
+    text = text.replace('name = "daily"', f'name = "{name}"').replace(
+        'output = "reports/daily"', f'output = "reports/{name}"'
     )
-    text = text.replace("max_tokens = 120", f'name = "{model}"\nmax_tokens = {max_tokens}')
+    model_line = f'name = "{model}"\n' if model else ""
+    single_line = '\nnarrative = "single"' if single else ""
+    text = text.replace("max_tokens = 120", f"{model_line}max_tokens = {max_tokens}{single_line}")
+    if when is not None:
+        text = text.replace('when = "every business day at 18:30"', f'when = "{when}"')
+        text = text.replace('timezone = "Europe/London"', 'timezone = "UTC"')
     folder = home / "schedules"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "soak.toml").write_text(text)
+    (folder / f"{name}.toml").write_text(text)
 
 
 def soak(model: Path, runs: int, max_tokens: int = 4, timeout_s: float = 300.0) -> SoakResult:

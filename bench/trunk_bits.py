@@ -8,7 +8,7 @@ The decode compared is the tests' reference one (tests/helpers/reference.py).
 
 from __future__ import annotations
 
-# First, before mlx: nightshift.engine routes MLX's float matmuls to the system BLAS (engine/cpu_blas.py).
+# First, before mlx: nightshift.engine routes MLX's float matmuls to an OpenBLAS (engine/cpu_blas.py).
 import nightshift.engine  # noqa: F401
 
 # isort: split

@@ -7,7 +7,7 @@ see every import, and a light command imports only light modules (`errors`, `moe
 and the like import no MLX; `nightshift --help` loads none of it). Which part may import which is the
 import-linter contract in pyproject.toml ([tool.importlinter], run in CI).
 
-This package's one job at import: put the system BLAS in front of MLX for whoever imports MLX first.
+This package's one job at import: put an OpenBLAS in front of MLX for whoever imports MLX first.
 """
 
 import importlib
@@ -15,7 +15,7 @@ import sys
 
 
 class _SystemBlasBeforeMlx:
-    """Runs cpu_blas (the system BLAS for MLX's float matmuls) just before `mlx` is first imported, by anyone.
+    """Runs cpu_blas (an OpenBLAS for MLX's float matmuls) just before `mlx` is first imported, by anyone.
 
     cpu_blas must run before MLX loads. Every MLX import in nightshift sits in a module under this package,
     so this __init__ has run and put this finder first on sys.meta_path, which the import system asks about

@@ -40,7 +40,7 @@ from nightshift.engine.generation import (
     LogitsProcessor,
 )
 from nightshift.engine.moe.stream import ExpertStream
-from nightshift.engine.prefill import prefill
+from nightshift.engine.prefill import fill_cache, prefill
 
 
 def _unheard(sequence: int, rows: int) -> None:
@@ -86,7 +86,8 @@ def batch_tokens(
             for i in range(len(prompts)):
                 told(i, rows)
 
-        prefill(model, prompts[0][:shared], read_once, prefill_chunk, everyone)
+        # whole chunks, as each alone reads them
+        fill_cache(model, prompts[0][:shared], read_once, prefill_chunk, everyone)
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)

@@ -3,15 +3,26 @@
 MLX's CPU quantized kernels run at ~1 GMAC/s and gain nothing from more rows, while
 float GEMM through a real BLAS (see `cpu_blas`) is ~30x faster. For a prefill chunk
 (many rows) a layer therefore dequantizes its weight and uses a matmul; a decode step
-(one row) keeps the quantized kernel, which is faster there. Same math, float32 either
-way; only the summation order differs.
+(one row) keeps the quantized kernel, which is faster there.
+
+Exact by default: the GEMM path is taken only where MLX's kernel itself computes in float32 (the input and the
+float scales/biases promote to float32: float32 activations, whatever the scales' dtype). There the weights
+dequantize to the same float32 values and only the summation order differs (~1e-6 on the logits; the family
+conformance suite checks the greedy tokens against plain mlx-lm). Where the kernel computes in float16 or bfloat16
+(mlx-lm's `convert --dtype bfloat16|float16`: 16-bit activations and scales), its CPU loop rounds every product
+and partial sum to 16 bits, which no float32 GEMM reproduces: the logits move by ~0.1 and the tokens change. Those
+calls keep the kernel unless the model was opened with `float32_prefill` (opt-in, `--float32-prefill`): faster
+and closer to the real-number result, but not mlx-lm's tokens.
 
 The routed experts' switch layers (mlx-lm's `QuantizedSwitchLinear`, `SwitchLinear`) do the same:
 for a pass of many rows, the rows are grouped by expert on the host, each expert's weight is
 dequantized once and its rows go through one GEMM, and the outputs are put back in the rows' order.
 (`gather_qmm` and `gather_mm` multiply row by row on the CPU.) For few rows (a decode step) they keep
-those kernels and spread the experts over the CPU streams (`cpu_streams`). The in-RAM store, the
-streamed layers and the resident ones all use these classes, so they take the same math and the same
+those kernels and spread the experts over the CPU streams (`cpu_streams`). Float experts in 16 bits (bf16 and FP8
+releases, DeepSeek V3 and MiniMax M2 as published) have no CPU kernel in MLX ("[GatherMM::eval] Currently only
+supports float32"): their products are computed as MLX computes them on a GPU, inputs upcast to float32, float32
+sums, the output rounded to the promoted dtype of the input and the weight, at any number of rows. The in-RAM
+store, the streamed layers and the resident ones all use these classes, so they take the same math and the same
 threads.
 """
 
@@ -31,40 +42,56 @@ from nightshift.engine.instruments.probes import Instruments
 MIN_ROWS = 32
 
 
+def _float32_kernel(layer: nn.Module, x: mx.array) -> bool:
+    """Whether MLX's quantized kernel computes `layer(x)` in float32: the dtype `x` and the float scales and biases
+    promote to (mixed float16 and bfloat16 promote to float32 too). MXFP4/8 scales are bytes: `x` decides."""
+    floats = [layer[k] for k in ("scales", "biases") if k in layer and mx.issubdtype(layer[k].dtype, mx.floating)]
+    return mx.result_type(x, *floats) == mx.float32
+
+
+def _dequantized(layer: nn.Module, weight: mx.array, scales: mx.array, biases: mx.array | None) -> mx.array:
+    """`weight` dequantized for a float32 GEMM: float (affine) scales and biases in float32, as MLX dequantizes in
+    the scales' dtype and float16 would round the weights; MXFP4/8 scales (bytes) as stored."""
+    return mx.dequantize(
+        weight,
+        scales.astype(mx.float32) if mx.issubdtype(scales.dtype, mx.floating) else scales,
+        None if biases is None else biases.astype(mx.float32),
+        layer.group_size,
+        layer.bits,
+        mode=layer.mode,
+    )
+
+
 class PrefillQuantizedLinear(nn.QuantizedLinear):
-    """`nn.QuantizedLinear` with a dequantized-GEMM path for inputs of MIN_ROWS rows or more."""
+    """`nn.QuantizedLinear` with a dequantized-GEMM path for inputs of MIN_ROWS rows or more, taken where the kernel
+    computes in float32 or where `float32_prefill` asks for it (module docstring)."""
 
     instruments: Instruments | None = None  # where its GEMM calls are counted, if handed any (`use_gemm_prefill`)
+    float32_prefill = False  # the GEMM path for 16-bit activations too (not mlx-lm's tokens): `use_gemm_prefill`
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.size // x.shape[-1] < MIN_ROWS:
+        exact = self.float32_prefill or _float32_kernel(self, x)
+        if x.size // x.shape[-1] < MIN_ROWS or not exact or self.get("global_scale") is not None:
             return super().__call__(x)
         if self.instruments is not None:
             self.instruments.gemm_calls += 1
-        # Float32 scales: MLX dequantizes in the scales' dtype, and float16 would round the weights.
-        biases = self.get("biases")
-        weight = mx.dequantize(
-            self["weight"],
-            self["scales"].astype(mx.float32),
-            None if biases is None else biases.astype(mx.float32),
-            self.group_size,
-            self.bits,
-            mode=self.mode,
-        )
+        weight = _dequantized(self, self["weight"], self["scales"], self.get("biases"))
         y = (x @ weight.T).astype(x.dtype)
         return y + self["bias"] if "bias" in self else y
 
 
-def _grouped_gemm(layer: nn.Module, x: mx.array, indices: mx.array, weight_of) -> mx.array:
-    """`x` (batch..., 1, in) times expert `indices[batch...]`'s weight, one GEMM per expert over its rows.
+def _grouped_gemm(layer: nn.Module, x: mx.array, indices: mx.array, weight_of, out_dtype: mx.Dtype) -> mx.array:
+    """`x` (batch..., 1, in) times expert `indices[batch...]`'s weight, one float32 GEMM per expert over its rows.
 
-    weight_of(e): expert e's weight as float (out, in). Returns (batch..., 1, out) like gather_(q)mm.
+    weight_of(e): expert e's weight as float32 (out, in). Returns (batch..., 1, out) in `out_dtype`, like
+    gather_(q)mm.
     """
     batch = tuple(np.broadcast_shapes(x.shape[:-2], indices.shape))
     rows = mx.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(-1, x.shape[-1])
     host = np.broadcast_to(np.array(indices), batch).reshape(-1)  # evaluates the router: prefill only
     order = np.argsort(host, kind="stable")
     experts, counts = np.unique(host[order], return_counts=True)
+    rows = rows.astype(mx.float32)
     ordered = rows[mx.array(order.astype(np.uint32))] if len(experts) > 1 else rows
     outputs, start = [], 0
     for expert, count in zip(experts.tolist(), counts.tolist()):
@@ -74,7 +101,7 @@ def _grouped_gemm(layer: nn.Module, x: mx.array, indices: mx.array, weight_of) -
     y = mx.concatenate(outputs) if len(outputs) > 1 else outputs[0]
     if len(experts) > 1:
         y = y[mx.array(np.argsort(order).astype(np.uint32))]
-    return y.astype(x.dtype).reshape(*batch, 1, -1)
+    return y.astype(out_dtype).reshape(*batch, 1, -1)
 
 
 def _many_rows(x: mx.array, indices: mx.array) -> bool:
@@ -95,42 +122,39 @@ def _kernel(layer: nn.Module, base: type, x: mx.array, indices: mx.array, sorted
 
 
 class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
-    """`QuantizedSwitchLinear` with a grouped GEMM path (each expert dequantized once) for many rows."""
+    """`QuantizedSwitchLinear` with a grouped GEMM path (each expert dequantized once) for many rows, taken where the
+    kernel computes in float32 or where `float32_prefill` asks for it."""
 
     instruments: Instruments | None = None  # where its GEMM and split calls are counted, if handed any
+    float32_prefill = False  # as PrefillQuantizedLinear's
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        if not _many_rows(x, indices) or self.get("global_scale") is not None:
+        exact = self.float32_prefill or _float32_kernel(self, x)
+        if not _many_rows(x, indices) or not exact or self.get("global_scale") is not None:
             return _kernel(self, QuantizedSwitchLinear, x, indices, sorted_indices)
         if self.instruments is not None:
             self.instruments.expert_gemm_calls += 1
         biases = self.get("biases")
 
         def weight_of(e: int) -> mx.array:
-            scales = self["scales"][e]  # float (affine) scales in float32, as PrefillQuantizedLinear; MXFP4's are uint8
-            return mx.dequantize(
-                self["weight"][e],
-                scales.astype(mx.float32) if mx.issubdtype(scales.dtype, mx.floating) else scales,
-                None if biases is None else biases[e].astype(mx.float32),
-                self.group_size,
-                self.bits,
-                mode=self.mode,
-            )
+            return _dequantized(self, self["weight"][e], self["scales"][e], None if biases is None else biases[e])
 
-        return _grouped_gemm(self, x, indices, weight_of)
+        return _grouped_gemm(self, x, indices, weight_of, x.dtype)
 
 
 class PrefillSwitchLinear(SwitchLinear):
-    """`SwitchLinear` with a grouped GEMM path for many rows."""
+    """`SwitchLinear` with a grouped GEMM path for many rows, and for any number of rows where its weight is not
+    float32 (MLX has no CPU kernel for that: the GPU's upcast rule, module docstring)."""
 
     instruments: Instruments | None = None  # where its GEMM and split calls are counted, if handed any
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        if not _many_rows(x, indices):
+        if not _many_rows(x, indices) and self["weight"].dtype == x.dtype == mx.float32:
             return _kernel(self, SwitchLinear, x, indices, sorted_indices)
         if self.instruments is not None:
             self.instruments.expert_gemm_calls += 1
-        return _grouped_gemm(self, x, indices, lambda e: self["weight"][e].astype(mx.float32))
+        weight = self["weight"]
+        return _grouped_gemm(self, x, indices, lambda e: weight[e].astype(mx.float32), mx.result_type(x, weight))
 
 
 GEMM_CLASSES = {
@@ -140,9 +164,10 @@ GEMM_CLASSES = {
 }
 
 
-def use_gemm_prefill(model: nn.Module, instruments: Instruments | None = None) -> int:
+def use_gemm_prefill(model: nn.Module, instruments: Instruments | None = None, float32_prefill: bool = False) -> int:
     """Give every quantized linear layer and expert switch layer of `model` the GEMM prefill path when MLX
-    runs on the CPU; with `instruments`, those layers count their GEMM and split calls there.
+    runs on the CPU; with `instruments`, those layers count their GEMM and split calls there. `float32_prefill`:
+    take it for 16-bit activations too, where it is faster than MLX's kernel but gives other tokens than mlx-lm.
 
     The layers keep their parameters and paths (only their class changes), so weights load
     and save as before. Returns how many layers were switched.
@@ -153,9 +178,12 @@ def use_gemm_prefill(model: nn.Module, instruments: Instruments | None = None) -
     for _, module in model.named_modules():
         if type(module) in GEMM_CLASSES:
             module.__class__ = GEMM_CLASSES[type(module)]
-            if instruments is not None:
-                module.instruments = instruments
             switched += 1
+        elif type(module) not in GEMM_CLASSES.values():
+            continue
+        module.float32_prefill = float32_prefill  # also on layers switched before (a streamed store's experts)
+        if instruments is not None:
+            module.instruments = instruments
     return switched
 
 

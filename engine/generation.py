@@ -33,8 +33,9 @@ class Decoding:
     repetition_penalty: float = 1.0  # mlx-lm's, over the last tokens (1: none)
 
 
-# Rows per forward pass while prefilling; a chunk reads each selected expert once.
-DEFAULT_CHUNK = 512
+# Rows per forward pass while prefilling (a chunk reads each selected expert once): mlx-lm's generate_step default
+# (`prefill_step_size`), so that a default generation reads the prompt in mlx-lm's steps (engine/prefill.py).
+DEFAULT_CHUNK = 2048
 
 
 @dataclass

@@ -61,7 +61,9 @@ class Model:
     """A model loaded from a model directory, with its tokenizer and chat template.
 
     A store opened with `stream` settings keeps its routed experts on the drives and reads
-    them as the router asks (`self.stream`); otherwise every weight is loaded into RAM.
+    them as the router asks (`self.stream`); otherwise every weight is loaded into RAM. On the CPU, prompts are
+    read through BLAS where that gives mlx-lm's tokens, and through MLX's kernels elsewhere; `float32_prefill`
+    takes BLAS for 16-bit checkpoints too, faster but not mlx-lm's tokens (engine/cpu_prefill.py).
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class Model:
         drafter: Path | None = None,
         stage: StoreShare | None = None,
         instruments: Instruments | None = None,
+        float32_prefill: bool = False,
     ):
         self.path = Path(path)
         self.stream: ExpertStream | None = None
@@ -87,14 +90,14 @@ class Model:
         try:
             if stream is not None:
                 self.model, config, self.stream = load_streaming(
-                    self.path, stream, drives, ceilings, stage, instruments
+                    self.path, stream, drives, ceilings, stage, instruments, float32_prefill
                 )
             elif is_store(self.path):
                 self.model, config = load_store(self.path)
             else:
                 self.model, config = load_model(self.path, get_model_classes=get_classes)
             self.tokenizer = load_tokenizer(self.path, eos_token_ids=config.get("eos_token_id"))
-            use_gemm_prefill(self.model, instruments)
+            use_gemm_prefill(self.model, instruments, float32_prefill)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
         self.vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
@@ -313,10 +316,12 @@ def open_model(
     drafter: Path | None = None,
     stage: StoreShare | None = None,
     instruments: Instruments | None = None,
+    float32_prefill: bool = False,
 ) -> Model:
     """Load the model directory at `path`; a store with `stream` settings streams its experts from `drives`
     (default: the drives its manifest names), starting its read estimates from `ceilings` if given.
     `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding.
     `stage`: this process is one rank of a pipeline over several hosts (engine/distributed).
-    `instruments`: a benchmark's counters and hooks (engine/instruments/probes.py), kept by this model alone."""
-    return Model(path, stream, drives, ceilings, drafter, stage, instruments)
+    `instruments`: a benchmark's counters and hooks (engine/instruments/probes.py), kept by this model alone.
+    `float32_prefill`: read prompts through float32 BLAS on 16-bit checkpoints too (faster; not mlx-lm's tokens)."""
+    return Model(path, stream, drives, ceilings, drafter, stage, instruments, float32_prefill)

@@ -1,48 +1,24 @@
-"""CPU compute: the system BLAS is picked up in-process, and GEMM prefill computes what the quantized kernel does."""
+"""CPU compute: GEMM prefill computes what the quantized kernel does (the BLAS it runs on: test_python_alone.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 
-from nightshift.engine.cpu_blas import BUNDLED, _candidates
 from nightshift.engine.cpu_prefill import MIN_ROWS, PrefillQuantizedLinear, use_gemm_prefill, use_quantized_kernel
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.gguf_import import convert_gguf
 from tests.helpers.gguf_files import write_tiny_llama
 
 
-def _blas_in_a_fresh_process(**env: str) -> str:
-    # MLX imported directly, after the engine package: the package loads the BLAS just before MLX loads.
-    code = "import nightshift.engine, mlx.core; from nightshift.engine.cpu_blas import BLAS_IN_USE; print(BLAS_IN_USE)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
-
-
-def test_bundled_blas_can_be_kept():
-    assert _blas_in_a_fresh_process(NIGHTSHIFT_BLAS=BUNDLED) == BUNDLED
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the system BLAS route is for Linux")
-def test_system_openblas_is_used_when_present():
-    present = [c for c in _candidates() if os.path.exists(c)]
-    if not present:
-        pytest.skip("no system OpenBLAS (Debian: libopenblas0-pthread)")
-    assert _blas_in_a_fresh_process() == present[0]
-
-
-def _layer(seed: int = 0) -> nn.QuantizedLinear:
-    """A 4-bit layer with float16 scales and biases, as converted GGUF layers have."""
+def _layer(seed: int = 0, dtype: mx.Dtype = mx.float16) -> nn.QuantizedLinear:
+    """A 4-bit layer with float16 scales and biases, as converted GGUF layers have (or `dtype` ones)."""
     mx.random.seed(seed)
     layer = nn.QuantizedLinear.from_linear(nn.Linear(96, 64), group_size=32, bits=4)
-    layer.scales, layer.biases = layer.scales.astype(mx.float16), layer.biases.astype(mx.float16)
+    layer.scales, layer.biases = layer.scales.astype(dtype), layer.biases.astype(dtype)
     return layer
 
 
@@ -57,6 +33,40 @@ def test_gemm_prefill_matches_the_quantized_kernel(rows):
         np.testing.assert_array_equal(got, want)  # the same kernel
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mxfp4_layers_take_the_gemm_path_with_their_byte_scales():
+    """MXFP4 scales are bytes: the GEMM path dequantizes them as stored (float32 activations: the kernel's dtype)."""
+    mx.random.seed(1)
+    reference = nn.QuantizedLinear.from_linear(nn.Linear(96, 64, bias=False), group_size=32, bits=4, mode="mxfp4")
+    switched = nn.QuantizedLinear.from_linear(nn.Linear(96, 64, bias=False), group_size=32, bits=4, mode="mxfp4")
+    switched.update(reference.parameters())
+    switched.__class__ = PrefillQuantizedLinear
+    switched.instruments = Instruments()
+    x = mx.random.normal((1, 200, 96))
+    np.testing.assert_allclose(np.array(switched(x)), np.array(reference(x)), rtol=1e-5, atol=1e-5)
+    assert switched.instruments.gemm_calls == 1
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_16bit_activations_keep_the_quantized_kernel_unless_float32_prefill_is_asked(dtype):
+    """mlx-lm's 16-bit conversions: the kernel sums in 16 bits, so the default keeps it (bit for bit); the opt-in
+    float32 GEMM gives other values, closer to the exact product."""
+    reference, switched = _layer(dtype=dtype), _layer(dtype=dtype)
+    for layer in (reference, switched):
+        layer.bias = layer.bias.astype(dtype)  # every parameter 16-bit, as `convert --dtype` makes them
+    switched.__class__ = PrefillQuantizedLinear
+    x = mx.random.normal((1, 200, 96)).astype(dtype)
+    want = reference(x)
+    assert want.dtype == dtype
+    np.testing.assert_array_equal(np.array(switched(x).astype(mx.float32)), np.array(want.astype(mx.float32)))
+    switched.float32_prefill = True
+    fast = switched(x)
+    weight = mx.dequantize(reference.weight, reference.scales, reference.biases, 32, 4).astype(mx.float32)
+    exact = np.array(x.astype(mx.float32), dtype=np.float64) @ np.array(weight, dtype=np.float64).T
+    kernel_error = np.abs(np.array(want.astype(mx.float32)) - exact).max()
+    fast_error = np.abs(np.array(fast.astype(mx.float32)) - exact).max()
+    assert fast_error < kernel_error
 
 
 def test_converted_model_gets_gemm_prefill_and_keeps_its_tokens(tmp_path):

@@ -139,8 +139,9 @@ def test_two_streams_in_one_process_count_apart(monkeypatch, small_store):
     monkeypatch.setenv(ENV, "2")
     settings = StreamSettings(cache_bytes=0, overlap=True)
     first, second = Instruments(routing=[]), Instruments(routing=[])
-    opened = [load_streaming(small_store, settings, instruments=i) for i in (first, second)]
-    bare_model, _, bare = load_streaming(small_store, settings)
+    # float32_prefill: this bf16 store's prompt through the grouped GEMM (opt-in; the kernel is the default)
+    opened = [load_streaming(small_store, settings, instruments=i, float32_prefill=True) for i in (first, second)]
+    bare_model, _, bare = load_streaming(small_store, settings, float32_prefill=True)
     try:
         prompt = list(range(40, 80))  # 40 rows x 8 experts: a prompt through the grouped GEMM
         tokens = time_decode(opened[0][0], 3, prompt).tokens

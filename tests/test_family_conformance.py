@@ -11,12 +11,16 @@ are slow. bench/family_table.py runs the same checks and prints the table in doc
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
+from mlx_lm.generate import generate_step
 
+from nightshift.engine.generation import DEFAULT_CHUNK
 from tests.helpers.moe_families import (
     LAYOUTS,
+    QUANTIZATIONS,
     FamilyError,
     Outcome,
     build,
@@ -28,7 +32,8 @@ from tests.helpers.moe_families import (
 )
 
 QUICK = "qwen3_moe"  # the family the quick run checks; every other one is slow
-QUANTIZED_FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss")
+QUICK_CONVERSION = (QUICK, "4bit bf16")  # the hub's commonest MLX format; every other conversion is slow
+SLOW = pytest.mark.slow
 
 
 # The tiny config as is, in each layout; and with every boolean option of the family switched on, in one layout:
@@ -88,12 +93,26 @@ def test_family_imports_exactly_or_is_refused(family, layout, variant, tmp_path)
     assert_exact_or_refused(family, check_import(src, tmp_path))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", QUANTIZED_FAMILIES)
-def test_mlx_lm_4bit_conversion_imports_token_for_token(family, tmp_path):
-    """A 4-bit conversion made with mlx-lm's own convert keeps its quantization and its tokens."""
-    src = written_or_skipped(family, tmp_path / "src", "release")
-    converted = quantized_checkpoint(src, tmp_path / "4bit", bits=4)
-    outcome = check_import(converted, tmp_path)
-    assert outcome.refused is None, outcome.refused
-    assert not outcome.differences, "; ".join(outcome.differences[:8])
+def _conversions() -> list:
+    return [
+        pytest.param(family, name, id=f"{family}-{name}", marks=() if (family, name) == QUICK_CONVERSION else SLOW)
+        for family in moe_families()
+        for name in QUANTIZATIONS
+    ]
+
+
+@pytest.mark.parametrize(("family", "quantization"), _conversions())
+def test_mlx_lm_conversion_imports_and_generates_token_for_token(family, quantization, tmp_path):
+    """A conversion made with mlx-lm's own convert (4-bit with float32, bfloat16 or float16 scales, 8-bit bfloat16,
+    MXFP4) keeps its quantization, and nightshift's greedy tokens, prompt included, are plain mlx-lm's."""
+    src = written_or_skipped(family, tmp_path / "src", OPTIONS)  # options off: the release layout, else mlx-lm's
+    try:
+        converted = quantized_checkpoint(src, tmp_path / "converted", **QUANTIZATIONS[quantization])
+    except FamilyError as exc:
+        pytest.skip(str(exc))
+    assert_exact_or_refused(family, check_import(converted, tmp_path))
+
+
+def test_the_default_prefill_chunk_is_mlx_lms_prefill_step():
+    """A default generation reads the prompt in mlx-lm's steps (engine/prefill.py): the same split, the same bits."""
+    assert inspect.signature(generate_step).parameters["prefill_step_size"].default == DEFAULT_CHUNK

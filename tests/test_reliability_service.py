@@ -1,26 +1,33 @@
-"""The service's own faults, in one process (issue [12]): owners of running runs, a worker that meets a locked
-queue or dies, the control socket's limits, clients that give up cleanly, long errors, owner-only files."""
+"""The service's own faults, in one process (issues [12], [20]): owners of running runs, a worker that meets a locked
+queue or dies, the control socket's limits, clients that give up cleanly, long errors, owner-only files, a damaged
+queue rebuilt, a log that cannot be written."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import select
 import socket
+import sqlite3
 import stat
 import threading
 from contextlib import closing, suppress
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+from bench.soak import START, stepped_clock
 from nightshift.app.cli import main
-from nightshift.app.daemon import control
+from nightshift.app.commands.serve import LogFile
+from nightshift.app.daemon import clock, control
 from nightshift.app.daemon import service as service_module
-from nightshift.app.daemon.runs import ERROR_KEPT, RunQueue, process_start
+from nightshift.app.daemon.runs import ERROR_KEPT, QueueError, RunQueue, process_start
 from nightshift.app.daemon.service import Service
-from nightshift.app.review.index import REASON_KEPT, add_failure, read_index
-from nightshift.app.review.schedule import BUNDLED_DIR
+from nightshift.app.review.index import REASON_KEPT, IndexEntry, add_failure, add_to_index, read_index
+from nightshift.app.review.schedule import BUNDLED_DIR, find_schedule
 from tests.helpers.service import dead_pid
 from tests.helpers.waits import wait_for
 
@@ -47,9 +54,24 @@ def test_recovery_queues_a_dead_owners_run_again_once_and_never_touches_a_live_o
     assert (queue.get(retry).review, queue.get(retry).origin, queue.get(retry).state) == ("weekly", "retry", "queued")
     assert RunQueue().recover() == []  # exactly once
     # The same pid, but another process (the pid was reused): not the owner.
-    with closing(queue._connect()) as db:
+    with queue._transaction() as db:
         db.execute("UPDATE runs SET pid_start = 1.0 WHERE id = ?", (live.id,))
     assert queue.get(live.id).orphaned and len(RunQueue().recover()) == 1
+
+
+def test_a_dead_owners_run_whose_outcome_is_in_the_report_index_ends_so_and_is_not_run_again(home):
+    """Its process wrote the report (or the failure) and died, or could not record it (a full disk)."""
+    queue = RunQueue()
+    done = queue.claim(queue.enqueue("daily"), dead_pid())
+    add_to_index(IndexEntry(run=done.id, review="daily", created="2026-10-30T19:00:00+00:00", path="/r/daily.pdf"))
+    failed = queue.claim(queue.enqueue("weekly"), dead_pid())
+    add_failure("weekly", "source 'bank': no file", failed.id)
+    lost = queue.claim(queue.enqueue("month-end"), dead_pid())  # nothing in the index: run again
+    (retry,) = RunQueue().recover()
+    assert (queue.get(done.id).state, queue.get(done.id).report) == ("done", "/r/daily.pdf")
+    assert (queue.get(failed.id).state, queue.get(failed.id).error) == ("failed", "source 'bank': no file")
+    assert queue.get(lost.id).state == "interrupted" and queue.get(retry).review == "month-end"
+    assert RunQueue().recover() == []
 
 
 def test_jobs_without_the_service_shows_a_dead_run_as_interrupted(home, capsys):
@@ -104,7 +126,7 @@ def test_a_locked_queue_fails_nothing_silently_and_the_worker_goes_on(home, serv
     running = service(wake_worker=Watched())
     assert running.wake_worker.waited.wait(30)  # its first look: nothing queued, so it waits to be woken
     waiting = RunQueue().enqueue("vanished")  # no such review: fails at once, with its reason
-    blocker = RunQueue()._connect()
+    blocker = sqlite3.connect(home / "runs.sqlite", isolation_level=None)  # as another process's would
     blocker.execute("BEGIN EXCLUSIVE")  # another process holds the queue: every write fails
     with caplog.at_level(logging.ERROR, "nightshift.serve"):
         running.wake_worker.set()
@@ -195,12 +217,10 @@ def test_a_silent_or_full_service_gives_a_clear_message_not_a_traceback(home):
 def test_the_data_dir_and_its_files_are_owner_only_from_the_first_command(home, capsys):
     assert main(["review", "list"]) == 0
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
-    queue = RunQueue()  # as a foreground `review run` creates it
-    with closing(queue._connect()) as db:  # while open, SQLite keeps its -wal and -shm files
-        queue.enqueue("daily")
-        db.execute("SELECT count(*) FROM runs").fetchone()
-        for name in ("runs.sqlite", "runs.sqlite-wal", "runs.sqlite-shm"):
-            assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    queue = RunQueue()  # as a foreground `review run` creates it; while it is open, SQLite keeps its -wal and -shm
+    queue.enqueue("daily")
+    for name in ("runs.sqlite", "runs.sqlite-wal", "runs.sqlite-shm"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
 
 
 def test_a_shared_data_dir_keeps_its_mode_with_a_warning(home, service, caplog):
@@ -257,3 +277,103 @@ def test_a_cancel_between_checks_stops_the_review_there(home):
         run_checks_for(schedule, schedule.as_of, lambda name, seconds: seen.append(name),
                        lambda: any(name.startswith("check") for name in seen))  # fmt: skip
     assert [name for name in seen if name.startswith("check")] == [seen[-1]]  # one check ran, no more
+
+
+DUE = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
+
+
+def damage_index_page(path: Path) -> None:
+    """Overwrite the page of the queue's unique index with garbage: its rows stay readable, the file is damaged."""
+    with closing(sqlite3.connect(path)) as db:
+        page = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'one_run_per_due'").fetchone()[0]
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(path, "r+b") as raw:  # the test breaks the file on purpose, with no connection open
+        raw.seek((page - 1) * size)
+        raw.write(b"\xa5" * size)
+
+
+def test_a_damaged_queue_is_kept_aside_and_rebuilt_from_what_is_known(home, monkeypatch, caplog):
+    daily = find_schedule("daily")
+    earlier = Service({"daily": daily}, work=False)  # a service ran before: its job is in the scheduler's store
+    earlier.start()
+    earlier.stop()
+    queue = RunQueue()
+    done = queue.claim(queue.enqueue("weekly", due=DUE, origin="schedule"), os.getpid())
+    queue.finish(done.id, "done", report=str(home / "weekly.pdf"))
+    waiting = queue.enqueue("month-end")
+    add_failure("month-end", "source 'bank': not readable", run=41)  # its queue row was lost with the damage
+    queue.db.close()
+    del queue
+    damage_index_page(home / "runs.sqlite")
+    # 19:30 in London on Friday 30 October 2026: the daily review fell due an hour ago and its run is nowhere.
+    monkeypatch.setattr(clock, "now", lambda: datetime(2026, 10, 30, 19, 30, tzinfo=UTC))
+    service = Service({"daily": daily}, work=False)
+    with caplog.at_level(logging.WARNING, "nightshift.serve"):
+        service.start()
+    try:
+        (kept,) = [path for path in home.glob("runs.sqlite.damaged-*") if not path.name.endswith(("-wal", "-shm"))]
+        assert "run queue" in caplog.text and "was damaged" in caplog.text and str(kept) in caplog.text
+        assert RunQueue().damage() is None
+        runs = {run.id: run for run in RunQueue().recent()}
+        assert (runs[done.id].state, runs[waiting].state, runs[41].state) == ("done", "queued", "failed")
+        assert runs[41].error == "source 'bank': not readable"  # from the report index
+        (missed,) = [run for run in runs.values() if run.review == "daily"]
+        assert (missed.origin, missed.due) == ("schedule", datetime(2026, 10, 30, 18, 30, tzinfo=UTC))
+        assert "was damaged" in control.jobs().notices()[0]  # for `nightshift jobs` and the dashboard
+        assert len(read_index()) == 1
+    finally:
+        service.stop()
+
+
+def test_a_damaged_queue_without_the_service_says_to_start_it(home, capsys):
+    home.mkdir(parents=True)
+    (home / "runs.sqlite").write_bytes(b"this is not a database" * 300)
+    with pytest.raises(QueueError, match=r"is damaged .*start `nightshift serve`"):
+        RunQueue().recent()
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_log_that_cannot_be_written_is_said_once_not_a_traceback_per_line(capsys):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here (a device every write to fails with 'no space left')")
+    handler = LogFile("/dev/full")
+    logger = logging.getLogger("nightshift.tests.full")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for number in range(5):
+            logger.error("line %d", number)
+        err = capsys.readouterr().err
+        assert err.count("cannot write the log /dev/full") == 1 and "No space left" in err
+        assert "Logging error" not in err and "Traceback" not in err
+        handler.stream = io.StringIO()  # room again
+        logger.error("after")
+        assert "the log /dev/full is written again" in capsys.readouterr().err
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_due_run_the_queue_cannot_take_fires_again_until_it_is_queued(home, monkeypatch, caplog):
+    monkeypatch.setattr(RunQueue, "busy_timeout_s", 0.2)
+    monkeypatch.setattr(service_module, "RETRY_S", 0.5)
+    with stepped_clock(START) as now:
+        running = Service({"daily": find_schedule("daily")}, work=False)
+        running.start()
+        try:
+            blocker = sqlite3.connect(home / "runs.sqlite", isolation_level=None)  # as another process's would
+            blocker.execute("BEGIN EXCLUSIVE")  # every write to the queue fails meanwhile
+            due = running.scheduler.get_job("daily").next_run_time
+            now[0] = due + timedelta(seconds=1)
+            with caplog.at_level(logging.ERROR, "nightshift.serve"):
+                running.scheduler.check_now()
+                wait_for(lambda: "its run due at 2026-10-28T18:30:00+00:00 is not queued yet" in caplog.text)
+            assert running.scheduler.get_job("daily").next_run_time == due  # in the store: a restart fires it too
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            wait_for(lambda: [run.due for run in RunQueue().recent()] == [due], 30)
+            wait_for(lambda: running.scheduler.get_job("daily").next_run_time > due)
+        finally:
+            running.stop()

@@ -20,7 +20,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise NightshiftError("--draft-depth needs --drafter (a small model sharing the tokenizer)")
     drafter = resolve_model(args.drafter) if args.drafter else None
     store = resolve_model(args.model)
-    model = open_for_generation(store, in_ram=args.in_ram, drafter=drafter, memory_budget=args.memory_budget)
+    model = open_for_generation(
+        store,
+        in_ram=args.in_ram,
+        drafter=drafter,
+        memory_budget=args.memory_budget,
+        float32_prefill=args.float32_prefill,
+    )
     if model.stream is not None:
         from nightshift.app.notices import first_time
         from nightshift.engine.moe.tuning import describe_tuning, tuning_for
@@ -121,6 +127,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=DEFAULT_CHUNK,
         help=f"prompt rows per forward pass ({DEFAULT_CHUNK}); each chunk reads an expert once",
+    )
+    parser.add_argument(
+        "--float32-prefill",
+        action="store_true",
+        help="read the prompt of a float16/bfloat16 checkpoint through float32 BLAS: faster on the CPU, but the "
+        "tokens are not mlx-lm's (its CPU kernel sums in 16 bits); float32 checkpoints take BLAS anyway",
     )
     parser.add_argument(
         "--in-ram",

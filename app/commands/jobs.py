@@ -61,12 +61,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         queue = jobs_without_service(args.limit)
     else:
         print("service: running")
-        if queue.worker_restarts:
-            print(f"service: its worker died and was restarted {queue.worker_restarts} time(s)")
-        if queue.worker_error:
-            print(f"service: the worker's last failure: {queue.worker_error}")
-        for error in queue.schedule_errors:
-            print(f"service: schedule not loaded (its last good version, if any, stays): {error}")
+    for notice in queue.notices():
+        print(f"note: {notice}")
     for name, when in sorted(queue.next_runs.items(), key=lambda item: item[1] or ""):
         print(f"   -  scheduled   {name:<14} next     {when}")
     for line in format_runs(queue.runs):
@@ -74,10 +70,24 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+LIMIT_MAX = 1_000_000
+
+
+def _count(text: str) -> int:
+    """A --limit: a whole number of runs from 1 to LIMIT_MAX."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs; give 1 to {LIMIT_MAX:,}")
+    return count
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Scheduled reviews with their next run, then runs: queued, running (with live tokens/s), "
         "done (with the report), failed (with the reason) or interrupted. Works with or without the service."
     )
-    parser.add_argument("--limit", type=int, default=30, help="how many runs to show (30)")
+    parser.add_argument("--limit", type=_count, default=30, help="how many runs to show (30)")
     parser.set_defaults(run=cmd_jobs)

@@ -112,9 +112,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from nightshift.engine.store.synth import check_synthesis, synthesize
 
     out = Path(args.out) if args.out else cache_dir() / "synth" / f"{args.arch}-{args.preset}-seed{args.seed}"
-    check_synthesis(args.arch, args.preset, out, args.skew)  # refused before it says what it is doing
+    routing = Path(args.routing) if args.routing else None
+    if routing is not None and not routing.is_file():
+        raise NightshiftError(
+            f"{routing} is not a routing trace (no such file); record one with bench/routing_traces.py"
+        )
+    check_synthesis(args.arch, args.preset, out, args.skew, routing)  # refused before it says what it is doing
     say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
-    print(synthesize(args.arch, args.preset, out, seed=args.seed, skew=args.skew))
+    print(synthesize(args.arch, args.preset, out, seed=args.seed, skew=args.skew, routing=routing))
     return 0
 
 
@@ -277,6 +282,12 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         type=float,
         default=0.0,
         help="make one expert in eight hot: its router row is scaled by 1+S (default 0)",
+    )
+    synth.add_argument(
+        "--routing",
+        metavar="TRACE",
+        help="a routing trace (.npz, bench/routing_traces.py) for the routers to replay instead of routing at "
+        "random: a kimi_k3_replay model with a trained network's locality (kimi_k3 only; docs/moefication.md)",
     )
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", help="directory to create (default: under the data dir's cache)")

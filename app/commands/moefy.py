@@ -16,7 +16,7 @@ def cmd_moefy(args: argparse.Namespace) -> int:
     from nightshift.app.progress import Heartbeat
     from nightshift.engine.store.moefy import moefy
 
-    source = resolve_model(args.source)
+    source = resolve_model(args.source) if args.source else _dense_default()
     k = DEFAULT_K * args.experts // DEFAULT_EXPERTS if args.k is None else args.k
     name = args.name or f"{source.name}-moe{args.experts}"
     target = models_dir() / name
@@ -27,6 +27,18 @@ def cmd_moefy(args: argparse.Namespace) -> int:
     with Heartbeat(say) as beat:
         print(moefy(source, target, experts=args.experts, k=k, calibration=calibration, say=beat.say))
     return 0
+
+
+def _dense_default() -> Path:
+    """The default model as the dense llama it is prepared from (the default model itself is already sparse)."""
+    from nightshift.app.default_model import default_model_dir
+
+    dense = default_model_dir()
+    if not (dense / "config.json").is_file():
+        raise NightshiftError(
+            "the default model is not prepared here: run `nightshift model default`, or give --source"
+        )
+    return dense
 
 
 def _read_calibration(path: str) -> str:
@@ -48,7 +60,9 @@ def register(actions: argparse._SubParsersAction) -> None:
         "k experts per token, and write the result as a new model. With k equal to the number of experts "
         f"the model computes exactly what the dense one does. See {doc('moefication.md')}.",
     )
-    moefy_parser.add_argument("--source", help="dense model name or directory (default: the default model)")
+    moefy_parser.add_argument(
+        "--source", help="dense model name or directory (default: the dense model the default model is made from)"
+    )
     moefy_parser.add_argument(
         "--experts", type=int, default=DEFAULT_EXPERTS, help=f"experts per layer (default {DEFAULT_EXPERTS})"
     )

@@ -59,10 +59,13 @@ def _run_in_service(args: argparse.Namespace, as_of: date) -> int | None:
         return 0
     # Reading a long prompt can take a minute on a CPU with no new figure: the heartbeat keeps a timer going.
     with live(say) as beat:
-        while (run := run_status(run_id)).state not in ("done", "failed", "interrupted"):
+        while (run := run_status(run_id)) is not None and run.state not in ("done", "failed", "interrupted"):
             if run.state == "running" and run.progress:
                 _note(beat, run.progress)
             time.sleep(POLL_S)
+    if run is None:
+        raise NightshiftError(f"the service stopped before run {run_id} ended; it stays in the queue and runs when "
+                              "`nightshift serve` starts again (`nightshift jobs` shows it)")  # fmt: skip
     return _outcome(run.state, run.report, run.error)
 
 
@@ -80,18 +83,24 @@ def _outcome(state: str, report: str | None, error: str | None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from nightshift.app.daemon.runs import RunQueue
-    from nightshift.app.daemon.work import execute
+    from nightshift.app.daemon.work import Unsettled, execute
+    from nightshift.app.paths import writable_data_dir
 
     as_of = _as_of(args, args.name)
     in_service = _run_in_service(args, as_of)
     if in_service is not None:
         return in_service
+    writable_data_dir()  # the run, its report and the index are written there: a data dir that cannot be, said now
     queue = RunQueue()
-    run = queue.claim(queue.enqueue(args.name, as_of, origin="manual"), os.getpid())
+    run = queue.begin(args.name, as_of, os.getpid())
     say(f"run {run.id}: {args.name} as of {as_of} (no service running: running here)")
     try:
         with live(say) as beat:
             finished = execute(queue, run, say=beat.say, show=lambda figures: _note(beat, figures))
+    except Unsettled as exc:  # ended, but the queue could not record it (disk full)
+        ended = exc.pending.get(run.id)
+        kept = "; the report index has how it ended, and `nightshift serve` records it from there"
+        raise NightshiftError(f"{exc}{kept if ended and ended.state != 'interrupted' else ''}") from None
     except KeyboardInterrupt:
         queue.finish(run.id, "interrupted", error="interrupted by the user")
         say("interrupted")

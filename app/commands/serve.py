@@ -11,11 +11,32 @@ import threading
 from pathlib import Path
 
 from nightshift.app.commands import say
-from nightshift.app.paths import doc, private_file, service_log
+from nightshift.app.paths import doc, private_file, service_log, writable_data_dir
+
+
+class LogFile(logging.FileHandler):
+    """The service's log file. A line that cannot be written (the disk full) is said once on stderr, and again
+    once lines are written again: not a "--- Logging error ---" traceback per line."""
+
+    failing = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.failed_now = False
+        super().emit(record)  # calls handleError when the write fails
+        if self.failing and not self.failed_now:
+            self.failing = False
+            sys.stderr.write(f"nightshift: the log {self.baseFilename} is written again\n")
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.failed_now = True
+        if not self.failing:
+            self.failing = True
+            sys.stderr.write(f"nightshift: cannot write the log {self.baseFilename} ({sys.exc_info()[1]}); its "
+                             "lines are lost until it can be written (free space in the data dir)\n")  # fmt: skip
 
 
 def _logging() -> None:
-    handlers = [logging.FileHandler(private_file(service_log())), logging.StreamHandler()]
+    handlers = [LogFile(private_file(service_log())), logging.StreamHandler()]
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in handlers:
         handler.setFormatter(formatter)
@@ -39,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from nightshift.engine.distributed.model import Cluster
 
         cluster = Cluster.load(Path(args.hosts), args.port)  # a wrong hosts.json stops serve here, said
+    writable_data_dir()
     _logging()
     service = Service(cluster=cluster)
     if cluster is not None:
@@ -46,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=service.reload, name="reload").start())
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=service.reload_said, name="reload").start())
     service.start()
     say(f"serving; log in {service_log()}; stop with Ctrl-C; SIGHUP reads the schedule files again")
     try:
@@ -55,7 +77,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             pass
     finally:
-        say("stopping (a run in progress is interrupted and queued again)")
+        busy = len(service.running)  # runs being worked on: a stop interrupts them and queues them again
+        say("stopping" + (f" ({busy} run(s) in progress: interrupted and queued again)" if busy else ""))
         service.stop()
     # Everything is recorded and the threads are told to end. Leave now: the interpreter's teardown under
     # daemon threads still running (a connection's, APScheduler's, the engine's) could abort the process

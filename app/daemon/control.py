@@ -30,7 +30,7 @@ from typing import Any
 
 from nightshift.app.daemon.runs import Run, RunQueue
 from nightshift.app.paths import control_socket, ensure_data_dir
-from nightshift.app.review.index import IndexEntry
+from nightshift.app.review.index import IndexEntry, clip
 from nightshift.engine.errors import NightshiftError
 
 log = logging.getLogger("nightshift.control")
@@ -212,7 +212,17 @@ class Jobs:
     worker_restarts: int = 0  # times the watchdog found the worker thread dead and started a new one
     worker_error: str | None = None  # the last failure the worker met (it goes on once the cause clears)
     schedule_errors: list[str] = field(default_factory=list)  # schedule files that did not load
+    repairs: list[str] = field(default_factory=list)  # the SQLite files found damaged at the service's start
     hosts: list[dict] = field(default_factory=list)  # serve --hosts: each host ("host") and its drive names
+
+    def notices(self) -> list[str]:
+        """What is wrong beside the runs, a line each, for `nightshift jobs` and the dashboard."""
+        lines = [f"repaired at the service's start: {repair}" for repair in self.repairs]
+        if self.worker_restarts:
+            lines.append(f"the service's worker died and was restarted {self.worker_restarts} time(s)")
+        if self.worker_error:
+            lines.append(f"the worker's last failure: {self.worker_error}")
+        return lines + [f"schedule skipped (the other reviews run): {error}" for error in self.schedule_errors]
 
     @property
     def current(self) -> Run | None:
@@ -239,22 +249,19 @@ def jobs(limit: int = 30, timeout: float = 10.0) -> Jobs | None:
         return None
     return Jobs([Run.from_dict(run) for run in reply["runs"]], reply["next_runs"], reply.get("cancelling"),
                 reply.get("worker_restarts", 0), reply.get("worker_error"), reply.get("schedule_errors", []),
-                reply.get("hosts", []))  # fmt: skip
-
-
-def scheduled_without_service() -> dict[str, str | None]:
-    """Next fire times computed from the schedule files (what the service would do)."""
-    from nightshift.app.review.schedule import load_schedules  # APScheduler: only when no service answers
-
-    now = datetime.now(UTC)
-    schedules, _ = load_schedules()
-    return {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
-            for name, s in schedules.items()}  # fmt: skip
+                reply.get("repairs", []), reply.get("hosts", []))  # fmt: skip
 
 
 def jobs_without_service(limit: int) -> Jobs:
-    """The queue from the data dir, with next runs from the schedule files: what the service would report."""
-    return Jobs(RunQueue().recent(limit), scheduled_without_service())
+    """The queue from the data dir, with next runs and errors from the schedule files: what the service would
+    report."""
+    from nightshift.app.review.schedule import load_schedules  # APScheduler: only when no service answers
+
+    now = datetime.now(UTC)
+    schedules, errors = load_schedules()
+    next_runs = {name: (fire.isoformat() if (fire := s.trigger.get_next_fire_time(None, now)) else None)
+                 for name, s in schedules.items()}  # fmt: skip
+    return Jobs(RunQueue().recent(limit), next_runs, schedule_errors=[clip(str(error), 1000) for error in errors])
 
 
 def run_status(run_id: int, timeout: float = 10.0) -> Run | None:

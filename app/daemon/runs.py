@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Mapping
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import date, datetime
 from pathlib import Path
@@ -24,10 +24,11 @@ from typing import Any
 import psutil
 
 from nightshift.app.daemon import clock
-from nightshift.app.paths import private_file, run_queue
-from nightshift.app.review.index import clip
+from nightshift.app.paths import private_folder, run_queue
+from nightshift.app.review.index import IndexEntry, clip, read_index
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import AnswerFigures
+from nightshift.engine.instruments.database import database_damaged, open_database
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
 
@@ -56,8 +57,21 @@ INTERRUPTED_BY_STOP = "the service stopped during this run; queued again"
 ERROR_KEPT = 2000  # characters of a reason stored with a run (a 10 MB exception text is not kept whole)
 
 
+def _prepare(db: sqlite3.Connection) -> None:
+    """A new connection's file as the queue needs it: WAL, the table and index, a column added since."""
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(_SCHEMA)
+    if "pid_start" not in {row["name"] for row in db.execute("PRAGMA table_info(runs)")}:
+        db.execute("ALTER TABLE runs ADD COLUMN pid_start REAL")  # a queue from before owners
+
+
 class QueueError(NightshiftError):
-    """The run queue's file cannot be read or written (disk full, read-only, locked, no descriptors left)."""
+    """The run queue's file cannot be read or written (disk full, read-only, locked, no descriptors left), or is
+    `damaged` (SQLite finds it corrupt or not a database: `nightshift serve` keeps it aside and rebuilds it)."""
+
+    def __init__(self, message: str, damaged: bool = False):
+        super().__init__(message)
+        self.damaged = damaged
 
 
 def process_start(pid: int) -> float | None:
@@ -71,6 +85,14 @@ def process_start(pid: int) -> float | None:
 def alive(pid: int | None, started: float | None) -> bool:
     """Whether the process that claimed a run (pid and start time) still runs: the same pid, started then."""
     return pid is not None and started is not None and process_start(pid) == started
+
+
+def _outcomes_in_index() -> dict[int, IndexEntry]:
+    """The report index's outcomes (a report written, a failure) by run id; none when the index cannot be read."""
+    try:
+        return {entry.run: entry for entry in read_index() if entry.run is not None}
+    except NightshiftError:
+        return {}
 
 
 def gone_reason(pid: int | None) -> str:
@@ -189,66 +211,54 @@ class Run:
 
 
 class RunQueue:
-    """Runs in a SQLite file; every method opens its own connection, so threads and processes can share it.
+    """Runs in a SQLite file, through the process's one connection to it (engine `open_database`): every
+    `RunQueue` of a process shares it, and its threads take turns.
 
-    SQLite's own errors (disk full, read-only, locked, no descriptors) come out as `QueueError`.
+    SQLite's own errors (disk full, read-only, locked, no descriptors, a damaged file) come out as `QueueError`.
     """
+
+    busy_timeout_s = 30.0  # how long a statement waits for another process's write before it fails
 
     def __init__(self, path: Path | None = None):
         self.path = path or run_queue()
         with self._guard():
-            private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files take its mode
-            with closing(self._connect()) as db, db:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.executescript(_SCHEMA)
-                if "pid_start" not in {row["name"] for row in db.execute("PRAGMA table_info(runs)")}:
-                    db.execute("ALTER TABLE runs ADD COLUMN pid_start REAL")  # a queue from before owners
+            self.db = open_database(private_folder(self.path), _prepare, self.busy_timeout_s)
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
         try:
             yield
         except (sqlite3.Error, OSError) as exc:
+            if database_damaged(exc):
+                raise QueueError(
+                    f"the run queue {self.path} is damaged ({clip(str(exc), 300)}); start `nightshift serve`: it "
+                    "keeps the damaged file aside and rebuilds the queue from what it can read and the report index",
+                    damaged=True,
+                ) from exc
             raise QueueError(
                 f"the run queue {self.path} cannot be read or written: {clip(str(exc), 300)}; check that the "
                 f"data dir {self.path.parent} is yours, writable and has free space"
             ) from exc
 
-    busy_timeout_s = 30.0  # how long a statement waits for another process's write before it fails
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        return db
-
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._guard(), closing(self._connect()) as db:
+        with self._guard(), self.db.read() as db:
             yield db
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: everything in it is stored, or nothing (also when the process dies)."""
-        with self._guard(), closing(self._connect()) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        with self._guard(), self.db.transaction() as db:
+            yield db
 
     def _write(self, sql: str, parameters: tuple) -> sqlite3.Cursor:
         with self._transaction() as db:
             return db.execute(sql, parameters)
 
-    def keep_open(self) -> sqlite3.Connection:
-        """A connection held open by the service for its lifetime: SQLite keeps the -wal and -shm files while one
-        is open, so reading the queue (`jobs`) still works when the disk fills (a new -shm could not be made)."""
+    def damage(self) -> str | None:
+        """What SQLite's quick check finds wrong with the file (None: sound); `serve` asks when it starts."""
         with self._guard():
-            db = self._connect()
-            db.execute("SELECT count(*) FROM runs").fetchone()
-        return db
+            return self.db.damage()
 
     def enqueue(self, review: str, as_of: date | None = None, due: datetime | None = None,
                 origin: str = "manual") -> int | None:  # fmt: skip
@@ -256,6 +266,17 @@ class RunQueue:
         cursor = self._write(_ENQUEUE, (review, as_of.isoformat() if as_of else None, due.isoformat() if due else None,
                                         origin, clock.now().isoformat(timespec="seconds")))  # fmt: skip
         return cursor.lastrowid if cursor.rowcount else None
+
+    def begin(self, review: str, as_of: date | None, pid: int) -> Run:
+        """A run asked for by hand, queued and claimed by process `pid` in one step (a foreground `review run`):
+        a service starting meanwhile cannot take it first."""
+        now = clock.now().isoformat(timespec="seconds")
+        cursor = self._write(
+            "INSERT INTO runs (review, as_of, origin, state, created, started, pid, pid_start) "
+            "VALUES (?, ?, 'manual', 'running', ?, ?, ?, ?)",
+            (review, as_of.isoformat() if as_of else None, now, now, pid, process_start(pid)),
+        )
+        return self.get(cursor.lastrowid)
 
     def claim_next(self, pid: int) -> Run | None:
         """The oldest queued run, now marked running by `pid`; None when nothing waits."""
@@ -311,14 +332,43 @@ class RunQueue:
 
         `lost_by`: a live process whose runs are lost all the same (the service's worker thread died
         and was restarted). A run whose owner still runs (a foreground `review run`) is left alone.
+        A lost run whose outcome the report index already has (its owner wrote the report, or its
+        failure, then died or could not record it: a full disk) ends as the index says, never run twice.
         One transaction: a process that dies while recovering leaves each run either still `running`
-        (recovered next time) or interrupted with its retry queued, never interrupted and not queued.
+        (recovered next time) or ended, or interrupted with its retry queued, never interrupted and not queued.
         """
-        with self._transaction() as db:
+        with self._read() as db:
             rows = db.execute("SELECT id, pid, pid_start FROM runs WHERE state = 'running'").fetchall()
-            lost = [row for row in rows if row["pid"] == lost_by or not alive(row["pid"], row["pid_start"])]
-            retries = [self._interrupt(db, row["id"], f"{gone_reason(row['pid'])}; queued again", True) for row in lost]
+        if not any(self._lost(row, lost_by) for row in rows):
+            return []
+        ended = _outcomes_in_index()
+        retries = []
+        with self._transaction() as db:
+            for row in db.execute("SELECT id, pid, pid_start FROM runs WHERE state = 'running'").fetchall():
+                if not self._lost(row, lost_by):
+                    continue
+                if (entry := ended.get(row["id"])) is not None:
+                    db.execute(_FINISH, (entry.state, clock.now().isoformat(timespec="seconds"), entry.path,
+                                         entry.reason, row["id"]))  # fmt: skip
+                else:
+                    retries.append(self._interrupt(db, row["id"], f"{gone_reason(row['pid'])}; queued again", True))
         return [retry for retry in retries if retry is not None]
+
+    @staticmethod
+    def _lost(row: sqlite3.Row, lost_by: int | None) -> bool:
+        return row["pid"] == lost_by or not alive(row["pid"], row["pid_start"])
+
+    def restore(self, rows: list[dict[str, Any]]) -> int:
+        """Put runs back as they were stored, their ids kept (a damaged queue's rebuild); returns how many were
+        added: a run whose id, or scheduled due time, is already there is left as it is."""
+        columns = {f.name for f in fields(Run)}
+        added = 0
+        with self._transaction() as db:
+            for row in rows:
+                names = [name for name in row if name in columns]
+                added += db.execute(f"INSERT OR IGNORE INTO runs ({', '.join(names)}) VALUES "
+                                    f"({', '.join('?' * len(names))})", [row[name] for name in names]).rowcount  # fmt: skip
+        return added
 
     def get(self, run_id: int) -> Run | None:
         with self._read() as db:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import date, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -25,20 +25,23 @@ from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, JobExecutio
 from apscheduler.executors.base import BaseExecutor
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import SQLAlchemyError
 
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
 from nightshift.app.daemon.notify import announce
-from nightshift.app.daemon.runs import Run, RunQueue
+from nightshift.app.daemon.rebuild import missed_due_runs, rebuild_queue, set_aside_if_damaged
+from nightshift.app.daemon.runs import QueueError, Run, RunQueue
 from nightshift.app.daemon.settings import load_settings
-from nightshift.app.daemon.work import Cancel, Unsettled, batch_key, execute_batch
+from nightshift.app.daemon.work import Cancel, Outcome, Unsettled, batch_key, execute_batch
 from nightshift.app.models import open_for_review
-from nightshift.app.paths import data_dir, private_file
+from nightshift.app.paths import data_dir, private_folder
 from nightshift.app.review.index import clip, read_index
 from nightshift.app.review.schedule import Schedule, find_schedule, load_schedules
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import LanguageModel
+from nightshift.engine.instruments.database import create_database_file
 
 if TYPE_CHECKING:
     from nightshift.engine.distributed.model import Cluster
@@ -50,6 +53,7 @@ IDLE_S = 2.0  # the worker looks at the queue at least this often
 BACKOFF_S = (1.0, 60.0)  # the worker's wait after a failure of its own, doubling up to the second figure
 STOP_WAIT_S = 30  # how long `stop` waits for the worker to end a run it was asked to stop
 BATCH_POLL_S = 0.5  # while runs due within the batch window are awaited, the queue is looked at this often
+RETRY_S = 5.0  # a due run the queue could not take, or a scheduler store that could not be written: tried again
 
 
 def record_due_run(review: str, due: datetime) -> None:
@@ -64,7 +68,15 @@ def record_due_run(review: str, due: datetime) -> None:
 
 
 class QueueExecutor(BaseExecutor):
-    """Runs a due job at once in the scheduler's thread (it only queues a run), honouring its grace time."""
+    """Runs a due job at once in the scheduler's thread (it only queues a run), honouring its grace time.
+
+    A due run the queue cannot take (disk full, locked) is said in one line and kept in `unrecorded`: the
+    scheduler sets its job back to that due time (`ReviewScheduler`), so it fires again until it is queued.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.unrecorded: dict[str, datetime] = {}  # job id -> the earliest due run of it not queued yet
 
     def _do_submit_job(self, job, run_times: list[datetime]) -> None:
         events = []
@@ -76,7 +88,12 @@ class QueueExecutor(BaseExecutor):
                 continue
             try:
                 job.func(*job.args, **{**job.kwargs, "due": run_time})
-            except Exception as exc:  # any failure: APScheduler logs it with its traceback
+            except QueueError as exc:
+                log.error("%s: its run due at %s is not queued yet (tried again shortly): %s", job.id,
+                          run_time.isoformat(), exc)  # fmt: skip
+                self.unrecorded.setdefault(job.id, run_time)
+                continue
+            except Exception as exc:  # any other failure: APScheduler logs it with its traceback
                 self._run_job_error(job.id, exc, exc.__traceback__)
                 return
             events.append(JobExecutionEvent(EVENT_JOB_EXECUTED, job.id, job._jobstore_alias, run_time))
@@ -84,7 +101,12 @@ class QueueExecutor(BaseExecutor):
 
 
 class ReviewScheduler(BackgroundScheduler):
-    """A BackgroundScheduler that counts its passes over the job store, so callers can wait for one."""
+    """A BackgroundScheduler that counts its passes over the job store, so callers can wait for one.
+
+    A pass that fails (its store cannot be written: disk full) is said in one line and tried again shortly,
+    where APScheduler's own thread would end. A job whose due run the queue could not take is set back to
+    that due time in the store, so the next pass (or the next start, after a kill) fires it again.
+    """
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -92,11 +114,32 @@ class ReviewScheduler(BackgroundScheduler):
         self.passed = threading.Condition()
 
     def _process_jobs(self):
-        wait = super()._process_jobs()
+        try:
+            wait = super()._process_jobs()
+            if self._keep_unrecorded():
+                wait = RETRY_S if wait is None else min(wait, RETRY_S)
+        except Exception as exc:
+            log.error("the scheduler's store could not be read or written (tried again in %.0f s): %s", RETRY_S,
+                      clip(str(exc), 300))  # fmt: skip
+            wait = RETRY_S
         with self.passed:
             self.passes += 1
             self.passed.notify_all()
         return wait
+
+    def _keep_unrecorded(self) -> bool:
+        """Set each job whose due run was not queued back to that due time (without waking the scheduler: the
+        next pass is RETRY_S away); True if there was one."""
+        unrecorded = self._lookup_executor("default").unrecorded
+        kept = bool(unrecorded)
+        for job_id, due in list(unrecorded.items()):
+            with self._jobstores_lock:
+                store = self._lookup_jobstore("default")
+                if (job := store.lookup_job(job_id)) is not None:
+                    job._modify(next_run_time=due)
+                    store.update_job(job)
+            del unrecorded[job_id]
+        return kept
 
     def check_now(self, timeout: float = 10.0) -> None:
         """Look for due jobs now and return once that pass is over."""
@@ -125,12 +168,14 @@ class Service:
         self.from_files = schedules is None  # read from the schedule folders, and read again by `reload`
         self.work = work
         self.queue: RunQueue | None = None
-        self.queue_held: sqlite3.Connection | None = None
+        self.repairs: list[str] = []  # the data dir's SQLite files found damaged at the start, and what was done
+        self.queue_rebuilt = False
         self.stopping = threading.Event()
         self.wake_worker = threading.Event()
         self.running: dict[int, Cancel] = {}  # the runs being worked on (one batch) and their cancel events
         self.settings = load_settings()  # [service] batch_window and batch_width
         self.unsettled: Callable[[], object] | None = None  # what the worker still has to record in the queue
+        self.pending: dict[int, Outcome] = {}  # how those runs ended, shown by `jobs` until the queue has it
         self.threads: list[threading.Thread] = []
         self.worker: threading.Thread | None = None
         self.worker_restarts = 0
@@ -142,19 +187,29 @@ class Service:
 
     def start(self) -> None:
         self.lock.acquire()
-        self.queue = RunQueue()
-        self.queue_held = self.queue.keep_open()
+        self.queue = self._checked_queue()
         self._recover()
         if self.from_files:
             self._read_schedules()
+        store = private_folder(self.home / "scheduler.sqlite")
+        self._repaired(set_aside_if_damaged(store, "the scheduler's store"))
+        create_database_file(store)  # 0600 before SQLAlchemy's pool connects
         self.scheduler = ReviewScheduler(
-            jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{private_file(self.home / 'scheduler.sqlite')}")},
+            jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{store}")},
             executors={"default": QueueExecutor()},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
         )
-        self.scheduler.start(paused=True)
-        self._sync_jobs()
+        try:
+            self.scheduler.start(paused=True)
+            kept = self._sync_jobs()
+        except SQLAlchemyError as exc:
+            raise NightshiftError(f"the scheduler's store {store} cannot be read or written: {clip(str(exc.orig or exc), 300)}; "
+                                  f"check that the data dir {self.home} is yours, writable and has free space, or "
+                                  "move the file aside (the schedules are read again from their files)") from None  # fmt: skip
+        if self.queue_rebuilt:  # schedules whose jobs were stored before: their latest due run may be lost with it
+            for run_id in missed_due_runs(self.queue, {name: self.schedules[name] for name in kept}):
+                log.warning("a scheduled run missing from the rebuilt queue is queued again as run %s", run_id)
         self.scheduler.resume()
         self.control = ControlServer(self.handle)
         self.control.start()
@@ -175,6 +230,31 @@ class Service:
         thread.start()
         self.threads.append(thread)
         return thread
+
+    def _checked_queue(self) -> RunQueue:
+        """The run queue after SQLite's quick check; a damaged one is kept aside and rebuilt (said in the log,
+        and by `ping` and `jobs` for the dashboard)."""
+        queue = None
+        try:
+            queue = RunQueue()
+            damage = queue.damage()
+        except QueueError as exc:
+            if not exc.damaged:
+                raise
+            damage = str(exc.__cause__)
+        if damage is None:
+            return queue
+        if queue is not None:
+            queue.db.close()  # the file is moved aside: no connection of this process may stay on it
+        self._repaired(rebuild_queue(data_dir() / "runs.sqlite", clip(damage, 300)))
+        self.queue_rebuilt = True
+        return RunQueue()
+
+    def _repaired(self, what: str | None) -> None:
+        """Say a repair in the log, and keep it for `ping` and `jobs` (the dashboard shows it)."""
+        if what is not None:
+            log.error("%s", what)
+            self.repairs.append(what)
 
     def _recover(self, lost_by: int | None = None) -> None:
         """Interrupt and queue again the runs whose owner is gone (or lost by this process's dead worker)."""
@@ -207,9 +287,23 @@ class Service:
             self._read_schedules()
             self._sync_jobs()
 
-    def _sync_jobs(self) -> None:
-        """One job per schedule. An unchanged job is kept as stored, so a run missed while off is still due."""
+    def reload_said(self) -> None:
+        """`reload` from SIGHUP's thread: what keeps it from finishing is said in the log, never a thread's
+        traceback on the terminal (the schedules as they were stay scheduled)."""
+        try:
+            self.reload()
+        except NightshiftError as exc:
+            log.error("reading the schedules again failed: %s", exc)
+        except Exception:
+            log.exception("reading the schedules again failed")
+
+    def _sync_jobs(self) -> set[str]:
+        """One job per schedule. An unchanged job is kept as stored, so a run missed while off is still due.
+
+        Returns the schedules whose jobs were kept and are not paused (their latest due run may be missing).
+        """
         stored = {job.id: job for job in self.scheduler.get_jobs()}
+        kept = set()
         for name, schedule in self.schedules.items():
             job = stored.pop(name, None)
             if (
@@ -217,6 +311,8 @@ class Service:
                 and repr(job.trigger) == repr(schedule.trigger)
                 and job.misfire_grace_time == schedule.grace_seconds
             ):
+                if job.next_run_time is not None:
+                    kept.add(name)
                 continue
             self.scheduler.add_job(
                 record_due_run, schedule.trigger, args=[name], kwargs={"due": None}, id=name, name=schedule.title,
@@ -226,6 +322,7 @@ class Service:
         for name in stored:
             self.scheduler.remove_job(name)
             log.info("%s: no schedule file any more; job removed", name)
+        return kept
 
     def next_runs(self) -> dict[str, str | None]:
         return {
@@ -264,7 +361,7 @@ class Service:
             try:
                 if self.unsettled is not None:
                     self.unsettled()
-                    self.unsettled = None
+                    self.unsettled, self.pending = None, {}
                     log.info("the queue can be written again; what the worker held is recorded")
                 if not self._work_one():
                     self.wake_worker.wait(IDLE_S)
@@ -272,7 +369,7 @@ class Service:
                 pause = BACKOFF_S[0]
                 continue
             except Unsettled as exc:
-                self.unsettled = exc.settle
+                self.unsettled, self.pending = exc.settle, exc.pending
                 self._trouble(str(exc))
             except Exception as exc:  # the queue unwritable, the disk full, no descriptors: said, tried again
                 self.unsettled = self.unsettled or partial(self._recover, os.getpid())
@@ -354,7 +451,7 @@ class Service:
     def health(self) -> dict[str, Any]:
         """What `ping` and `jobs` say of the worker, for `nightshift jobs` and the dashboard."""
         return {"worker_restarts": self.worker_restarts, "worker_error": self.worker_error,
-                "schedule_errors": self.schedule_errors,
+                "schedule_errors": self.schedule_errors, "repairs": self.repairs,
                 "hosts": self.cluster.describe() if self.cluster is not None else []}  # fmt: skip
 
     def _model(self, path: Path, memory_budget: str = "auto") -> LanguageModel:
@@ -373,7 +470,7 @@ class Service:
             return {"ok": True, "pid": os.getpid(), **self.health()}
         if command == "jobs":
             self._look_for_orphans()  # what the reply says of running runs is true: their processes are alive
-            runs = self.queue.recent(int(request.get("limit", 30)))
+            runs = [self._shown(run) for run in self.queue.recent(int(request.get("limit", 30)))]
             running = {run.id for run in runs if run.state == "running"}  # a batch's cancelled run leaves it at once
             cancelling = next(
                 (i for i, cancel in self.running.copy().items() if cancel.is_set() and i in running), None
@@ -393,6 +490,7 @@ class Service:
             return {"ok": True, "id": run_id}
         if command == "run_status":
             run = self.queue.get(int(request.get("id", 0)))
+            run = self._shown(run) if run is not None else None
             return {"ok": run is not None, "run": run.to_dict() if run else None, "error": "no such run"}
         if command == "reports":
             return {"ok": True, "reports": [entry.to_dict() for entry in read_index()]}
@@ -410,6 +508,17 @@ class Service:
             return {"ok": True, "next_runs": self.next_runs()}
         return {"ok": False, "error": f"unknown command {command!r}"}
 
+    def _shown(self, run: Run) -> Run:
+        """`run` as `jobs` shows it: one the worker has ended but could not record yet (the queue's disk full) shows
+        how it ended, not `running`."""
+        outcome = self.pending.get(run.id)
+        if outcome is None or run.state != "running":
+            return run
+        unrecorded = "not in the run queue yet: it cannot be written; recorded once it can"
+        if outcome.state == "done":
+            return replace(run, state="done", report=outcome.detail, error=unrecorded, progress=None)
+        return replace(run, state=outcome.state, error=f"{outcome.detail} ({unrecorded})", progress=None)
+
     def stop(self) -> None:
         self.stopping.set()
         for cancel in self.running.copy().values():
@@ -422,8 +531,6 @@ class Service:
             self.scheduler.shutdown(wait=False)
         for thread in self.threads:
             thread.join(timeout=STOP_WAIT_S)
-        if self.queue_held is not None:
-            self.queue_held.close()
         if self.worker is None or not self.worker.is_alive():
             for model in self.models.values():
                 model.close()  # a streamed store's reader threads, before the interpreter exits under them

@@ -68,16 +68,26 @@ class Cancel(threading.Event):
         self.set()
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: `state` (done, failed or interrupted) and `detail`, its report's path or the reason."""
+
+    state: str
+    detail: str | None
+
+
 class Unsettled(NightshiftError):
     """A run ended but the run queue could not record how (disk full, read-only, locked).
 
     `settle` records it: the service's worker calls it again until the queue can be written, so the
     outcome (a report written, a failure's reason, an interruption) is neither lost nor done twice.
+    `pending`: how each of those runs ended, by id, for `jobs` to show meanwhile.
     """
 
-    def __init__(self, run: Run, settle: Callable[[], object], cause: Exception):
+    def __init__(self, run: Run, settle: Callable[[], object], cause: Exception, pending: dict[int, Outcome]):
         super().__init__(f"run {run.id} ({run.review}) ended but the run queue could not record it: {cause}")
         self.settle = settle
+        self.pending = pending
 
 
 def _progress_writer(
@@ -140,7 +150,8 @@ class _Member:
     schedule: Schedule | None = None
     as_of: date | None = None
     prepared: Prepared | None = None
-    outcome: Callable[[], object] | None = None
+    outcome: Callable[[], object] | None = None  # records how it ended in the queue
+    told: Outcome | None = None  # how it ended
     recorded: bool = False
 
     def ended(self, error: BaseException) -> None:
@@ -149,13 +160,16 @@ class _Member:
         if isinstance(error, ReviewInterrupted):
             again = isinstance(self.cancel, Cancel) and self.cancel.again
             self.outcome = partial(self.queue.interrupt, run.id, str(error), again)
-        elif isinstance(error, NightshiftError):
+            self.told = Outcome("interrupted", str(error))
+            return
+        if isinstance(error, NightshiftError):
             log.info("run %s (%s) failed: %s", run.id, run.review, clip(str(error), 500))
-            self.outcome = partial(_failed, self.queue, run, str(error), self.schedule, self.as_of)
+            reason = str(error)
         else:  # a bug: recorded so the queue moves on, with the traceback in the log
             log.error("run %s (%s) failed", run.id, run.review, exc_info=error)
             reason = f"internal error: {error!r}; see the log"
-            self.outcome = partial(_failed, self.queue, run, reason, self.schedule, self.as_of)
+        self.outcome = partial(_failed, self.queue, run, reason, self.schedule, self.as_of)
+        self.told = Outcome("failed", clip(reason, 500))
 
     @contextmanager
     def attempt(self) -> Iterator[None]:
@@ -208,7 +222,7 @@ def execute_batch(
         try:
             settle()
         except QueueError as exc:
-            raise Unsettled(unsettled[0].run, settle, exc) from exc
+            raise Unsettled(unsettled[0].run, settle, exc, {m.run.id: m.told for m in unsettled if m.told}) from exc
     return [queue.get(run.id) for run in runs]
 
 
@@ -250,6 +264,10 @@ def _generate(queue: RunQueue, group: list[_Member], say: Callable[[str], None],
         for member in group:
             member.ended(error)
         return
+    from nightshift.engine.cpu_blas import SLOW_BLAS  # known once MLX is loaded, which opening the model did
+
+    if SLOW_BLAS:
+        say(SLOW_BLAS)
     settings = first.schedule.generation
     if len(group) == 1:
         with first.attempt():
@@ -309,6 +327,7 @@ def _store_own_figures(queue: RunQueue, member: _Member, narrative: Narrative, s
 def _report(member: _Member, narrative: Narrative, model: LanguageModel, say: Callable[[str], None]) -> None:
     entry = report_review(member.prepared, narrative, model.path, member.cancel, say, member.run.id)
     member.outcome = partial(member.queue.finish, member.run.id, "done", report=entry.path)
+    member.told = Outcome("done", entry.path)
 
 
 def _watched(record: Callable[[GenerationStats, str], None],

@@ -76,7 +76,13 @@ def remove_partial_reports(folder: Path) -> list[Path]:
 
 def write_pdf(html: str, target: Path) -> Path:
     """Lay out `html` and write the PDF at `target` atomically (temp file in the same folder, then rename)."""
-    from weasyprint import HTML
+    try:
+        from weasyprint import HTML
+    except OSError as exc:  # WeasyPrint loads the system's Pango when imported; pip cannot bring it
+        raise ReviewError(
+            f"cannot lay out the PDF: WeasyPrint needs the Pango library ({str(exc).split(':')[0]}); install it "
+            "(Debian/Ubuntu: apt install libpango-1.0-0 libpangoft2-1.0-0; Fedora: dnf install pango)"
+        ) from exc
 
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=PARTIAL_SUFFIX, dir=target.parent)

@@ -44,10 +44,10 @@ from nightshift.engine.store.gguf_import import sha256_of
 Say = Callable[[str], None]
 
 
-def last_due(schedule: Schedule, now: datetime) -> datetime | None:
-    """The schedule's most recent fire time at or before `now` (within the last 400 days)."""
+def last_due(schedule: Schedule, now: datetime, within: timedelta = timedelta(days=400)) -> datetime | None:
+    """The schedule's most recent fire time at or before `now` (and no earlier than `within` before it)."""
     fire, last = None, None
-    start = now - timedelta(days=400)
+    start = now - within
     while True:
         fire = schedule.trigger.get_next_fire_time(fire, fire or start)
         if fire is None or fire > now:

@@ -204,12 +204,14 @@ def _duration(text: str | int) -> int:
 
 def load_schedule(path: Path) -> Schedule:
     """Read and check one schedule file; ScheduleError names the file, line and field of the first problem."""
-    text = path.read_text(encoding="utf-8")
+    text = _schedule_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         line = re.search(r"line (\d+)", str(exc))
         raise ScheduleError(f"{path}:{line.group(1) if line else '?'}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ScheduleError(f"{path}: not a schedule: its arrays or tables are nested too deeply to read") from None
     read = _Reader(path, text, data)
     read.known((), data, TOP_KEYS)
     for section, allowed in SECTION_KEYS.items():
@@ -266,6 +268,34 @@ def load_schedule(path: Path) -> Schedule:
         materiality=materiality, business_days=days, generation=generation, prompt_template=prompt,
         report_template=report_template, output=output if output.is_absolute() else data_dir() / output,
     )  # fmt: skip
+
+
+SCHEDULE_BYTES_MAX = 1 << 20  # a schedule file is a page of settings; anything larger is not one
+
+
+def _schedule_text(path: Path) -> str:
+    """A schedule file's text; what keeps it from being read (not a file, too large, not UTF-8) is a ScheduleError
+    naming the file, and the line for an encoding error."""
+    try:
+        if not path.is_file():
+            kind = ("a directory" if path.is_dir() else "a link to nothing" if not path.exists()
+                    else "a special file (a pipe, socket or device)")  # fmt: skip
+            raise ScheduleError(f"{path}: is {kind}, not a schedule file; move it out of the schedules folder")
+        if path.stat().st_size > SCHEDULE_BYTES_MAX:
+            raise ScheduleError(f"{path}: is {path.stat().st_size:,} bytes, not a schedule file (at most "
+                                f"{SCHEDULE_BYTES_MAX:,}); move it out of the schedules folder")  # fmt: skip
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ScheduleError(f"{path}: cannot be read: {exc.strerror or exc}; check that it is yours and "
+                            "readable") from None  # fmt: skip
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ScheduleError(f"{path}:1: starts with a UTF-16 byte-order mark; save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")  # a byte-order mark from a Windows editor is left out
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScheduleError(f"{path}:{line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text; save the file as "
+                            "UTF-8") from None  # fmt: skip
 
 
 def _option_type(annotation: Any) -> type | tuple:

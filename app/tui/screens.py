@@ -229,11 +229,14 @@ class QueueScreen(DashboardScreen):
                             duration(run, snapshot.taken_at, self.narrow), self._detail(run, reports)))
              for run in service.jobs.runs], self.size.width)  # fmt: skip
         note = self.query_one("#queue-note", Line)
-        if not service.jobs.next_runs:
+        notices = service.jobs.notices()  # a schedule file skipped, the queue rebuilt, the worker's failure
+        if notices:
+            note.set("\n".join(notices))
+        elif not service.jobs.next_runs:
             note.set(f"no reviews: put a schedule file in the schedules folder (see {doc('reviews.md')})")
         elif not service.jobs.runs:
             note.set("no runs yet: select a review above and press n to run it now")
-        note.display = not service.jobs.next_runs or not service.jobs.runs
+        note.display = bool(notices) or not service.jobs.next_runs or not service.jobs.runs
 
     @staticmethod
     def _state(run: QueueRun, service: ServiceState) -> str:

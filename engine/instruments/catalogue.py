@@ -14,13 +14,12 @@ import io
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.assertions import Proof, require
+from nightshift.engine.instruments.database import open_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,12 +66,15 @@ class Run:
 
 
 class Catalogue:
+    """The catalogue file at `path`, through the process's one connection to it (instruments/database.py)."""
+
     def __init__(self, path: Path):
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._connect() as db:
-                db.execute(SCHEMA)
+            self.db = open_database(self.path, lambda db: db.execute(SCHEMA))
+            with self.db.read() as db:
+                db.execute("SELECT count(*) FROM runs").fetchone()  # a file that is not a catalogue says so now
         except (sqlite3.DatabaseError, OSError) as exc:
             raise CatalogueError(f"{self.path} is not a usable run catalogue ({exc}); move it aside") from exc
 
@@ -85,7 +87,7 @@ class Catalogue:
         values.pop("id")
         for key in JSON_FIELDS:
             values[key] = json.dumps(values[key], sort_keys=True, default=str)
-        with self._connect() as db:
+        with self.db.transaction() as db:
             cursor = db.execute(
                 f"INSERT INTO runs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values())
             )
@@ -98,11 +100,11 @@ class Catalogue:
         if kind:
             query, params = query + " WHERE kind = ?", [kind]
         query += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
-        with self._connect() as db:
-            return [self._run(row) for row in db.execute(query, params)]
+        with self.db.read() as db:
+            return [self._run(row) for row in db.execute(query, params).fetchall()]
 
     def get(self, run_id: int) -> Run:
-        with self._connect() as db:
+        with self.db.read() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", [run_id]).fetchone()
         if row is None:
             raise CatalogueError(f"no run {run_id} in {self.path}; `nightshift runs list` shows the runs recorded")
@@ -122,17 +124,6 @@ class Catalogue:
         for run in runs:
             writer.writerow({k: json.dumps(v, sort_keys=True) if k in JSON_FIELDS else v for k, v in run.items()})
         return out.getvalue()
-
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection that commits on success and is always closed."""
-        db = sqlite3.connect(self.path)
-        db.row_factory = sqlite3.Row
-        try:
-            with db:
-                yield db
-        finally:
-            db.close()
 
     @staticmethod
     def _run(row: sqlite3.Row) -> Run:

@@ -96,10 +96,12 @@ def measure(
     deadline = start + seconds
 
     def reader(k: int) -> None:
+        # At least one read each: on a busy machine a thread may first run after the deadline, and a cell
+        # without a sample has no rate and no latency.
         buffer = aligned_buffer(read_bytes)
         rng = random.Random(k)
         try:
-            while time.monotonic() < deadline:
+            while not latencies[k] or time.monotonic() < deadline:
                 offset = rng.randrange(slots) * ALIGNMENT
                 t0 = time.monotonic()
                 if counters:

@@ -12,7 +12,7 @@ from mlx_lm.utils import _get_classes as mlx_lm_classes
 from transformers import AutoConfig, LlamaConfig
 
 # config["model_type"] -> module in this package.
-FAMILIES: dict[str, str] = {"llama_moe": "llama_moe"}
+FAMILIES: dict[str, str] = {"llama_moe": "llama_moe", "kimi_k3_replay": "kimi_k3_replay"}
 
 
 class LlamaMoeConfig(LlamaConfig):

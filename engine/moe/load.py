@@ -52,12 +52,14 @@ def load_streaming(
     ceilings: Ceilings | None = None,
     stage: StoreShare | None = None,
     instruments: Instruments | None = None,
+    float32_prefill: bool = False,
 ) -> tuple[nn.Module, dict, ExpertStream]:
     """The model of the store at `store` with streaming expert layers, its config, and the stream behind them.
 
     An auto cache budget is sized here, before the trunk is loaded, from the RAM available now.
     `stage`: one rank of a pipeline (engine/distributed): only its layers, their trunk tensors and experts.
     `instruments`: a benchmark's counters and hooks, handed to the stream and its expert layers.
+    `float32_prefill`: the expert layers' prompt GEMM for 16-bit activations too (engine/cpu_prefill.py).
     """
     store = Path(store)
     settings = settings or StreamSettings()
@@ -79,7 +81,7 @@ def load_streaming(
     if stage is None:  # a pipeline's ranks each hold some layers: none keeps the store's whole profile
         stream.open_profile(store)  # the warm start reads while the trunk loads
     try:
-        install(model, manifest, stream)
+        install(model, manifest, stream, float32_prefill)
         quantize_as_stored(model, weights)
         model.eval()
         model.load_weights(list(weights.items()), strict=True)

@@ -232,8 +232,9 @@ def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
     return switch
 
 
-def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
-    """Replace every routed-expert module of `model` with a StreamingSwitch reading through `stream`."""
+def install(model: nn.Module, manifest: Manifest, stream: ExpertStream, float32_prefill: bool = False) -> None:
+    """Replace every routed-expert module of `model` with a StreamingSwitch reading through `stream`
+    (`float32_prefill`: as `use_gemm_prefill`'s)."""
     layers = {layer.layer: layer for layer in manifest.layers}
     sites = switch_sites(model)
     for site in sites:
@@ -242,7 +243,9 @@ def install(model: nn.Module, manifest: Manifest, stream: ExpertStream) -> None:
         parent_path, name = site.path.rsplit(".", 1)
         parent = module_at(model, parent_path)
         switch = slim_switch(getattr(parent, name), layers[site.layer])
-        use_gemm_prefill(switch, stream.instruments)  # a prompt's experts: dequantized once per pass, one GEMM each
+        use_gemm_prefill(
+            switch, stream.instruments, float32_prefill
+        )  # a prompt's experts: dequantized once per pass, one GEMM each
         setattr(parent, name, StreamingSwitch(switch, layers[site.layer], stream))
     for site, nxt in itertools.pairwise(sites):
         stream.ahead.follow(site.layer, nxt.layer, module_at(model, nxt.path.rsplit(".", 1)[0]), nxt.num_experts)

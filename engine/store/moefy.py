@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.activations import swiglu
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import dequantize_model, load_model
 
@@ -59,7 +60,7 @@ def dequantize_float32(model: nn.Module) -> nn.Module:
     rounds; with float32 scales and biases the affine values are exact.
     """
     for _, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
             module.scales = module.scales.astype(mx.float32)
             module.biases = module.biases.astype(mx.float32)
     return dequantize_model(model)

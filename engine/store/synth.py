@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from nightshift.engine.errors import NightshiftError, UnsupportedModelError, did_you_mean
+from nightshift.engine.store import routing_trace
 from nightshift.engine.store.families import build_model, layer_of, switch_sites
 from nightshift.engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
 
@@ -244,7 +245,7 @@ def _cast(array: mx.array, dtype: mx.Dtype) -> mx.array:
     return array.astype(dtype) if mx.issubdtype(array.dtype, mx.floating) else array
 
 
-def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0) -> None:
+def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0, routing: Path | None = None) -> None:
     """Refuse what `synthesize` cannot do, before anything is said or written."""
     if arch not in FAMILIES:
         raise UnsupportedModelError(f"no synthetic preset for {arch!r}{did_you_mean(arch, FAMILIES)} "
@@ -255,20 +256,33 @@ def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0) -> Non
         )
     if skew < 0:
         raise NightshiftError("--skew must be 0 or more")
+    if routing is not None and (arch != "kimi_k3" or skew):
+        raise NightshiftError("--routing replays a trace in a kimi_k3 model: give --arch kimi_k3 and no --skew")
     if Path(out).exists() and any(Path(out).iterdir()):
         raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
 
 
-def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0.0, layers: int | None = None) -> Path:
+def synthesize(
+    arch: str,
+    preset: str,
+    out: Path,
+    seed: int = 0,
+    skew: float = 0.0,
+    layers: int | None = None,
+    routing: Path | None = None,
+) -> Path:
     """Write a synthetic checkpoint of family `arch` at `preset` size into `out` (a new directory).
 
     `layers` overrides the preset's number of layers (the first is dense in families that have one).
+    `routing`: a routing trace (engine/store/routing_trace.py) the model's routers replay instead of
+    routing at random: a `kimi_k3_replay` checkpoint (kimi_k3 only), its k the trace's scaled to the preset.
     """
-    check_synthesis(arch, preset, out, skew)
+    check_synthesis(arch, preset, out, skew, routing)
     out = Path(out)
     family = FAMILIES[arch]
     hidden, preset_layers, experts, active, expert_hidden, vocab = PRESETS[preset]
     config = family.config(hidden, layers or preset_layers, experts, active, expert_hidden, vocab)
+    replay = _replay(config, routing) if routing is not None else None
     mx.random.seed(seed)
     model = build_model(config)
     sites = {site.path: site for site in switch_sites(model)}
@@ -291,6 +305,7 @@ def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0
         hot = {s.path: _hot_rows(rng, s.num_experts, skew) for s in layer_sites}
         for name, value in _released_names(trunk[layer]):
             value = _skewed(name, value, hot)
+            value = replay.tensor(name, value) if replay is not None else value
             value = _cast(value, family.dtype) if cast(name) else value
             mx.eval(value)
             tensors.append(out_tensor(name, value))
@@ -307,6 +322,41 @@ def synthesize(arch: str, preset: str, out: Path, seed: int = 0, skew: float = 0
         out.rmdir()
     staging.rename(out)
     return out
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """A trace scaled to a kimi_k3_replay model: the gates' `chosen`/`guessed` tables, by MoE layer."""
+
+    scaled: routing_trace.Scaled
+    moe_layers: list[int]  # decoder layers with routed experts, in order
+
+    def tensor(self, name: str, value: mx.array) -> mx.array:
+        """The replay table for a gate's `chosen`/`guessed` tensor; any other tensor as it is."""
+        table = name.rsplit(".", 1)[-1]
+        if ".mlp.gate." not in name or table not in ("chosen", "guessed"):
+            return value
+        moe = self.moe_layers.index(layer_of(name))
+        values = self.scaled.chosen if table == "chosen" else self.scaled.guessed
+        return mx.array(routing_trace.padded(values, self.scaled.offsets, moe)).astype(value.dtype)
+
+
+def _replay(config: dict, trace_file: Path) -> _Replay:
+    """Turn a kimi_k3 `config` into a kimi_k3_replay one that replays `trace_file` (in place), scaled to it."""
+    trace = routing_trace.load(trace_file)
+    first_moe = config["first_k_dense_replace"]
+    moe_layers = list(range(first_moe, config["num_hidden_layers"]))
+    scaled = routing_trace.scale(trace, config["num_experts"], len(moe_layers))
+    config.update(
+        model_type="kimi_k3_replay",
+        num_experts_per_token=trace.k * scaled.factor,
+        replay_lengths=trace.lengths,
+        replay_source={
+            "trace": Path(trace_file).name, "model": trace.meta.get("model"), "experts": trace.experts,
+            "k": trace.k, "expert_factor": scaled.factor, "layers": scaled.source_layers,
+        },
+    )  # fmt: skip
+    return _Replay(scaled, moe_layers)
 
 
 def _released_names(tensors: list[tuple[str, mx.array]]) -> list[tuple[str, mx.array]]:

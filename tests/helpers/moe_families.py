@@ -22,13 +22,15 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
-from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 from tests.helpers.reference import greedy_tokens
@@ -37,7 +39,8 @@ from tests.helpers.reference import greedy_tokens
 # attention and the family's layer kinds are all exercised.
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS = 64, 16, 4, 2
 LAYERS, EXPERTS, ACTIVE, VOCAB = 4, 8, 2, 256
-INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 32
+# Expert width 64: a multiple of mlx-lm's default group size, so its convert quantizes the experts too.
+INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 64
 LAYOUTS = ("mlx", "release")
 GRID = 2**16
 
@@ -358,6 +361,10 @@ OVERRIDES: dict[str, tuple[dict, str]] = {
     "hunyuan": ({"rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"}}, "reads rope_scaling alpha"),
     "kimi_linear": ({"linear_attn_config": KIMI_LINEAR_ATTENTION}, "linear-attention layers in a nested dict"),
     "kimi_k3": ({"text_config": {"linear_attn_config": KIMI_LINEAR_ATTENTION}}, "as kimi_linear, in text_config"),
+    "kimi_k3_replay": (
+        {"text_config": {"linear_attn_config": KIMI_LINEAR_ATTENTION, "replay_lengths": [40, 24]}},
+        "as kimi_k3; the lengths of the recorded sequences its gates replay",
+    ),
     "lfm2_moe": ({"layer_types": _cycle("conv", "full_attention")}, "layer kinds by name"),
     "llama4": (
         {
@@ -751,19 +758,27 @@ def _write_tokenizer(out: Path, config: dict) -> None:
     write_tokenizer(out, vocab)
 
 
-# Quantizations the suite checks, by name: mlx-lm's convert settings (its default group size for each mode).
+# Quantizations the suite checks, by name: mlx-lm's convert settings (its default group size for each mode), with
+# `dtype` as `convert --dtype` (the non-quantized parameters and the affine scales; None: the checkpoint's float32).
+# The hub's MLX checkpoints are mostly the bfloat16 ones: converted from bf16 releases.
 QUANTIZATIONS: dict[str, dict] = {
     "4bit": {"bits": 4, "mode": "affine", "group_size": 64},
+    "4bit bf16": {"bits": 4, "mode": "affine", "group_size": 64, "dtype": "bfloat16"},
+    "4bit f16": {"bits": 4, "mode": "affine", "group_size": 64, "dtype": "float16"},
+    "8bit bf16": {"bits": 8, "mode": "affine", "group_size": 64, "dtype": "bfloat16"},
     "mxfp4": {"bits": 4, "mode": "mxfp4", "group_size": 32},
 }
 
 
-def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64) -> Path:
-    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked.
+def quantized_checkpoint(
+    src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64, dtype: str | None = None
+) -> Path:
+    """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked, its
+    float parameters cast to `dtype` first (`convert --dtype`).
 
     A nightshift family, which `convert` cannot look up, goes through the same mlx-lm functions `convert`
-    calls (load_model with nightshift's classes, quantize_model, save_model, save_config).
-    Raises FamilyError, naming the family, where mlx-lm cannot quantize it so.
+    calls (load_model with nightshift's classes, a cast of every float parameter, quantize_model, save_model,
+    save_config). Raises FamilyError, naming the family, where mlx-lm cannot quantize it so.
     """
     import contextlib
     import io
@@ -778,23 +793,51 @@ def quantized_checkpoint(src: Path, out_dir: Path, bits: int = 4, mode: str = "a
         with contextlib.redirect_stdout(io.StringIO()):  # convert prints its progress
             if family not in FAMILIES:
                 convert(
-                    str(src), mlx_path=str(out_dir), quantize=True, q_bits=bits, q_mode=mode, q_group_size=group_size
+                    str(src),
+                    mlx_path=str(out_dir),
+                    quantize=True,
+                    q_bits=bits,
+                    q_mode=mode,
+                    q_group_size=group_size,
+                    dtype=dtype,
                 )
                 return Path(out_dir)
             model, config = load_model(Path(src), lazy=True, get_model_classes=get_classes)
+            if dtype is not None:
+                cast = getattr(mx, dtype)
+                model.update(
+                    tree_map(lambda v: v.astype(cast) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters())
+                )
             model, config = quantize_model(model, config, group_size, bits, mode=mode)
             save_model(out_dir, model)
             save_config(config, Path(out_dir) / "config.json")
     except Exception as exc:  # convert (and transformers' config checks in it) fail in many ways; each is reported
-        raise FamilyError(f"{family}: mlx-lm's convert cannot quantize it ({mode}, {bits} bits): {exc}") from exc
+        raise FamilyError(
+            f"{family}: mlx-lm's convert cannot quantize it ({mode}, {bits} bits, {dtype or 'as stored'}): {exc}"
+        ) from exc
     for tokenizer_file in Path(src).glob("tokenizer*.json"):
         shutil.copy(tokenizer_file, out_dir)
     return Path(out_dir)
 
 
 # Conformance: a family's checkpoint imported and compared with what mlx-lm holds and generates for it
-# (tests/test_family_conformance.py; bench/family_table.py prints the table).
-STEPS = 24  # greedy tokens compared after tests/helpers/reference.py's PROMPT
+# (tests/test_family_conformance.py; bench/family_table.py prints the table). The prompt is longer than
+# tests/helpers/reference.py's, so that nightshift's CPU prefill would take its GEMM path (cpu_prefill.MIN_ROWS rows;
+# experts: rows x top-k products).
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, *range(100, 140)]
+STEPS = 24
+
+
+def nightshift_tokens(store: Path, streamed: bool, steps: int = STEPS) -> tuple[list[int], bool]:
+    """The first `steps` greedy tokens after PROMPT from nightshift's own runtime (open_model, its CPU prefill,
+    its prompt split and decode loop), the store's experts streamed or in RAM; and whether an end token ended them
+    early (mlx-lm's `generate` stops there too)."""
+    model = open_model(store, stream=StreamSettings() if streamed else None)
+    try:
+        chunks = list(model.generate_tokens(PROMPT, max_tokens=steps))
+    finally:
+        model.close()
+    return [chunk.token for chunk in chunks], chunks[-1].stats.finish_reason == "stop"
 
 
 @dataclass
@@ -843,19 +886,75 @@ def check_import(src: Path, work: Path, options: ImportOptions | None = None) ->
     in_ram, _ = load_store(store)
     differences = tensor_differences(in_ram, reference)
     try:
-        expected = greedy_tokens(reference, STEPS)
+        expected = greedy_tokens(reference, STEPS, PROMPT)
     except RuntimeError as exc:  # e.g. a family whose mlx-lm code needs a Metal kernel, on another backend
         return Outcome(differences=differences, tokens_unchecked=f"mlx-lm cannot run it here: {exc}")
-    for how, model in (("in RAM", in_ram), ("streamed", None)):
-        if model is None:
-            model, _, stream = load_streaming(store)
-            try:
-                tokens = greedy_tokens(model, STEPS)
-            finally:
-                stream.close()
-        else:
-            tokens = greedy_tokens(model, STEPS)
-        if tokens != expected:
-            first = next(i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b)
+    for how, streamed in (("in RAM", False), ("streamed", True)):
+        tokens, stopped = nightshift_tokens(store, streamed)
+        if tokens != (expected[: len(tokens)] if stopped else expected):
+            first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(tokens))
             differences.append(f"greedy tokens {how} differ from mlx-lm's from step {first}")
     return Outcome(differences=differences)
+
+
+# DeepSeek V3's FP8 release: its linear weights as float8 e4m3 in 128x128 blocks, each block's float32 scale in
+# `<name>_scale_inv` (dequantized = fp8 value x scale). mlx-lm's deepseek_v3 sanitize() dequantizes them to bf16.
+FP8_BLOCK = 128
+FP8_LINEARS = re.compile(
+    r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+)
+
+
+def write_fp8_checkpoint(model_type: str, out_dir: Path, seed: int = 0) -> Path:
+    """A tiny random `model_type` release checkpoint with its linear weights in FP8 (F8_E4M3 with per-block
+    `weight_scale_inv`, `quantization_config` fp8) and the rest in bfloat16, as DeepSeek V3 and MiniMax M2 publish."""
+    config = {
+        **tiny_config(model_type),
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [FP8_BLOCK] * 2},
+    }
+    tensors = {}
+    for name, value in release_weights(model_type, seed, tiny_config(model_type), mx.bfloat16).tensors.items():
+        if value.ndim != 2 or not FP8_LINEARS.search(name):
+            tensors[name] = value
+            continue
+        rows, cols = value.shape
+        blocks = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+        scale = (2.0 ** mx.random.randint(-9, -6, blocks)).astype(mx.float32)  # powers of two: e4m3's range
+        per_element = mx.repeat(mx.repeat(scale, FP8_BLOCK, 0), FP8_BLOCK, 1)[:rows, :cols]
+        tensors[name] = mx.to_fp8(value.astype(mx.float32) / per_element)
+        tensors[name.replace(".weight", ".weight_scale_inv")] = scale
+    out = write_tensors(out_dir, config, tensors)
+    _label_fp8(out, {name for name, value in tensors.items() if value.dtype == mx.uint8})
+    _write_tokenizer(out, config)
+    return out
+
+
+def _label_fp8(out: Path, names: set[str]) -> None:
+    """Relabel `names` (written as U8 bytes: MLX has no fp8 dtype to save) F8_E4M3 in every shard's header."""
+    for shard in out.glob("*.safetensors"):
+        data = shard.read_bytes()
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + length])
+        for name in names & set(header):
+            header[name]["dtype"] = "F8_E4M3"
+        text = json.dumps(header).encode()
+        shard.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length :])
+
+
+def float32_reference(src: Path) -> nn.Module:
+    """mlx-lm's model of `src` (its own loader: FP8 dequantized by its sanitize) with every float parameter cast to
+    float32: the reference for checkpoints whose 16-bit experts mlx-lm cannot run on a CPU."""
+    model, _ = load_model(src, get_model_classes=get_classes)
+    model.update(_cast_floats(model.parameters(), mx.float32))
+    return model
+
+
+def _cast_floats(parameters: dict, dtype: mx.Dtype) -> dict:
+    return tree_map(lambda v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v, parameters)
+
+
+def greedy_steps(model, steps: int = STEPS) -> list[tuple[int, mx.array]]:
+    """mlx-lm's greedy tokens after PROMPT with the log-probabilities each was picked from."""
+    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
+    return [(int(token), logprobs) for token, logprobs in tokens]

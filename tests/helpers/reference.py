@@ -11,7 +11,7 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 STEPS = 32
 
 
-def greedy_tokens(model, steps: int = STEPS) -> list[int]:
-    """The first `steps` greedy tokens after PROMPT."""
-    tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
+def greedy_tokens(model, steps: int = STEPS, prompt: list[int] = PROMPT) -> list[int]:
+    """The first `steps` greedy tokens after `prompt` (PROMPT unless a test needs a longer one)."""
+    tokens = generate_step(mx.array(prompt), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
     return [int(token) for token, _ in tokens]

@@ -32,6 +32,12 @@ def user_schedule(
     return path
 
 
+def nightshift(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`nightshift args...` on `home`, as a user runs it: its exit status, stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "nightshift.app.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "NIGHTSHIFT_HOME": str(home)}, timeout=timeout)  # fmt: skip
+
+
 def serve(home: Path, *options: str) -> subprocess.Popen:
     """`nightshift serve [options]` on `home`, once it answers on its socket (a killed service's socket may still
     be there)."""
