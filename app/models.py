@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from nightshift.app.default_model import require_default_model
 from nightshift.app.paths import models_dir
-from nightshift.engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError, did_you_mean
 from nightshift.engine.store.manifest import is_store
 
 if TYPE_CHECKING:
@@ -34,8 +34,10 @@ def resolve_model(name: str | None) -> Path:
     candidate = Path(name).expanduser()
     if candidate.is_dir():
         return candidate
+    known = sorted(p.name for p in models_dir().iterdir()) if models_dir().is_dir() else []
     raise NightshiftError(
-        f"no model named {name!r} (not a directory, not in {models_dir()}); see `nightshift model list`"
+        f"no model named {name!r}{did_you_mean(name, known)} (not a directory, not in {models_dir()}); "
+        "see `nightshift model list`"
     )
 
 

@@ -119,6 +119,16 @@ def bundled(folder: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def doc(name: str) -> Path:
+    """One of the docs (`reviews.md`), where this copy of nightshift has them: shipped in the package, so
+    that a message citing one points at a file that is there, from a checkout or an installed wheel (an
+    editable install made before the docs were a package finds them beside app/)."""
+    try:
+        return bundled("docs") / name
+    except FileNotFoundError:
+        return Path(__file__).resolve().parent.parent / "docs" / name
+
+
 def models_dir() -> Path:
     return data_dir() / "models"
 
@@ -160,6 +170,11 @@ def catalogue_file() -> Path:
 def service_settings() -> Path:
     """The service's own settings (`[service]`: how runs due together are batched); optional."""
     return data_dir() / "service.toml"
+
+
+def notices_file() -> Path:
+    """Notices said once (per store, ...) and not again: which were said."""
+    return data_dir() / "notices.json"
 
 
 def control_socket() -> Path:

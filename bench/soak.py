@@ -11,6 +11,16 @@ queued once and finish before the clock moves on. After each run it records
 the process's resident memory and open file descriptors. Prints a table and
 one JSON line of figures to record: whether memory and descriptors stay flat
 is read from those figures, not asserted on time.
+
+    .venv/bin/python -m bench.soak --model MODEL_DIR --dashboard 30 [--max-tokens N]
+
+With `--dashboard MINUTES` it soaks the dashboard instead (issue [24]): a real `nightshift serve` on a fresh
+data dir runs the daily review with MODEL_DIR (the default model for a real load) again and again, and the
+dashboard (its real feed, headless through Textual's test driver at 160x50; MODEL_DIR linked into the data dir's
+models folder, so the device of a streamed store's experts is a drive row, as out of the box) is attached the
+whole time. Every half second it records how old each part of what the dashboard shows is (app/tui/ages.py: the
+latest snapshot, the drive samples, the queue) and whether the screen said STALE. Prints the oldest figure seen
+while the service ran, how many samples were past 5 s, and one JSON line.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -152,6 +164,61 @@ def _open_fds(process: psutil.Process) -> int:
     return process.num_fds() if hasattr(process, "num_fds") else len(process.open_files())
 
 
+AGE_LIMIT_S = 5.0  # issue [24]: no figure older than this while the service runs
+SAMPLE_EVERY_S = 0.5
+
+
+def dashboard_soak(model: Path, minutes: float, max_tokens: int) -> dict[str, object]:
+    """The dashboard attached to a real service running reviews for `minutes`: the ages of what it showed."""
+    import asyncio
+
+    from nightshift.app.daemon.control import queue_run, request
+    from nightshift.app.tui.app import Dashboard
+
+    write_schedule(data_dir(), model, max_tokens)
+    (data_dir() / "models").mkdir(parents=True, exist_ok=True)
+    (data_dir() / "models" / model.name).symlink_to(model)  # in the models folder: the dashboard shows its drive
+    service = subprocess.Popen([sys.executable, "-m", "nightshift.app.cli", "serve"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while (request("ping") or {}).get("pid") != service.pid:
+        if service.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the service did not start")
+        time.sleep(0.2)
+    ages: list[tuple[float, float, float, float, bool]] = []  # (at, snapshot, drives, queue, STALE shown)
+
+    async def watch() -> None:
+        app = Dashboard()
+        async with app.run_test(size=(160, 50)):
+            started = time.monotonic()
+            while time.monotonic() - started < minutes * 60:
+                await asyncio.sleep(SAMPLE_EVERY_S)
+                if app.service is None:
+                    continue
+                if app.service.running and not any(r.state in ("queued", "running") for r in app.service.jobs.runs):
+                    await asyncio.to_thread(queue_run, "soak")  # always a review running or waiting
+                now = app.ages(app.clock())
+                banner = app.screen.query("#banner")
+                stale = bool(banner) and "STALE" in banner.first().text
+                ages.append((time.monotonic() - started, now.snapshot, now.drives or 0.0, now.service or 0.0, stale))
+
+    try:
+        asyncio.run(watch())
+    finally:
+        service.terminate()
+        service.wait(timeout=120)
+    oldest = [max(snapshot, drives, queue) for _, snapshot, drives, queue, _ in ages]
+    runs = RunQueue().recent(limit=10_000)
+    return {
+        "minutes": minutes, "samples": len(ages), "oldest_s": round(max(oldest, default=0.0), 2),
+        "samples_over_5_s": sum(age > AGE_LIMIT_S for age in oldest), "stale_shown": sum(a[4] for a in ages),
+        "oldest_drives_s": round(max((a[2] for a in ages), default=0.0), 2),
+        "oldest_queue_s": round(max((a[3] for a in ages), default=0.0), 2),
+        "runs_done": sum(run.state == "done" for run in runs), "runs_failed": sum(run.state == "failed" for run in runs),
+        "host": platform.node(),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -159,7 +226,16 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--dashboard", type=float, metavar="MINUTES", help="soak the dashboard instead (see above)")
     args = parser.parse_args()
+    if args.dashboard:
+        with tempfile.TemporaryDirectory() as home:
+            os.environ["NIGHTSHIFT_HOME"] = home
+            figures = dashboard_soak(args.model.resolve(), args.dashboard, args.max_tokens)
+        print(f"oldest figure while the service ran: {figures['oldest_s']} s; samples past {AGE_LIMIT_S:.0f} s: "
+              f"{figures['samples_over_5_s']} of {figures['samples']}; STALE shown in {figures['stale_shown']}")  # fmt: skip
+        print(json.dumps(figures))
+        return
     with tempfile.TemporaryDirectory() as home:
         os.environ["NIGHTSHIFT_HOME"] = home
         result = soak(args.model.resolve(), args.runs, args.max_tokens)

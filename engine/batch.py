@@ -18,6 +18,7 @@ kernel does not, the two agree until a near-tie of the top logits, which that te
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import (
     DEFAULT_CHUNK,
+    AnswerFigures,
     BatchProgress,
     BatchStats,
     BatchText,
@@ -39,6 +41,15 @@ from nightshift.engine.generation import (
 )
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import fill_cache, prefill
+
+
+def _unheard(sequence: int, rows: int) -> None:
+    """No one listening to a batch's prompt reads."""
+
+
+def _told_after(told: Callable[[int, int], None], sequence: int, shared: int, rows: int, _: int) -> None:
+    """A prompt's own rows read, told with the shared beginning before them."""
+    told(sequence, shared + rows)
 
 
 def batch_tokens(
@@ -51,11 +62,14 @@ def batch_tokens(
     stats: BatchStats | None = None,
     on_token: Callable[[int, int], None] | None = None,
     logits_processors: list[list[LogitsProcessor]] | None = None,
+    on_read: Callable[[int, int], None] | None = None,
 ) -> list[list[int]]:
     """Greedy tokens for every prompt, decoded together; each list ends at its first end token or `max_tokens`.
 
     `on_token(sequence, token)` sees every token as it comes (the first ones after each prompt is read).
     `logits_processors`, one list per prompt, shape that sequence's logits given its own tokens so far, as alone.
+    `on_read(sequence, rows)` hears how much of a prompt is in its cache, after each chunk read (the shared
+    beginning counts for every prompt once it is read).
     """
     if not prompts or any(not p for p in prompts):
         raise NightshiftError("a batch needs at least one prompt, and every prompt at least one token")
@@ -65,12 +79,20 @@ def batch_tokens(
     start = time.perf_counter()
     stats.shared_prefix = shared = shared_prefix(prompts, prefill_chunk)
     read_once = make_prompt_cache(model)
+    told = on_read if on_read is not None else _unheard
     if shared:
-        fill_cache(model, prompts[0][:shared], read_once, prefill_chunk)  # whole chunks, as each alone reads them
+
+        def everyone(rows: int, _: int) -> None:
+            for i in range(len(prompts)):
+                told(i, rows)
+
+        # whole chunks, as each alone reads them
+        fill_cache(model, prompts[0][:shared], read_once, prefill_chunk, everyone)
     caches, out = [], []
     for i, prompt in enumerate(prompts):
         cache = copy.deepcopy(read_once) if shared else make_prompt_cache(model)
-        logits = prefill(model, prompt[shared:], cache, prefill_chunk)[None]
+        own = functools.partial(_told_after, told, i, shared)
+        logits = prefill(model, prompt[shared:], cache, prefill_chunk, own)[None]
         first = int(mx.argmax(_processed(logits, [], logits_processors[i] if logits_processors else [])).item())
         caches.append(cache)
         out.append([first])
@@ -168,15 +190,17 @@ def chat_batch(
     (`runtime.Model.generate_batch`).
 
     `progress` sees the summed statistics and every text so far before the first prompt is read, after
-    each token and at the end; its tokens count from when every prompt has been read (until then a progress
-    line says the prompt is being read), so their first tokens count then, together. `reads` brings the
-    statistics' reads up to date after each token. `cancel` is looked at after each token, and a cancelled
-    batch returns what was written with finish reason "cancelled". `logits_processors`: one list per prompt
-    (`batch_tokens`).
+    each chunk of a prompt read, after each token and at the end; its tokens count from when every prompt
+    has been read (until then a progress line says the prompt is being read), so their first tokens count
+    then, together. The statistics' `answers` hold each answer's own figures (its prompt read, its tokens,
+    how it ended): the batch's real plan. `reads` brings the statistics' reads up to date before each
+    progress call. `cancel` is looked at after each token, and a cancelled batch returns what was written
+    with finish reason "cancelled". `logits_processors`: one list per prompt (`batch_tokens`).
     """
     eos = set(tokenizer.eos_token_ids)
     detokenizers = [tokenizer.detokenizer for _ in prompts]
-    generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+    answers = [AnswerFigures(len(prompt), max_tokens) for prompt in prompts]
+    generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts), answers=answers)
     stats = BatchStats(width=len(prompts))
     firsts: list[float] = []
     lasts = [0.0] * len(prompts)
@@ -185,30 +209,44 @@ def chat_batch(
     if progress is not None:
         progress(generation, ["" for _ in prompts])  # the prompts are being read: minutes on a slow machine
 
-    def on_token(sequence: int, token: int) -> None:
-        now = time.perf_counter()
-        if counts[sequence] == 0:
-            firsts.append(now)
-            generation.prompt_done += len(prompts[sequence])
-            if len(firsts) == len(prompts):
-                generation.time_to_first_token = now - start  # every prompt read: the batch starts writing
-        counts[sequence] += 1
-        lasts[sequence] = now
-        if token not in eos:
-            detokenizers[sequence].add_token(token)
-        generation.generated_tokens = sum(counts) if len(firsts) == len(prompts) else 0
+    def shown(now: float) -> None:
         generation.elapsed = now - start
         generation.peak_memory_bytes = mx.get_peak_memory()
         if reads is not None:
             reads(generation)
         if progress is not None:
             progress(generation, [d.text for d in detokenizers])
+
+    def on_read(sequence: int, rows: int) -> None:
+        answers[sequence].prompt_done = rows
+        generation.prompt_done = sum(answer.prompt_done for answer in answers)
+        if rows < len(prompts[sequence]):  # its last chunk is told with its first token
+            shown(time.perf_counter())
+
+    def on_token(sequence: int, token: int) -> None:
+        now = time.perf_counter()
+        answer = answers[sequence]
+        if counts[sequence] == 0:
+            firsts.append(now)
+            on_read(sequence, len(prompts[sequence]))
+            if len(firsts) == len(prompts):
+                generation.time_to_first_token = now - start  # every prompt read: the batch starts writing
+        counts[sequence] += 1
+        lasts[sequence] = now
+        answer.tokens = counts[sequence]
+        if token in eos:
+            answer.finish_reason = "stop"
+        else:
+            detokenizers[sequence].add_token(token)
+            answer.finish_reason = "length" if answer.tokens >= max_tokens else None
+        generation.generated_tokens = sum(counts) if len(firsts) == len(prompts) else 0
+        shown(now)
         if cancel is not None and cancel.is_set():
             raise _Cancelled
 
     try:
         tokens = batch_tokens(model, prompts, max_tokens, stream, eos, prefill_chunk, stats, on_token,
-                              logits_processors)  # fmt: skip
+                              logits_processors, on_read)  # fmt: skip
     except _Cancelled:
         tokens = None
     parts = []

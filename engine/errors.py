@@ -3,6 +3,17 @@
 Anything else that escapes the engine is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'review'?` when one of `choices` is close to a mistyped `word`, else ""."""
+    close = difflib.get_close_matches(word, [str(choice) for choice in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
 
 class NightshiftError(Exception):
     """Base of every error a user can meet; the CLI prints the message and exits non-zero."""

@@ -95,6 +95,18 @@ class DraftStats:
         }
 
 
+@dataclass
+class AnswerFigures:
+    """One answer of a batch (engine/batch.py) so far: its prompt read, its tokens against its own limit, and how
+    it ended. A batch's progress is told from these (its real plan), not from its summed figures alone."""
+
+    prompt_tokens: int
+    max_tokens: int
+    prompt_done: int = 0
+    tokens: int = 0  # written so far, an end token included
+    finish_reason: str | None = None  # stop (an end token) or length (its max_tokens), once it ended
+
+
 @dataclass(frozen=True)
 class ReadFigures:
     """What a model has read since it was opened: bytes per drive, and for a stream in this process its expert
@@ -136,6 +148,14 @@ class GenerationStats:
     last_landed: str = ""  # the drive whose read landed last (the barrier) most often in recent passes
     # With a drafter: drafted/accepted tokens, verify passes, union size per verify, switch-off (engine/speculative.py).
     draft: DraftStats | None = None
+    # A batch of answers (engine/batch.py): each one's own figures, in the batch's order; empty for one answer.
+    answers: list[AnswerFigures] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GenerationStats:
+        """Back from `asdict` (a host's progress line): the answers as `AnswerFigures` again."""
+        answers = [AnswerFigures(**answer) for answer in values.get("answers", [])]
+        return cls(**{**values, "answers": answers})
 
     @property
     def decode_tokens_per_s(self) -> float:

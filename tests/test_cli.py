@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def test_generate_rejects_empty_prompt_and_bad_numbers(home, capsys):
         with pytest.raises(SystemExit) as exit_:
             main(["generate", "hi", *bad])
         assert exit_.value.code == 2
-        assert "must be" in capsys.readouterr().err
+        assert "or more" in capsys.readouterr().err
 
 
 def test_generate_with_a_broken_model_directory(home, tmp_path, capsys):
@@ -147,3 +148,105 @@ def test_a_model_name_wins_over_a_folder_of_that_name_here(home, tmp_path, monke
     assert resolve_model(str(tmp_path / "work" / "bench")) == tmp_path / "work" / "bench"
     with pytest.raises(NightshiftError, match="no model named 'nope'"):
         resolve_model("nope")
+
+
+def usage_error(argv: list[str], capsys) -> str:
+    """The last line argparse printed for a command line it refused (exit 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_near_miss_commands_actions_and_options_get_a_suggestion(capsys):
+    assert "unknown command 'reveiw'; did you mean 'review'?" in usage_error(["reveiw", "list"], capsys)
+    assert "unknown action 'lsit'; did you mean 'list'?" in usage_error(["review", "lsit"], capsys)
+    assert "did you mean '--temp'?" in usage_error(["generate", "hi", "--tmep", "1"], capsys)
+    assert "did you mean" not in usage_error(["zzzzzz"], capsys)  # nothing close: only the choices
+
+
+def test_near_miss_names_get_a_suggestion(home, capsys):
+    assert main(["review", "run", "month-ned", "--now"]) == 1
+    assert "no review named 'month-ned'; did you mean 'month-end'?" in capsys.readouterr().err
+    (home / "models" / "smollm2-135m-instruct-moe").mkdir(parents=True)
+    with pytest.raises(NightshiftError, match="did you mean 'smollm2-135m-instruct-moe'"):
+        resolve_model("smollm2-135m-instruct-mo")
+
+
+def _typed_options(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    """(command path, option) for every option of every command that converts its value with a `type`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _typed_options(sub, (*prefix, name))
+        elif action.option_strings and callable(action.type) and action.nargs in (None, "?"):
+            yield prefix, action.option_strings[-1]
+
+
+def test_no_message_names_a_function_that_parsed_a_value(capsys):
+    """argparse says "invalid _positive_int value: 'x'"; nightshift says what it expected, in words."""
+    parser, refused = build_parser(), 0
+    for path, option in _typed_options(parser):
+        try:
+            parser.parse_args([*path, option, "not-a-value!"])  # parsed only: no command runs
+            continue  # a type that takes any text (a path)
+        except SystemExit as exit_:
+            assert exit_.code == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert not re.search(r"invalid \S+ value", line) and " _" not in line, line
+        refused += 1
+    assert refused > 20  # every option that converts its value: --max-tokens, --tokens, --seconds, ...
+    assert usage_error(["generate", "hi", "--max-tokens", "abc"], capsys).endswith(
+        "argument --max-tokens: 'abc' is not a whole number"
+    )
+
+
+def test_refusals_come_before_any_line_saying_what_is_being_done(home, monkeypatch, capsys):
+    assert main(["model", "synth", "--arch", "nosuch"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("nightshift: error: no synthetic preset for 'nosuch'")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # the rig needs root: a user without it is refused first
+    assert main(["rig", "up"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("nightshift: error:") and "needs root" in err[0]
+
+
+def test_reports_open_says_when_nothing_opened(home, tmp_path, monkeypatch, capsys):
+    from nightshift.app.review.index import IndexEntry, add_to_index
+    from nightshift.app.viewer import VIEWER_VARIABLE
+
+    pdf = tmp_path / "month-end.pdf"
+    pdf.write_bytes(b"%PDF-1.7\n")
+    add_to_index(IndexEntry(review="month-end", created="2026-12-01T10:00:00+00:00", path=str(pdf)))
+    for variable in (VIEWER_VARIABLE, "DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(variable, raising=False)
+    assert main(["reports", "open"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(pdf) and "nothing opened" in captured.err
+    monkeypatch.setenv(VIEWER_VARIABLE, f"{sys.executable} -c 'import sys; sys.exit(3)'")  # a viewer that gives up
+    assert main(["reports", "open"]) == 1 and "could not open it (exit status 3)" in capsys.readouterr().err
+    opened = tmp_path / "opened"
+    monkeypatch.setenv(
+        VIEWER_VARIABLE,
+        f"{sys.executable} -c 'import pathlib, sys; pathlib.Path(\"{opened}\").write_text(sys.argv[1])'",
+    )
+    assert main(["reports", "open"]) == 0 and "opened report 1" in capsys.readouterr().err
+    assert opened.read_text() == str(pdf)
+    assert main(["reports", "open", "--print-only"]) == 0
+
+
+def test_the_dashboard_refuses_without_a_terminal_in_one_line(home):
+    done = subprocess.run([sys.executable, "-m", "nightshift.app.cli", "dashboard"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env=os.environ, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "needs a terminal" in done.stderr
+
+
+def test_a_notice_is_said_once_per_subject(home):
+    from nightshift.app.notices import first_time
+
+    assert first_time("not tuned for these drives", "/models/a") is True
+    assert first_time("not tuned for these drives", "/models/a") is False
+    assert first_time("not tuned for these drives", "/models/b") is True
+    (home / "notices.json").write_text("not json")  # damaged: said again rather than never
+    assert first_time("not tuned for these drives", "/models/a") is True

@@ -113,8 +113,9 @@ def test_model_text_is_escaped_and_every_figure_in_it_is_the_template_s(month_en
         'Check <span class="name" title="placed from the finding: reference">INV-5010</span> &amp; its duplicate.'
         in html
     )
-    assert "ssd0: 123,456,789" in html and "1,234 hits" in html and "prefetch recall 87 %" in html
-    assert "prefill 20.0 tok/s, decode 5.9 tok/s" in html and "60 generated (length)" in html  # the stats' own
+    assert "ssd0: 123,456,789" in html and "1,234&nbsp;hits" in html and "prefetch recall 87&nbsp;%" in html
+    assert "writing 5.9&nbsp;tok/s (the tokens after the first" in html and "read at 20.0&nbsp;tokens/s" in html
+    assert "60 written (reached max_tokens)" in html  # the stats' own
 
 
 @pytest.mark.slow
@@ -167,6 +168,7 @@ BALANCES_QUERY = 'query = "SELECT date, balance AS amount, account FROM balances
 )
 def test_a_check_that_cannot_run_shows_in_the_report_and_its_title_page(tmp_path, old, new, why):
     html, context = report_of(month_end_with(tmp_path, old, new), "Nothing to say.")
+    html = html.replace("\u00a0", " ")  # the no-break spaces that keep phrases on one line (app/review/typeset.py)
     title_page = html[html.index('class="title-page"') : html.index('class="narrative"')]
     assert f"could not run: {why}" in title_page  # the title page's list of checks
     assert f"<strong>could not run: {why}" in html  # and a high finding in the findings table

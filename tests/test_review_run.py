@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -106,3 +108,38 @@ def test_the_service_runs_queued_reviews_and_a_kill_loses_nothing(home, tiny_mod
         service.send_signal(signal.SIGTERM)
         assert service.wait(timeout=60) == 0
     assert not (home / "nightshift.sock").exists()
+
+
+@pytest.mark.slow
+def test_the_service_tells_a_hook_of_each_finished_report_and_each_failure(home, tiny_model, tmp_path):
+    """[notify] command in service.toml: run once per run that ended, with the report's path (empty for a
+    failure) and the state, and the same in its environment."""
+    user_schedule(home, tiny_model, "short", max_tokens=4)
+    broken = user_schedule(home, tiny_model, "broken", max_tokens=4)
+    broken.write_text(broken.read_text().replace("bank-statement.csv", "no-such-statement.csv", 1))
+    heard = tmp_path / "heard.jsonl"
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import json, os, sys\n"
+        f"with open({str(heard)!r}, 'a') as out:\n"
+        "    out.write(json.dumps([sys.argv[1:], os.environ['NIGHTSHIFT_REVIEW'], os.environ['NIGHTSHIFT_RUN'],"
+        " os.environ['NIGHTSHIFT_REPORT']]) + '\\n')\n"
+    )
+    (home / "service.toml").write_text(f"[notify]\ndesktop = false\ncommand = '{sys.executable} {hook}'\n")
+    service = serve(home)
+    try:
+        for name in ("short", "broken", "short"):
+            assert main(["review", "run", name, "--no-wait"]) == 0
+        wait_for(lambda: heard.exists() and len(heard.read_text().splitlines()) == 3)
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=60) == 0
+    calls = [json.loads(line) for line in heard.read_text().splitlines()]
+    with sqlite3.connect(home / "runs.sqlite") as db:
+        reports = dict(db.execute("SELECT id, report FROM runs WHERE state = 'done'").fetchall())
+    assert sorted(reports) == [1, 3] and all(Path(path).is_file() for path in reports.values())
+    assert sorted(calls, key=lambda call: int(call[2])) == [
+        [[reports[1], "done"], "short", "1", reports[1]],
+        [["", "failed"], "broken", "2", ""],
+        [[reports[3], "done"], "short", "3", reports[3]],
+    ]

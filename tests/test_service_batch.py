@@ -120,7 +120,7 @@ def test_a_run_that_cannot_share_the_batch_stays_queued_and_one_that_fails_fails
     if shutil.which("pdftotext"):
         text = " ".join(subprocess.run(["pdftotext", a.report, "-"], capture_output=True, text=True).stdout.split())
         assert (
-            f"shared batch generated with run {ids[3]} (b," in text and "2 reviews, 6 answers decoded together" in text
+            f"shared batch generated with run {ids[3]} (b):" in text and "2 reviews, 6 answers decoded together" in text
         )
 
 
@@ -199,9 +199,12 @@ def test_the_report_names_the_runs_that_shared_its_batch_and_the_rates(month_end
     narrative.shared = SharedBatch(((3, "month-end"), (4, "daily"), (5, "weekly")), 9, 23, 2.7, (0.9, 1.0, 0.8),
                                    (11.0, 12.0, 10.0), own=0)  # fmt: skip
     html = render_html(schedule.report_template, report_context(schedule, checked, narrative))
-    assert "generated with run 4 (daily, 1.0 tok/s), run 5 (weekly, 0.8 tok/s): 3 reviews, 9 answers" in html
-    assert "decoded together in 23 steps, 2.7 tok/s together" in html
-    assert "prefill 11.0 tok/s, decode 0.9 tok/s (this review's answers, in a batch with other reviews)" in html
+    assert (
+        "generated with run 4 (daily), run 5 (weekly): 3 reviews, 9 answers decoded together in 23&nbsp;steps" in html
+    )
+    assert "writing 0.9&nbsp;tok/s (this review's answers' tokens after their first" in html
+    assert "read at 11.0&nbsp;tokens/s" in html
+    assert html.count("tok/s") == 1  # one writing rate for the run, its own (issue [24])
 
 
 def test_the_dashboard_shows_which_runs_share_a_batch(user_zone, monkeypatch):

@@ -46,8 +46,16 @@ def test_a_batched_narrative_s_parts_equal_each_part_written_alone(tiny_model, m
     assert batch.stats.width == 4 and all(part.tokens == TOKENS for part in batch.parts)
     assert batch.generation.generated_tokens == 4 * TOKENS
     assert seen[0] == (0, None, [""] * 4) and seen[-1] == (4 * TOKENS, "length", alone)  # the start and the end
-    assert [n for n, _, _ in seen[1:5]] == [0, 0, 0, 4]  # tokens count once every prompt has been read
-    assert len(seen) == 4 * TOKENS + 2  # the start, every token, the end
+    answers = batch.generation.answers  # the batch's real plan, answer by answer (issue [24])
+    assert [(a.max_tokens, a.tokens, a.finish_reason) for a in answers] == [(TOKENS, TOKENS, "length")] * 4
+    assert [(a.prompt_done, a.prompt_tokens) for a in answers] == [
+        (p.prompt_tokens, p.prompt_tokens) for p in batch.parts
+    ]
+    assert batch.generation.prompt_done == batch.generation.prompt_tokens  # the prompts' progress ends at its total
+    counts = [n for n, _, _ in seen]
+    writing = counts.index(4)  # the 4th answer's first token: every prompt has been read
+    assert set(counts[:writing]) == {0}  # tokens count once every prompt has been read (chunks read are told)
+    assert len(seen) == writing + 1 + 4 * (TOKENS - 1) + 1  # ..., then every later token, the end
 
 
 def test_a_cancelled_batch_returns_what_it_wrote(tiny_model, month_end):
@@ -94,8 +102,9 @@ def test_a_split_review_on_the_tiny_model_gates_each_answer_and_shows_the_batch(
     shown = context["narrative"]
     assert set(shown.lines) == set(range(1, prompt.findings_given + 1))  # every finding given has a line
     html = render_html(schedule.report_template, context)
-    assert "narrative split: 4 answers of up to 6 tokens each" in html
-    assert f"width 4, {batch.stats.steps} decode steps: summary {TOKENS} tokens (length)" in html
+    assert "narrative split: 4 answers of up to 6&nbsp;tokens each" in html
+    assert f"Answers: one batch, {batch.stats.steps} decode steps" in html
+    assert f'<td>summary</td><td class="num">{TOKENS}</td><td>at its limit</td>' in html
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,10 @@ import pytest
 
 from nightshift.app.daemon.lock import InstanceLock, ServiceRunningError
 from nightshift.app.paths import catalogue_file
-from nightshift.app.tui.app import VIEWER_VARIABLE, Dashboard
+from nightshift.app.tui.app import Dashboard
 from nightshift.app.tui.screens import ConfirmScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
+from nightshift.app.tui.widgets.keys import KeyBar
+from nightshift.app.viewer import VIEWER_VARIABLE
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.ceilings import Ceilings, DriveCeiling, ProbeCell
 from nightshift.engine.io.direct import aligned_buffer, open_direct
@@ -152,15 +154,19 @@ def test_without_a_service_it_offers_to_start_the_scheduler_under_the_same_lock(
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.service is not None, 30, "the first refresh")
             assert "no service running" in text(app, "#banner") and "s starts the scheduler" in text(app, "#banner")
-            await pilot.press("2", "n")  # an action that needs the service says how to get one
-            await app.workers.wait_for_complete([w for w in app.workers if w.group == "service"])  # the asking done
+            await pilot.press("2")
+            await until(pilot, lambda: app.screen.query(KeyBar) and app.screen.query_one(KeyBar).offered, 30, "keys")
+            offered = app.screen.query_one(KeyBar).offered
+            assert "s" in offered and "n" not in offered and "p" not in offered  # n, p need a service to ask
+            await pilot.press("n")  # does nothing, as the bar says
             await pilot.press("s")
             await until(pilot, lambda: app.service.running, 30, "the in-process scheduler")
             assert "in this dashboard" in text(app, "#banner")
             with pytest.raises(ServiceRunningError):
                 InstanceLock().acquire()  # a second dashboard or `nightshift serve` cannot run jobs too
-            await pilot.press("s")  # a second start is refused
-            await pilot.pause()  # the refusal is said on the key, before the next frame
+            await until(pilot, lambda: "s" not in app.screen.query_one(KeyBar).offered, 30, "s to leave the keys")
+            await pilot.press("s")  # a second start does nothing: the key is not offered
+            await pilot.pause()  # the key handled, before the next frame
         assert app.own_service is not None and not (home / "nightshift.sock").exists()
 
     asyncio.run(drive())

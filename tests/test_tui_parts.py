@@ -17,10 +17,11 @@ from nightshift.app.tui.app import Dashboard
 from nightshift.app.tui.feed import DriveRow, ProcessReads, drive_sources
 from nightshift.app.tui.format import duration, seconds, stamp
 from nightshift.app.tui.widgets.drives import drive_figures
-from nightshift.app.tui.widgets.job import card, earlier, eta, live_figures
+from nightshift.app.tui.widgets.job import bar_total, card, earlier, eta, live_figures
 from nightshift.app.tui.widgets.keys import hints
 from nightshift.app.tui.widgets.plot import History, columns, round_up
 from nightshift.app.tui.widgets.text import Fit, fit_rows
+from nightshift.engine.generation import AnswerFigures
 from nightshift.engine.io.devices import resolve_device
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive, format_drives
@@ -74,8 +75,41 @@ def test_estimates_use_what_is_known():
     assert live_figures(read, None, NOW)[0] == "prompt read (700 tokens); working out the first token · running 30 s"
     assert live_figures(replace(BASE, progress=None), None, NOW)[-1] == "preparing 30 s"
     assert live_figures(BASE, None, NOW)[0] == (
-        "writing: 40/160 tokens · 8.0 tok/s · first token after 2.5 s · prompt 700\nETA 15 s at most, to max_tokens 160"
+        "writing: 40/160 tokens at 8.0 tok/s · prompt 700 read at 280.0 tok/s in 2.5 s\nETA 15 s at most, to max_tokens 160"
     )
+
+
+def answers(*plan: tuple[int, int, int, int, str | None]) -> list[AnswerFigures]:
+    return [AnswerFigures(prompt, limit, done, tokens, ended) for prompt, limit, done, tokens, ended in plan]
+
+
+def test_a_batch_is_told_from_its_answers():
+    """Issue [24]: 4 answers of at most 64 tokens, not the schedule's 704; the ETA from the steps the longest open
+    answer has left; a bar that ends full; "reached max_tokens" only for the answers that did."""
+    reading = replace(BASE, progress=RunProgress(prompt_tokens=633, prompt_done=316, elapsed=40.0, max_tokens=256,
+                                                 answers=answers((158, 64, 158, 0, None), (158, 64, 158, 0, None),
+                                                                 (159, 64, 0, 0, None), (158, 64, 0, 0, None))))  # fmt: skip
+    assert live_figures(reading, None, NOW)[0].startswith(
+        "reading the prompts: answer 3 of 4 (0/159) · 316/633 tokens in all · running 30 s"
+    )
+    # 21 steps after the first tokens in 42 s: 2 s a step; answer 1 ended at 10 tokens, 3 and 4 at their limit
+    # later, answer 2 has 64 - 22 = 42 steps to go.
+    writing = RunProgress(prompt_tokens=633, prompt_done=633, generated_tokens=10 + 22 + 22 + 22, time_to_first_token=60.0,
+                          elapsed=102.0, decode_tokens_per_s=1.8, max_tokens=256,
+                          answers=answers((158, 64, 158, 10, "stop"), (158, 64, 158, 22, None), (159, 64, 159, 22, None),
+                                          (158, 64, 158, 22, None)))  # fmt: skip
+    assert eta(writing, None) == (84.0, "at most: the longest open answer has 42 tokens to go")
+    assert bar_total(writing) == 10 + 3 * 64
+    shown = live_figures(replace(BASE, progress=writing), None, NOW)[0]
+    assert shown.startswith("writing 4 answers: 76/202 tokens at most · 1.8 tok/s together")
+    assert shown.endswith("(1 ended by themselves, 3 still open)")
+    ended = replace(writing, generated_tokens=150, finish_reason="length",
+                    answers=answers((158, 64, 158, 10, "stop"), (158, 64, 158, 64, "length"),
+                                    (159, 64, 159, 40, "stop"), (158, 64, 158, 36, "stop")))  # fmt: skip
+    assert bar_total(ended) == 150  # the bar ends full at what was written
+    done = replace(BASE, state="done", finished="2026-11-30T22:00:20+00:00", progress=ended)
+    assert "150 tokens in 4 answers (3 ended by themselves, 1 reached their 64-token limit)" in card(done, NOW)[0]
+    assert "max_tokens" not in card(done, NOW)[0]
 
 
 def test_a_finished_run_keeps_a_card():

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 # What a wheel is built from: pyproject.toml names README.md as the long description.
-SOURCES = ("pyproject.toml", "README.md", "app", "engine", "templates", "schedules")
+SOURCES = ("pyproject.toml", "README.md", "app", "engine", "templates", "schedules", "docs")
 # Files the wheel must carry besides the Python modules, by their folder in the checkout.
-DATA = ("templates/**/*", "schedules/**/*", "app/**/*.tcss", "engine/store/data/*")
+DATA = ("templates/**/*", "schedules/**/*", "app/**/*.tcss", "engine/store/data/*", "docs/*.md")
 
 
 def checkout_files(pattern: str) -> list[Path]:
@@ -104,12 +104,13 @@ def test_every_package_folder_imports_from_the_wheel_and_app_or_engine_alone_do_
         "    print(importlib.import_module(name).__file__)\n"
         "from nightshift.app.paths import bundled\n"
         "print(bundled('templates')); print(bundled('schedules'))\n"
+        "from nightshift.app.paths import doc; print(doc('reviews.md'))\n"
     )
     done = run_in(tmp_path, venv / "bin" / "python", "-c", script, *packages)
     assert done.returncode == 0, done.stderr
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     files = [Path(line) for line in done.stdout.splitlines()]
-    assert len(files) == len(packages) + 2
+    assert len(files) == len(packages) + 3 and files[-1].is_file()  # the docs that messages cite ship too
     assert [str(path) for path in files if not path.is_relative_to(site / "nightshift")] == []
     for name in ("app", "engine"):
         done = run_in(tmp_path, venv / "bin" / "python", "-c", f"import {name}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from nightshift.app.commands import say
 from nightshift.app.commands.generate import _positive_int, memory_budget
 from nightshift.app.models import resolve_model
+from nightshift.app.paths import doc
 from nightshift.engine.errors import NightshiftError
 
 
@@ -62,7 +63,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run a store over several hosts with mlx.distributed (ring backend over TCP): each host runs a "
-        "contiguous range of layers and streams those layers' experts from its own drives. See docs/distributed.md."
+        f"contiguous range of layers and streams those layers' experts from its own drives. See {doc('distributed.md')}."
     )
     actions = parser.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
     generate = actions.add_parser("generate", help="answer PROMPT greedily with the model pipelined over the hosts")

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from nightshift.app.commands import say
+
+EXIT_NO_TERMINAL = 2  # a usage error, as a command line a command cannot run with
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        say("error: the dashboard needs a terminal (its input and output are not one); for figures in a pipe "
+            "use `nightshift jobs`, `nightshift reports list` or `nightshift drives watch`")  # fmt: skip
+        return EXIT_NO_TERMINAL
     from nightshift.app.tui.app import Dashboard
 
     Dashboard().run()

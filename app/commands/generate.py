@@ -28,9 +28,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         float32_prefill=args.float32_prefill,
     )
     if model.stream is not None:
-        from nightshift.engine.moe.tuning import describe_tuning
+        from nightshift.app.notices import first_time
+        from nightshift.engine.moe.tuning import describe_tuning, tuning_for
 
-        say(describe_tuning(store))
+        if tuning_for(store) is not None or first_time("not tuned for these drives", str(store.resolve())):
+            say(describe_tuning(store))  # the settings in use each time; that there are none, once per store
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
@@ -75,25 +77,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+def _number(text: str, kind: type, least: float, said: str) -> int | float:
+    """`text` as `kind` of at least `least`, or an argparse error in words (`'abc' is not a whole number`)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {said}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: give {said} of {least:g} or more")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _number(text, int, 1, "a whole number")
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _number(text, int, 0, "a whole number")
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _number(text, float, 0, "a number")
 
 
 def memory_budget(text: str) -> str:

@@ -11,7 +11,18 @@ if TYPE_CHECKING:
 
 
 def progress_line(figures: GenerationStats | RunProgress) -> str:
-    """A generation's progress on one line: the prompt being read, then tokens, rate and time."""
+    """A generation's progress on one line: the prompt being read, then tokens, rate and time; a batch's
+    from its answers (which prompt is read, the tokens it can still reach)."""
+    from nightshift.app.batch_progress import batched, reading, tokens_at_most
+
+    if batched(figures):
+        answers = figures.answers
+        part = reading(answers)
+        if not figures.generated_tokens:
+            which = f"answer {part[0]} of {len(answers)}, " if part else "all read, "
+            return f"reading the prompts: {which}{figures.prompt_done}/{figures.prompt_tokens} tokens"
+        return (f"{figures.generated_tokens} of at most {tokens_at_most(answers)} tokens in {len(answers)} answers, "
+                f"{figures.decode_tokens_per_s:.1f} tok/s, {figures.elapsed:.0f} s")  # fmt: skip
     if not figures.generated_tokens:
         return f"reading the {figures.prompt_tokens}-token prompt"
     if figures.generated_tokens == 1:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nightshift.app.commands import moefy, say, tune
 from nightshift.app.models import resolve_model
-from nightshift.app.paths import cache_dir, drives_file, models_dir
+from nightshift.app.paths import cache_dir, doc, drives_file, models_dir
 from nightshift.app.progress import live
 from nightshift.engine.errors import NightshiftError
 
@@ -26,6 +26,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     target = models_dir() / name
     if target.exists() and not args.force:
         raise NightshiftError(f"a model named {name!r} already exists at {target}; pick another --name or pass --force")
+    if not Path(args.gguf).is_file():
+        raise NightshiftError(f"GGUF file not found: {args.gguf}; give the path of a llama GGUF to convert")
     say(f"converting {args.gguf} into {target}")
     print(convert_gguf(Path(args.gguf), target))
     return 0
@@ -107,15 +109,16 @@ def _unfinished(store: Path) -> bool:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from nightshift.engine.store.synth import synthesize
+    from nightshift.engine.store.synth import check_synthesis, synthesize
 
     out = Path(args.out) if args.out else cache_dir() / "synth" / f"{args.arch}-{args.preset}-seed{args.seed}"
-    say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
     routing = Path(args.routing) if args.routing else None
     if routing is not None and not routing.is_file():
         raise NightshiftError(
             f"{routing} is not a routing trace (no such file); record one with bench/routing_traces.py"
         )
+    check_synthesis(args.arch, args.preset, out, args.skew, routing)  # refused before it says what it is doing
+    say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
     print(synthesize(args.arch, args.preset, out, seed=args.seed, skew=args.skew, routing=routing))
     return 0
 
@@ -327,14 +330,14 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
     place.add_argument(
         "--hosts",
         metavar="JSON",
-        help="hosts.json (docs/distributed.md): split the layers over the hosts by their drives' read rates, "
+        help=f"hosts.json ({doc('distributed.md')}): split the layers over the hosts by their drives' read rates, "
         "each layer's experts on its own host's drives",
     )
     place.add_argument(
         "--experts",
         action="store_true",
         help="with --hosts: expert parallelism instead: every host runs every layer and holds a share of each "
-        "layer's experts (one token's reads on all hosts at once, one exchange per layer; docs/distributed.md)",
+        f"layer's experts (one token's reads on all hosts at once, one exchange per layer; {doc('distributed.md')})",
     )
     place.add_argument(
         "--no-measure",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from nightshift.app.commands import say
-from nightshift.app.paths import models_dir
+from nightshift.app.paths import doc, models_dir
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.store.moefy_defaults import DEFAULT_EXPERTS, DEFAULT_K
 
@@ -58,7 +58,7 @@ def register(actions: argparse._SubParsersAction) -> None:
         description="Split every feed-forward layer of a dense llama into experts (groups of neurons that "
         "fire together on the calibration text shipped with nightshift), fit a router that picks the top "
         "k experts per token, and write the result as a new model. With k equal to the number of experts "
-        "the model computes exactly what the dense one does. See docs/moefication.md.",
+        f"the model computes exactly what the dense one does. See {doc('moefication.md')}.",
     )
     moefy_parser.add_argument(
         "--source", help="dense model name or directory (default: the dense model the default model is made from)"

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nightshift.app.commands import say
-from nightshift.engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError, did_you_mean
 
 if TYPE_CHECKING:
     from nightshift.app.review.index import IndexEntry
@@ -49,18 +46,23 @@ def cmd_open(args: argparse.Namespace) -> int:
     else:
         matches = [r for r in entries if str(r.id) == wanted] or [r for r in reports if r.review == wanted]
         if not matches:
-            raise NightshiftError(f"no report {wanted!r}; give an id or review name from `nightshift reports list`")
+            reviews = {r.review for r in reports}
+            raise NightshiftError(f"no report {wanted!r}{did_you_mean(wanted, reviews)}; give an id or review name "
+                                  "from `nightshift reports list`")  # fmt: skip
         report = matches[-1]
     if report.failed:
         raise NightshiftError(f"entry {report.id} is a failed run, with no report: {report.reason}")
     if report.missing:
         raise NightshiftError(f"report {report.id} was at {report.path}, which no longer exists")
     print(report.path)
-    opener = "open" if sys.platform == "darwin" else "xdg-open"
-    has_display = sys.platform == "darwin" or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-    if args.print_only or not has_display or not shutil.which(opener):
+    if args.print_only:
         return 0
-    subprocess.Popen([opener, report.path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from nightshift.app.viewer import open_pdf
+
+    problem = open_pdf(Path(report.path))
+    if problem is not None:
+        raise NightshiftError(f"nothing opened: {problem} (the path above is the report; --print-only only prints it)")
+    say(f"opened report {report.id} in the PDF viewer")
     return 0
 
 
@@ -75,7 +77,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     listing.set_defaults(run=cmd_list)
     opening = actions.add_parser(
         "open", help="print a report's path and open it in the PDF viewer",
-        description="Print the report's path, then open it with the desktop's PDF viewer when there is one.",
+        description="Print the report's path, then open it with $NIGHTSHIFT_PDF_VIEWER or the desktop's PDF "
+        "viewer; when nothing opened (no viewer, no display) it says why and exits 1.",
     )  # fmt: skip
     opening.add_argument("report", nargs="?", default="latest", help="report id, review name or `latest` (default)")
     opening.add_argument("--print-only", action="store_true", help="only print the path")

@@ -13,10 +13,11 @@ from nightshift.engine.errors import NightshiftError
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from nightshift.engine.rig.drives import RigSpec, rig_up
+    from nightshift.engine.rig.drives import RigSpec, check_can_build, rig_up
 
     if args.drives < 1 or args.size_mib < 16 or args.mbps <= 0 or (args.iops is not None and args.iops < 1):
         raise NightshiftError("need --drives >= 1, --size-mib >= 16, --mbps > 0 and, if given, --iops >= 1")
+    check_can_build()  # root, loop devices, tools, a throttle: refused before it says what it is building
     spec = RigSpec(args.drives, args.size_mib * MiB, int(args.mbps * 1e6), args.iops)
     say(f"building {spec.count} drive(s) of {args.size_mib} MiB (sparse) at {args.mbps:g} MB/s in {rig_dir()}")
     state = rig_up(rig_dir(), spec, args.drives_file)

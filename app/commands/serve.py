@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from nightshift.app.commands import say
-from nightshift.app.paths import private_file, service_log, writable_data_dir
+from nightshift.app.paths import doc, private_file, service_log, writable_data_dir
 
 
 class LogFile(logging.FileHandler):
@@ -103,7 +103,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hosts",
         metavar="JSON",
-        help="generate every review's narrative over these hosts (hosts.json, docs/distributed.md): the service "
+        help=f"generate every review's narrative over these hosts (hosts.json, {doc('distributed.md')}): the service "
         "runs here as rank 0 and starts the other ranks for each narrative",
     )
     parser.add_argument(

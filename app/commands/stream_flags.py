@@ -13,7 +13,7 @@ from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import get_args, get_origin, get_type_hints
 
-from nightshift.app.commands import say
+from nightshift.app.commands import argument_type, say
 
 
 def add_stream_arguments(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -47,7 +47,7 @@ def add_stream_arguments(parser: argparse.ArgumentParser, defaults: dict | None 
             parser.add_argument(
                 flag,
                 action=Given,
-                type=option.parse,
+                type=argument_type(option.parse),
                 default=default,
                 help=f"{option.help} (default: {option.show(default)})",
             )

@@ -27,6 +27,7 @@ from nightshift.app.daemon import clock
 from nightshift.app.paths import private_folder, run_queue
 from nightshift.app.review.index import IndexEntry, clip, read_index
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.generation import AnswerFigures
 from nightshift.engine.instruments.database import database_damaged, open_database
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
@@ -127,6 +128,15 @@ class RunProgress:
     batch: list[int] = field(default_factory=list)
     batch_sequences: int = 0  # sequences decoded together: every run's answers (a split narrative has several)
     batch_tokens_per_s: float = 0.0  # the whole batch's decode rate, all runs together (once it has ended)
+    # The batch's plan, answer by answer (a split narrative's summary and findings, every run's in a shared
+    # batch): each one's prompt read, its tokens against its own limit and how it ended. Empty for one answer.
+    answers: list[AnswerFigures] = field(default_factory=list)
+    # The expert memory budget (a streamed store with a RAM cache): its size, what it holds now, this run's
+    # share of expert lookups it served; and the process's peak memory during the run (MLX's count).
+    cache_budget: int | None = None
+    cache_used: int | None = None
+    cache_hit_rate: float | None = None
+    peak_memory_bytes: int = 0
 
     def batch_line(self) -> str:
         """Which runs share this run's batch and its rates, on one line; "" when it generated alone."""
@@ -138,10 +148,19 @@ class RunProgress:
             return f"{shared}; figures for the whole batch"
         return f"{shared}: {self.batch_tokens_per_s:.1f} tok/s together, this run {self.decode_tokens_per_s:.1f}"
 
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens read per second: all of them over the time to the first token, or so far while reading."""
+        if self.time_to_first_token > 0:
+            return self.prompt_tokens / self.time_to_first_token
+        return self.prompt_done / self.elapsed if self.prompt_done and self.elapsed > 0 else 0.0
+
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunProgress:
         """Parse the queue's JSON column (rows written before a figure existed lack it: its default)."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+        found = {f.name: values[f.name] for f in fields(cls) if f.name in values}
+        found["answers"] = [AnswerFigures(**answer) for answer in found.get("answers", [])]
+        return cls(**found)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from nightshift.app.daemon import clock
 from nightshift.app.daemon.control import ControlServer
 from nightshift.app.daemon.lock import InstanceLock
+from nightshift.app.daemon.notify import announce
 from nightshift.app.daemon.rebuild import missed_due_runs, rebuild_queue, set_aside_if_damaged
 from nightshift.app.daemon.runs import QueueError, Run, RunQueue
 from nightshift.app.daemon.settings import load_settings
@@ -400,6 +401,7 @@ class Service:
         for run in finished:
             log.info("run %s: %s %s %s", run.id, run.review, run.state,
                      clip(run.report or run.error or "", 500))  # fmt: skip
+            announce(self.settings.notify, run)  # a report ready or a run failed: the desktop, the user's hook
         return True
 
     def _batch_with(self, first: Run) -> list[Run]:

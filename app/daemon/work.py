@@ -35,17 +35,25 @@ TEXT_KEPT = 4000  # characters of the text being written kept with the progress 
 
 
 def run_progress(stats: GenerationStats, max_tokens: int, text: str, shared: Shared | None = None) -> RunProgress:
-    """The figures of a generation so far as the queue keeps them: rounded, with the end of the text."""
+    """The figures of a generation so far as the queue keeps them: rounded, with the end of the text.
+
+    A batch's `max_tokens` is its answers' limits summed (its real plan), not the schedule's bound.
+    """
     streamed = bool(stats.drive_bytes)  # a streamed store's figures; a model held in memory has none
+    cached = streamed and stats.cache_budget > 0
     return RunProgress(
         prompt_tokens=stats.prompt_tokens, prompt_done=stats.prompt_done, generated_tokens=stats.generated_tokens,
         time_to_first_token=round(stats.time_to_first_token, 2), elapsed=round(stats.elapsed, 2),
-        decode_tokens_per_s=round(stats.decode_tokens_per_s, 2), max_tokens=max_tokens, text=text[-TEXT_KEPT:],
+        decode_tokens_per_s=round(stats.decode_tokens_per_s, 2),
+        max_tokens=sum(a.max_tokens for a in stats.answers) or max_tokens, text=text[-TEXT_KEPT:],
         drive_bytes=dict(stats.drive_bytes),
         cache_hits=stats.cache_hits if streamed else None,
         prefetch_recall=round(stats.prefetch_recall, 3) if streamed else None,
         read_amplification=round(stats.prefill_read_amplification, 3) if streamed else None,
         last_landed=(stats.last_landed or None) if streamed else None, finish_reason=stats.finish_reason,
+        answers=[replace(answer) for answer in stats.answers],
+        cache_budget=stats.cache_budget if cached else None, cache_used=stats.cache_used if cached else None,
+        cache_hit_rate=round(stats.cache_hit_rate, 4) if cached else None, peak_memory_bytes=stats.peak_memory_bytes,
         **(shared or {}),
     )  # fmt: skip
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 from markupsafe import Markup, escape
 
 WIDTH, ROW, LABEL, PAD = 480, 22, 110, 8
+CHAR = 5.1  # the width of a figure's character at font-size 8 in DejaVu Sans (digits are 0.64 em)
 CURRENT, PREVIOUS = "#2f5d8a", "#b8c7d9"
 
 
@@ -36,14 +37,16 @@ def bar_chart(bars: list[tuple[str, Decimal, Decimal | None]], current: str, pre
             parts.append(
                 f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{ROW - 6}" fill="{colour}"/>'
             )
+            text = f"{value:,}"  # as the table prints it: a Decimal keeps its places (19,751.61, not 19,752)
+            room = len(text) * CHAR + 3  # the label's width, so it stays inside the chart
             anchor, tx = ("end", x - 3) if value < 0 else ("start", x + length + 3)
-            if (value < 0 and tx < LABEL + 40) or (value >= 0 and tx > WIDTH - 60):
+            if (value < 0 and tx - room < LABEL) or (value >= 0 and tx + room > WIDTH):
                 inside = "#fff" if colour == CURRENT else "#222"
                 anchor, tx, colour_text = ("start", x + 3, inside) if value < 0 else ("end", x + length - 3, inside)
             else:
                 colour_text = "#222"
             parts.append(f'<text x="{tx:.1f}" y="{y + ROW - 10}" text-anchor="{anchor}" font-size="8" font-family="DejaVu Sans" '
-                         f'fill="{colour_text}">{value:,.0f}</text>')  # fmt: skip
+                         f'fill="{colour_text}">{text}</text>')  # fmt: skip
     parts.append(f'<line x1="{zero:.1f}" y1="0" x2="{zero:.1f}" y2="{height - 26}" stroke="#555"/>')
     legend_y = height - 8
     parts.append(f'<rect x="{LABEL + PAD}" y="{legend_y - 9}" width="10" height="10" fill="{CURRENT}"/>'

@@ -313,7 +313,7 @@ def write_narratives(model: LanguageModel, jobs: list[NarrativeJob]) -> list[Nar
         parts = batch.parts[span]
         stats = replace(batch.generation, prompt_tokens=sum(p.prompt_tokens for p in parts),
                         prompt_done=sum(p.prompt_tokens for p in parts), generated_tokens=sum(p.tokens for p in parts),
-                        finish_reason=_finish_reason(parts))  # fmt: skip
+                        finish_reason=_finish_reason(parts), answers=batch.generation.answers[span])  # fmt: skip
         narrative = job.narrative(parts, stats)
         narrative.batch = ChatBatch(parts, batch.stats, stats) if job.prompt.narrative == "split" else None
         narrative.shared = replace(shared, own=own)

@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
 
 from nightshift.app.paths import bundled
 from nightshift.app.review.errors import ReviewError
+from nightshift.app.review.typeset import tie
 
 REPORTS_DIR = bundled("templates") / "reports"
 
@@ -40,6 +41,7 @@ def render_html(template: str, context: dict[str, Any]) -> str:
     environment = Environment(
         loader=FileSystemLoader(REPORTS_DIR), autoescape=select_autoescape(default=True), undefined=StrictUndefined
     )
+    environment.filters["tie"] = tie  # where nightshift's own phrases may break across lines
     try:
         return environment.get_template(template).render(**context)
     except TemplateError as exc:

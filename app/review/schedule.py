@@ -27,7 +27,7 @@ from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.sources import OptionError, Source, source_kind
 from nightshift.app.review.when import parse_when
 from nightshift.app.review.window import PERIODS
-from nightshift.engine.errors import NightshiftError
+from nightshift.engine.errors import NightshiftError, did_you_mean
 from nightshift.engine.moe.settings import parse_budget
 
 BUNDLED_DIR = bundled("schedules")
@@ -134,7 +134,9 @@ def find_schedule(name: str) -> Schedule:
     if broken:
         raise ScheduleError(broken[0])
     known = ", ".join(sorted(schedules)) or "none"
-    raise ReviewError(f"no review named {name!r} (known: {known}); see `nightshift review list`")
+    raise ReviewError(
+        f"no review named {name!r}{did_you_mean(name, schedules)} (known: {known}); see `nightshift review list`"
+    )
 
 
 def _key_lines(text: str) -> dict[tuple, int]:

@@ -1,23 +1,27 @@
 """The dashboard app: its screens (one mode each), bindings, the refresh loop and the service actions.
 
-The refresh loop is one thread worker at a time: `_poll` collects a snapshot
-off the UI thread and posts it back as a `Refreshed` message; the handler
-applies it and re-arms the timer, so polls never overlap and a slow service
-never stalls input. Drive figures refresh every tick (10 Hz); the queue,
-reports, the running job and the history plots every `SERVICE_EVERY` ticks.
+The refresh loop is one thread worker at a time: a repeating timer starts `_poll`
+unless one is in flight; `_poll` collects a snapshot off the UI thread and posts
+it back as a `Refreshed` message, which the handler applies. Polls never overlap
+and a slow service never stalls input. Drive figures refresh every tick (10 Hz);
+the queue, reports, the running job and the history plots every `SERVICE_EVERY`
+ticks. The same timer ages what is shown: a figure not refreshed for
+`STALE_AFTER_S` is marked stale on screen, whatever stopped it.
+
+Why a repeating timer and not `set_timer` re-armed after each poll: Textual's
+one-shot timer (8.2) drops its callback, silently and for good, when its task
+runs later than its delay (it "skips" the missed tick, and a one-shot has no
+next). Under load that happened within minutes (bench/timer_drop.py), and the
+whole dashboard froze with nothing marking its figures old (issue [24]).
 Everything about a run is its own: its tok/s plot starts empty, nightshift's
 per-drive rates come from its progress records, and its end is announced.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +31,17 @@ from textual.binding import Binding
 from textual.message import Message
 
 from nightshift.app.daemon.runs import Run as QueueRun
+from nightshift.app.tui.ages import Ages
 from nightshift.app.tui.feed import CatalogueView, Feed, ServiceState, Snapshot
 from nightshift.app.tui.format import duration
 from nightshift.app.tui.screens import DashboardScreen, HelpScreen, LiveScreen, QueueScreen, ReportsScreen, RunsScreen
 from nightshift.app.tui.widgets.plot import History
+from nightshift.app.viewer import open_pdf
 from nightshift.engine.errors import NightshiftError
 
 TICK_S = 0.1
 SERVICE_EVERY = 5
-VIEWER_VARIABLE = "NIGHTSHIFT_PDF_VIEWER"
 ENGINE_RATE_FRESH_S = 3.0  # nightshift's per-drive rate is shown this long after the record it came from
-
-
-def viewer_command() -> list[str] | None:
-    """How to open a PDF: $NIGHTSHIFT_PDF_VIEWER, else `open` (macOS) or `xdg-open`; None when there is none."""
-    if os.environ.get(VIEWER_VARIABLE):
-        return shlex.split(os.environ[VIEWER_VARIABLE])
-    opener = "open" if sys.platform == "darwin" else "xdg-open"
-    return [opener] if shutil.which(opener) else None
 
 
 class Dashboard(App):
@@ -63,6 +60,7 @@ class Dashboard(App):
         Binding("s", "start_service", "Start the scheduler here"),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as btop, k9s and lazygit do
     ]
 
     class Refreshed(Message):
@@ -70,12 +68,14 @@ class Dashboard(App):
             super().__init__()
             self.snapshot = snapshot
 
-    def __init__(self, feed: Feed | None = None, tick_s: float = TICK_S):
+    def __init__(self, feed: Feed | None = None, tick_s: float = TICK_S, clock: Callable[[], float] = time.time):
         super().__init__()
         self.feed = feed
         self.tick_s = tick_s
+        self.clock = clock  # Unix time now: what ages are measured against (tests freeze it)
         self.ticks = 0
-        self.next_poll = time.monotonic()
+        self.polling_since: float | None = None  # monotonic time the poll in flight began; None: none is
+        self.service_at: float | None = None  # Unix time of the latest snapshot that read the queue
         self.snapshot: Snapshot | None = None
         self.service: ServiceState | None = None
         self.catalogue: CatalogueView | None = None
@@ -87,42 +87,62 @@ class Dashboard(App):
         self.engine_rates: dict[str, float] = {}  # nightshift's MB/s per engine drive, from the run's progress
         self.engine_rates_at = 0.0  # when (the snapshot's time) the record they came from was first seen
         self._last_progress: tuple[int, float] | None = None  # the run and elapsed time of the last point
+        self.record_seen_at: float | None = None  # when the running run's latest progress record was first seen
         self._last_bytes: dict[str, int] = {}  # the run's bytes per drive at that point
         self._watched_run: int | None = None  # the run seen running at the last refresh, to announce its end
 
     def on_mount(self) -> None:
         if self.feed is None:
             self.feed = Feed()
-        self._poll()
+        self.set_interval(self.tick_s, self._tick)
+        self._tick()
 
-    @work(thread=True, exclusive=True, group="poll")
+    def _tick(self) -> None:
+        """Start a poll unless one is in flight, and show how old the figures on screen are."""
+        if self.polling_since is None:
+            self.polling_since = time.monotonic()
+            self._poll()
+        if self.snapshot is not None and (screen := self._drawn_screen()) is not None:
+            screen.show_ages(self.ages(self.clock()))
+
+    def _drawn_screen(self) -> DashboardScreen | None:
+        """The dashboard screen in view once its widgets are there: none while the app starts or shuts down
+        (Textual raises ScreenStackError then) or while a dialog is on top."""
+        if not self.screen_stack or not isinstance(self.screen, DashboardScreen) or not self.screen.query("#banner"):
+            return None
+        return self.screen
+
+    @work(thread=True, group="poll")
     def _poll(self) -> None:
         with_service = self.ticks % SERVICE_EVERY == 0
         pid = self.service.pid if self.service is not None else None
         self.post_message(self.Refreshed(self.feed.collect(with_service, pid)))
 
+    def ages(self, now: float) -> Ages:
+        """How old each part of what is shown is at `now`, and how long the poll in flight has taken."""
+        snapshot = self.snapshot
+        polling = time.monotonic() - self.polling_since if self.polling_since is not None else 0.0
+        drives = now - snapshot.drives_at if snapshot is not None and snapshot.drives_at else None
+        service = now - self.service_at if self.service_at is not None else None
+        record = now - self.record_seen_at if self.record_seen_at is not None else None
+        return Ages(now - snapshot.taken_at if snapshot is not None else 0.0, drives, service, record, polling)
+
     def on_dashboard_refreshed(self, message: Refreshed) -> None:
         snapshot = message.snapshot
+        self.polling_since = None
         self.ticks += 1
         self.snapshot = snapshot
         if snapshot.catalogue is not None:
             self.catalogue = snapshot.catalogue
         if snapshot.service is not None:
             self.service = snapshot.service
+            self.service_at = snapshot.taken_at
             self._follow_run(snapshot.service, snapshot.taken_at)
             for row in snapshot.drives:  # plotted at the queue's pace, so a plot spans a minute or more
                 self.drive_histories.setdefault(row.name, History()).append(row.mb_per_s)
-        # A refresh that lands while the app shuts down finds no screen (Textual raises ScreenStackError).
-        if self.screen_stack and isinstance(self.screen, DashboardScreen):
-            self.screen.show(snapshot, self.service)
-        self._rearm()
-
-    def _rearm(self) -> None:
-        """Next poll on a fixed grid of `tick_s`, so late wake-ups do not lower the rate; a grid fallen
-        more than a tick behind (a stall) restarts from now rather than firing a burst."""
-        now = time.monotonic()
-        self.next_poll = max(self.next_poll + self.tick_s, now - self.tick_s)
-        self.set_timer(max(0.001, self.next_poll - now), self._poll)  # a zero delay divides by zero in Textual
+        if (screen := self._drawn_screen()) is not None:
+            screen.show(snapshot, self.service)
+            screen.show_ages(self.ages(snapshot.taken_at))
 
     def _follow_run(self, service: ServiceState, now: float) -> None:
         """Per run: a new run starts an empty tok/s plot; one point and nightshift's per-drive read rates per
@@ -136,11 +156,12 @@ class Dashboard(App):
         self._watched_run = current.id if current is not None else None
         progress = current.progress if current is not None else None
         if progress is None:
-            self.engine_rates = {}
+            self.engine_rates, self.record_seen_at = {}, None
             return
         key = (current.id, progress.elapsed)
         if key == self._last_progress:
             return
+        self.record_seen_at = now
         if self._last_progress is not None and progress.elapsed > self._last_progress[1]:
             span = progress.elapsed - self._last_progress[1]
             self.engine_rates = {drive: (n - self._last_bytes.get(drive, 0)) / span / 1e6
@@ -194,6 +215,13 @@ class Dashboard(App):
         self.call_from_thread(self.notify, done)
         self.ticks = 0  # the next poll reads the queue again
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`s` only while no scheduler runs, here or in a service (the key bar offers only keys that act)."""
+        if action == "start_service":
+            running = self.service is not None and self.service.running
+            return not running and (self.service_thread is None or not self.service_thread.is_alive())
+        return True
+
     def action_start_service(self) -> None:
         if self.service is not None and self.service.running:
             self.notify("a service is already running", severity="warning")
@@ -223,21 +251,17 @@ class Dashboard(App):
         self.quitting.wait()
         service.stop()
 
+    @work(thread=True, group="viewer")
     def open_report(self, path: Path) -> None:
+        """Open the PDF off the UI thread (the viewer is watched for a moment to see that it opened)."""
         if not path.is_file():
-            self.notify(f"{path} is no longer there", severity="error")
+            self.call_from_thread(self.notify, f"{path} is no longer there", severity="error")
             return
-        command = viewer_command()
-        if command is None:
-            self.notify(f"no PDF viewer found (set {VIEWER_VARIABLE}); the report is {path}", severity="warning")
-            return
-        try:
-            subprocess.Popen([*command, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
-        except OSError as exc:
-            self.notify(f"cannot run {command[0]}: {exc}", severity="error")
-            return
-        self.notify(f"opened {path.name}")
+        problem = open_pdf(path)
+        if problem is None:
+            self.call_from_thread(self.notify, f"opened {path.name}")
+        else:
+            self.call_from_thread(self.notify, f"nothing opened: {problem}; the report is {path}", severity="warning")
 
     def on_unmount(self) -> None:
         self.quitting.set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from nightshift.app.daemon.control import Jobs
-from nightshift.app.paths import catalogue_file, drives_file, models_dir
+from nightshift.app.paths import catalogue_file, doc, drives_file, models_dir
 from nightshift.app.review.index import IndexEntry
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.catalogue import Catalogue, Run
@@ -36,6 +37,10 @@ from nightshift.engine.store.manifest import is_store, read_manifest
 RUNS_SHOWN = 30
 RATE_WINDOW_S = 1.0  # drive rates are averaged over the last second of 10 ms samples
 CPU_WINDOW_S = 2.0
+# The dashboard's own threads, by name: the UI loop, Textual's input and output, the poll workers (asyncio's
+# executor) and the drive monitor. Any other thread of this process is a scheduler started here (`s`): the model.
+DASHBOARD_THREADS = ("MainThread", "textual-", "asyncio_", "drive-monitor")
+MONITOR_RESTART_S = 2.0  # the drive monitor samples every 10 ms; no sample for this long: it is started again
 
 
 @dataclass(frozen=True)
@@ -101,13 +106,17 @@ class Snapshot:
 
     drives: list[DriveRow]
     memory: Memory
-    cpu_fraction: float  # the dashboard process's CPU time over wall time, over the last CPU_WINDOW_S
+    cpu_fraction: float  # the dashboard's own threads' CPU time over wall time, over the last CPU_WINDOW_S
     refresh_hz: float  # snapshots collected per second over the same window
     service: ServiceState | None = None
     catalogue: CatalogueView | None = None
     drive_note: str = ""  # why there are no drive rows, when there are none
     service_read_mb_per_s: float | None = None  # the service process's own reads (None: no counters for it)
     taken_at: float = field(default_factory=time.time)
+    drives_at: float | None = None  # Unix time of the drive monitor's newest sample (None: no monitor)
+    # The service's CPU over the same window, the model's work: its process's, or, with the scheduler started
+    # in this dashboard, this process's less the dashboard's own threads (None: not measured yet).
+    service_cpu_fraction: float | None = None
 
 
 def _ceilings() -> dict[str, float]:
@@ -211,6 +220,57 @@ class ProcessReads:
         return (read - before) / (now - then) / 1e6 if now > then else None
 
 
+def _thread_seconds(process: psutil.Process) -> dict[int, float]:
+    """CPU seconds of each thread of `process` so far, by native thread id ({} where the platform says none)."""
+    try:
+        return {t.id: t.user_time + t.system_time for t in process.threads()}
+    except (psutil.Error, NotImplementedError):
+        return {}
+
+
+def _process_seconds(pid: int) -> float | None:
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+class CpuShares:
+    """The dashboard's own CPU and the model's, apart, as shares of one core over windows of CPU_WINDOW_S.
+
+    The model runs in the service's process, which is this one when the scheduler was started in the
+    dashboard: then the dashboard's share is its own threads' (DASHBOARD_THREADS) and the rest is the model's.
+    """
+
+    def __init__(self, process: psutil.Process):
+        self.process = process
+        self.own = self.service = 0.0
+        self.service_measured = False
+        self._then = time.monotonic()
+        self._threads = _thread_seconds(process)
+        self._service: tuple[int | None, float | None] = (None, None)  # the service's pid and its CPU seconds then
+
+    def measure(self, service_pid: int | None) -> bool:
+        """Update the shares when a window has passed; True when it had."""
+        now = time.monotonic()
+        span = now - self._then
+        if span < CPU_WINDOW_S:
+            return False
+        threads = _thread_seconds(self.process)
+        mine = {t.native_id for t in threading.enumerate() if t.name.startswith(DASHBOARD_THREADS)}
+        spent = {tid: seconds - self._threads.get(tid, 0.0) for tid, seconds in threads.items()}
+        self.own = sum(seconds for tid, seconds in spent.items() if tid in mine) / span
+        here = service_pid == self.process.pid
+        seconds = sum(spent.values()) if here else _process_seconds(service_pid) if service_pid else None
+        pid, before = self._service
+        self.service_measured = seconds is not None and pid == service_pid and (here or before is not None)
+        if self.service_measured:
+            self.service = (seconds - self.own * span) / span if here else (seconds - before) / span
+        self._then, self._threads, self._service = now, threads, (service_pid, None if here else seconds)
+        return True
+
+
 class Feed:
     """The dashboard's sources; `collect()` is called from one worker at a time, never concurrently.
 
@@ -223,11 +283,11 @@ class Feed:
         self.note = ""
         self.drives_key: tuple[float | None, float | None] | None = None
         self.ceilings: dict[str, float] = {}
-        self.process = psutil.Process(os.getpid())
         self.service_reads = ProcessReads()
-        self._cpu = (time.monotonic(), self._cpu_seconds())
-        self.cpu_fraction = self.refresh_hz = 0.0
+        self.cpu = CpuShares(psutil.Process(os.getpid()))
+        self.refresh_hz = 0.0
         self.collected = 0
+        self._window_start = time.monotonic()
         self._watch_drives()
 
     def _watch_drives(self) -> None:
@@ -247,25 +307,30 @@ class Feed:
             return
         self.note = "" if self.sources else (
             f"no drives.toml ({drives_file()}) and no model's experts on a drive: import a model "
-            "(`nightshift model import`) or write drives.toml (docs/dashboard.md)")  # fmt: skip
+            f"(`nightshift model import`) or write drives.toml ({doc('dashboard.md')})")  # fmt: skip
         if self.sources:
             self.monitor = DriveMonitor([s.name for s in self.sources], [s.device for s in self.sources],
                                         history_s=5.0).start()  # fmt: skip
 
-    def _cpu_seconds(self) -> float:
-        times = self.process.cpu_times()
-        return times.user + times.system
-
-    def _measure_self(self) -> None:
-        """This process's CPU time over wall time, and snapshots per second, over windows of CPU_WINDOW_S."""
+    def _measure(self, service_pid: int | None) -> None:
+        """CPU shares (the dashboard's own, the model's) and snapshots per second, over windows of CPU_WINDOW_S."""
         self.collected += 1
         now = time.monotonic()
-        then, cpu_then = self._cpu
-        if now - then >= CPU_WINDOW_S:
-            cpu = self._cpu_seconds()
-            self.cpu_fraction = (cpu - cpu_then) / (now - then)
-            self.refresh_hz = self.collected / (now - then)
-            self._cpu, self.collected = (now, cpu), 0
+        if self.cpu.measure(service_pid):
+            self.refresh_hz = self.collected / (now - self._window_start)
+            self._window_start, self.collected = now, 0
+
+    def drives_at(self) -> float | None:
+        """Unix time of the monitor's newest sample; a monitor whose samples stopped is started again."""
+        if self.monitor is None:
+            return None
+        times, _ = self.monitor.window(0.0)
+        if not len(times):
+            return None
+        age = time.monotonic() - float(times[-1])
+        if age > MONITOR_RESTART_S:
+            self.drives_key = None  # its thread died: the next read of the queue builds a new one
+        return time.time() - age
 
     def drive_rows(self) -> list[DriveRow]:
         if self.monitor is None:
@@ -294,9 +359,10 @@ class Feed:
         if with_service:
             self._watch_drives()
         pid = service.pid if service is not None else service_pid
-        self._measure_self()
-        return Snapshot(self.drive_rows(), self.memory(pid), self.cpu_fraction, self.refresh_hz, service, catalogue,
-                        self.note, self.service_reads.rate(pid))  # fmt: skip
+        self._measure(pid)
+        return Snapshot(self.drive_rows(), self.memory(pid), self.cpu.own, self.refresh_hz, service, catalogue,
+                        self.note, self.service_reads.rate(pid), drives_at=self.drives_at(),
+                        service_cpu_fraction=self.cpu.service if self.cpu.service_measured else None)  # fmt: skip
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -17,7 +17,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Header, Input, Static
 
 from nightshift.app.daemon.runs import Run as QueueRun
+from nightshift.app.paths import doc
 from nightshift.app.review.index import IndexEntry
+from nightshift.app.tui.ages import Ages, age_label, stale_line
 from nightshift.app.tui.feed import CatalogueView, ServiceState, Snapshot
 from nightshift.app.tui.format import duration, gib, seconds, stamp, zone
 from nightshift.app.tui.widgets.drives import DrivePanel
@@ -70,27 +72,44 @@ class DashboardScreen(Screen):
     def on_screen_resume(self) -> None:
         if self.app.snapshot is not None:
             self.show(self.app.snapshot, self.app.service)
+            self.show_ages(self.app.ages(self.app.clock()))
 
     def show(self, snapshot: Snapshot, service: ServiceState | None) -> None:
+        self.draw(snapshot, service)
+        self.query_one(KeyBar).update_keys()
+
+    def show_ages(self, ages: Ages) -> None:
+        """The banner, saying STALE while the feed is; each screen then marks its own figures' ages."""
+        snapshot, service = self.app.snapshot, self.app.service
         banner = self.query_one("#banner", Fit)
+        if ages.stale:
+            banner.set(stale_line(ages), f"STALE: nothing fresh for {max(ages.snapshot, ages.service or 0):.0f} s")
+        elif snapshot is not None:
+            banner.set(*self.banner(snapshot, service, ages))
+        banner.set_class(ages.stale or (service is not None and not service.running), "warning")
+        self.set_class(ages.stale, "-stale")
+        self.draw_ages(ages)
+
+    def banner(self, snapshot: Snapshot, service: ServiceState | None, ages: Ages) -> tuple[str, ...]:
         own = f"dashboard {snapshot.cpu_fraction:.1%} CPU, {snapshot.refresh_hz:.1f}/s"
         times = f"times in {zone()}"
+        queue = "" if ages.service is None or ages.service < 1.0 else f" · queue {ages.service:.0f} s old"
         if service is None:
-            banner.set("reading the queue…")
-        elif service.error:
-            banner.set(f"cannot read the queue: {service.error}")
-        elif service.running:
+            return ("reading the queue…",)
+        if service.error:
+            return (f"cannot read the queue: {service.error}",)
+        if service.running:
             where = "in this dashboard" if self.app.own_service else f"pid {service.pid}"
-            banner.set(f"service running ({where}) · {times} · {own}", f"service running ({where}) · {times}",
-                       f"service {where}")  # fmt: skip
-        else:
-            banner.set(
-                f"no service running: schedules do not fire; s starts the scheduler here (until you quit) · {times}",
-                "no service running: s starts the scheduler here",
-                "no service: s starts one",
-            )
-        banner.set_class(service is not None and not service.running, "warning")
-        self.draw(snapshot, service)
+            return (f"service running ({where}) · {times} · {own}{queue}", f"service running ({where}) · {times}{queue}",
+                    f"service {where}{queue}")  # fmt: skip
+        return (
+            f"no service running: schedules do not fire; s starts the scheduler here (until you quit) · {times}{queue}",
+            "no service running: s starts the scheduler here",
+            "no service: s starts one",
+        )
+
+    def draw_ages(self, ages: Ages) -> None:
+        """Screen-specific part of `show_ages`: the age of each panel's figures."""
 
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         """Screen-specific part of `show`."""
@@ -142,14 +161,16 @@ class LiveScreen(DashboardScreen):
         reads = snapshot.service_read_mb_per_s
         own = f"{reads:.1f} MB/s" if reads is not None else "—"
         ram = f"{gib(memory.total_bytes)} RAM, {gib(memory.available_bytes)} free"
+        cpu = "—" if snapshot.service_cpu_fraction is None else f"{snapshot.service_cpu_fraction:.0%}"
         if pid is None:
             self.query_one("#memory", Fit).set(f"memory: no service; {ram}", f"no service · {ram}")
         else:
+            where = "scheduler in this dashboard" if self.app.own_service else f"service pid {pid}"
             self.query_one("#memory", Fit).set(
-                f"service pid {pid}: {gib(memory.service_bytes)} resident of {ram} · reads {own} "
-                f"(its own /proc/{pid}/io, all its files)",
-                f"service {gib(memory.service_bytes)} of {ram} · reads {own} (own)",
-                f"service {gib(memory.service_bytes)} · reads {own}",
+                f"{where}: {gib(memory.service_bytes)} resident of {ram} · reads {own} "
+                f"(its own /proc/{pid}/io, all its files) · CPU {cpu} (the model's work)",
+                f"service {gib(memory.service_bytes)} of {gib(memory.total_bytes)} RAM · reads {own} · CPU {cpu}",
+                f"service {gib(memory.service_bytes)} · reads {own} · CPU {cpu}",
             )  # fmt: skip
         self.query_one(DrivePanel).show(snapshot.drives, snapshot.drive_note,
                                         self.app.fresh_engine_rates(snapshot.taken_at))  # fmt: skip
@@ -160,13 +181,21 @@ class LiveScreen(DashboardScreen):
                                             else {}, self.app.fresh_engine_rates(snapshot.taken_at))  # fmt: skip
             self.query_one("#strip", Fit).set(*queue_strip(service, snapshot.taken_at))
 
-    def action_open(self) -> None:
+    def draw_ages(self, ages: Ages) -> None:
+        self.query_one("#drives").border_subtitle = age_label(ages.drives)
+        self.query_one("#job").border_subtitle = self.query_one(JobPanel).age(ages)
+
+    def _last_report(self) -> str | None:
         service = self.app.service
         last = next((r for r in service.jobs.runs if r.state == "done"), None) if service is not None else None
-        if last is None or not last.report:
-            self.notify("no finished run with a report yet", severity="warning")
-        else:
-            self.app.open_report(Path(last.report))
+        return last.report if last is not None else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return action != "open" or self._last_report() is not None
+
+    def action_open(self) -> None:
+        if report := self._last_report():
+            self.app.open_report(Path(report))
 
 
 class QueueScreen(DashboardScreen):
@@ -204,7 +233,7 @@ class QueueScreen(DashboardScreen):
         if notices:
             note.set("\n".join(notices))
         elif not service.jobs.next_runs:
-            note.set("no reviews: put a schedule file in the schedules folder (see docs/reviews.md)")
+            note.set(f"no reviews: put a schedule file in the schedules folder (see {doc('reviews.md')})")
         elif not service.jobs.runs:
             note.set("no runs yet: select a review above and press n to run it now")
         note.display = bool(notices) or not service.jobs.next_runs or not service.jobs.runs
@@ -224,6 +253,15 @@ class QueueScreen(DashboardScreen):
 
     def _review(self) -> str | None:
         return self.query_one("#schedules", Table).selected()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """n and p need a service to ask and a review to ask about; c a running run."""
+        service = self.app.service
+        if action in ("run_now", "pause"):
+            return service is not None and service.running and bool(service.jobs.next_runs)
+        if action == "cancel":
+            return service is not None and service.running and service.jobs.current is not None
+        return True
 
     def action_run_now(self) -> None:
         if review := self._review():
@@ -284,6 +322,9 @@ class ReportsScreen(DashboardScreen):
         key = self.query_one("#reports", Table).selected()
         return next((r for r in self._reports() if str(r.id) == key), None)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return action != "open" or bool(self._reports())
+
     def _summarise(self) -> None:
         report = self._report()
         summary = self.query_one("#summary", Line)
@@ -335,6 +376,9 @@ class RunsScreen(DashboardScreen):
 
     def on_mount(self) -> None:
         self.marked: list[int] = []
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return action != "mark" or bool(self.app.catalogue and self.app.catalogue.runs)
 
     def draw(self, snapshot: Snapshot, service: ServiceState | None) -> None:
         catalogue = self.app.catalogue
@@ -423,7 +467,9 @@ HELP_NOTES = (
     "10 ms, averaged over 1 s; 'nightshift' is the engine's own reads of a streamed model there, from the "
     "run's progress. Without drives.toml the rows are the devices the models' experts are on. The service's "
     "reads: its own /proc/PID/io. Tokens/s, the prompt's progress and the text: the run's progress, stored "
-    "by the service once a second. Times are in your time zone."
+    "by the service once a second. Times are in your time zone. In lists, j and k move like the arrows. "
+    "A figure not refreshed for a few seconds is marked STALE with its age. The key bar offers only the keys "
+    "that act now (s while no scheduler runs, c while a run runs, ...). Ctrl+C quits, as q does."
 )
 
 

@@ -213,13 +213,13 @@ class ClusterModel:
         for rank, event in self._events(request, cancel):
             kind = event["event"]
             if kind == "progress":
-                stats, texts = GenerationStats(**event["stats"]), event["texts"]
+                stats, texts = GenerationStats.from_dict(event["stats"]), event["texts"]
             elif kind == "done" and rank == 0:
                 found = event["batch"]
                 batch = ChatBatch(
                     [BatchText(**part) for part in found["parts"]],
                     BatchStats(**found["stats"]),
-                    GenerationStats(**found["generation"]),
+                    GenerationStats.from_dict(found["generation"]),
                 )
             stats.drive_bytes = self.drive_bytes()
             if progress is not None and kind in ("progress", "beat"):

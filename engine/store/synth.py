@@ -24,7 +24,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from nightshift.engine.errors import NightshiftError, UnsupportedModelError
+from nightshift.engine.errors import NightshiftError, UnsupportedModelError, did_you_mean
 from nightshift.engine.store import routing_trace
 from nightshift.engine.store.families import build_model, layer_of, switch_sites
 from nightshift.engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
@@ -245,6 +245,23 @@ def _cast(array: mx.array, dtype: mx.Dtype) -> mx.array:
     return array.astype(dtype) if mx.issubdtype(array.dtype, mx.floating) else array
 
 
+def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0, routing: Path | None = None) -> None:
+    """Refuse what `synthesize` cannot do, before anything is said or written."""
+    if arch not in FAMILIES:
+        raise UnsupportedModelError(f"no synthetic preset for {arch!r}{did_you_mean(arch, FAMILIES)} "
+                                    f"(choose one of {', '.join(sorted(FAMILIES))})")  # fmt: skip
+    if preset not in PRESETS:
+        raise NightshiftError(
+            f"unknown preset {preset!r}{did_you_mean(preset, PRESETS)} (choose one of {', '.join(PRESETS)})"
+        )
+    if skew < 0:
+        raise NightshiftError("--skew must be 0 or more")
+    if routing is not None and (arch != "kimi_k3" or skew):
+        raise NightshiftError("--routing replays a trace in a kimi_k3 model: give --arch kimi_k3 and no --skew")
+    if Path(out).exists() and any(Path(out).iterdir()):
+        raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
+
+
 def synthesize(
     arch: str,
     preset: str,
@@ -260,17 +277,8 @@ def synthesize(
     `routing`: a routing trace (engine/store/routing_trace.py) the model's routers replay instead of
     routing at random: a `kimi_k3_replay` checkpoint (kimi_k3 only), its k the trace's scaled to the preset.
     """
-    if arch not in FAMILIES:
-        raise UnsupportedModelError(f"no synthetic preset for {arch!r}; choose one of {', '.join(sorted(FAMILIES))}")
-    if preset not in PRESETS:
-        raise NightshiftError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    if skew < 0:
-        raise NightshiftError("--skew must be 0 or more")
-    if routing is not None and (arch != "kimi_k3" or skew):
-        raise NightshiftError("--routing replays a trace in a kimi_k3 model: give --arch kimi_k3 and no --skew")
+    check_synthesis(arch, preset, out, skew, routing)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise NightshiftError(f"{out} already exists and is not empty; pick a new directory")
     family = FAMILIES[arch]
     hidden, preset_layers, experts, active, expert_hidden, vocab = PRESETS[preset]
     config = family.config(hidden, layers or preset_layers, experts, active, expert_hidden, vocab)

@@ -59,7 +59,8 @@ def queue_run(**values) -> QueueRun:
 WRITING = {"prompt_tokens": 812, "prompt_done": 812, "generated_tokens": 96, "time_to_first_token": 84.2,
            "elapsed": 101.9, "decode_tokens_per_s": 5.65, "max_tokens": 160, "text": TEXT,
            "drive_bytes": {"d0": 1_880_000_000, "d1": 240_000_000}, "cache_hits": 1830, "prefetch_recall": 0.874,
-           "read_amplification": 1.03, "last_landed": "d1"}  # fmt: skip
+           "read_amplification": 1.03, "last_landed": "d1", "cache_budget": 2_000_000_000, "cache_used": 1_520_000_000,
+           "cache_hit_rate": 0.62, "peak_memory_bytes": 3_310_000_000}  # fmt: skip
 
 
 EARLIER = queue_run(id=5, review="month-end", origin="schedule", state="done", created="2026-11-30T18:30:00+00:00",
@@ -115,7 +116,15 @@ BENCH_RUNS = [
 ]  # fmt: skip
 
 
-NEXT = {"month-end": "2026-12-31T22:00:00+00:00", "weekly": None, "daily": "2026-12-01T18:30:00+00:00"}
+NEXT = {
+    "month-end": "2026-12-31T22:00:00+00:00",
+    "weekly": None,
+    "daily": "2026-12-01T18:30:00+00:00",
+    "beancount": "2026-12-31T21:00:00+00:00",
+    "camt053": "2026-12-31T21:00:00+00:00",
+    "mt940": "2026-12-31T21:00:00+00:00",
+    "ofx": "2026-12-31T21:00:00+00:00",
+}  # the 7 bundled reviews
 
 
 def service(runs: list[QueueRun], running: bool = True, cancelling: int | None = None) -> ServiceState:
@@ -154,11 +163,11 @@ def frozen_app(state: str) -> Dashboard:
                 DriveRow("sdb", "sdb", 187.3, None, "experts of kimi-k2-store", ("d1",))],
         memory=Memory(service_bytes=None if not queue.running else int(3.4 * GiB), total_bytes=24 * GiB,
                       available_bytes=int(17.9 * GiB)),
-        cpu_fraction=0.031, refresh_hz=9.8, service=queue,
+        cpu_fraction=0.031, refresh_hz=9.8, service=queue, service_cpu_fraction=None if idle else 0.97,
         catalogue=CatalogueView([] if idle else BENCH_RUNS), service_read_mb_per_s=None if idle else 1521.0,
-        taken_at=NOW,
+        taken_at=NOW, drives_at=NOW,
     )  # fmt: skip
-    app = Dashboard(feed=FrozenFeed(snapshot), tick_s=3600.0)
+    app = Dashboard(feed=FrozenFeed(snapshot), tick_s=3600.0, clock=lambda: NOW)
     for name, scale in (("nvme0n1", 2400.0), ("sdb", 190.0)):
         for i in range(200):
             app.drive_histories.setdefault(name, type(app.tokens_history)()).append(

@@ -3,12 +3,15 @@
 Textual's Footer cuts keys off the right end when the line is short, so help and quit were the
 first to go at 80 columns. This bar fits the line by shortening instead: long labels, short ones,
 1-4 grouped, and `? help` and `q quit` are always there. Each key is a link, so clicks work too.
+Only keys that do something now are offered: a key whose action the screen or app turns off
+(`check_action`, e.g. `s` while a scheduler runs) is left out, and pressing it does nothing.
 """
 
 from __future__ import annotations
 
 from textual.binding import Binding
 from textual.content import Content
+from textual.dom import DOMNode
 from textual.widget import Widget
 
 SCREEN_KEYS = ("1", "2", "3", "4")
@@ -40,17 +43,37 @@ def hints(own: list[Binding], app: list[Binding], width: int) -> list[tuple[Bind
     return renderings[-1]
 
 
+def acting(node: DOMNode, bindings: list[Binding]) -> list[Binding]:
+    """The bindings whose action `node` has not turned off (its `check_action`)."""
+    return [b for b in bindings if node.check_action(b.action.split("(")[0], ()) is not False]
+
+
 class KeyBar(Widget):
-    """One line of key hints for the screen it is on (its bindings, then the app's)."""
+    """One line of key hints for the screen it is on (its bindings, then the app's) that act now."""
 
     DEFAULT_CSS = "KeyBar { height: 1; dock: bottom; background: $panel; }"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: tuple[str, ...] = ()
+
+    def update_keys(self) -> None:
+        """Redraw when the set of keys that act has changed (called with each refresh of the screen)."""
+        offered = tuple(b.key for b in self._acting())
+        if offered != self.offered:
+            self.offered = offered
+            self.refresh()
+
+    def _acting(self) -> list[Binding]:
+        return acting(self.screen, list(self.screen.BINDINGS)) + acting(self.app, list(self.app.BINDINGS))
+
     def render(self) -> Content:
-        screen = self.screen
+        app_bindings = list(self.app.BINDINGS)
+        own = [b for b in self._acting() if b not in app_bindings]
         parts = []
-        for binding, label in hints(list(screen.BINDINGS), list(self.app.BINDINGS), self.size.width):
+        for binding, label in hints(own, [b for b in self._acting() if b in app_bindings], self.size.width):
             key = binding.key_display or binding.key
-            action = binding.action if binding in self.app.BINDINGS else f"screen.{binding.action}"
+            action = binding.action if binding in app_bindings else f"screen.{binding.action}"
             if binding.key in SCREEN_KEYS and label.startswith("1-4"):
                 parts.append(Content.from_markup(f"[b $accent]1-4[/] {label[4:]}".rstrip()))
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
@@ -40,11 +41,13 @@ def fit_rows(
 
 
 class Table(DataTable):
-    """A row-cursor table refilled from (key, cells) rows; the cursor stays on its key.
+    """A row-cursor table refilled from (key, cells) rows; the cursor stays on its key; j and k move it.
 
     When the rows are wider than the table, the `squeeze` column's cells are shortened (ending in …) so
     that every column stays readable instead of the table scrolling sideways.
     """
+
+    BINDINGS = [Binding("j", "cursor_down", "Down", show=False), Binding("k", "cursor_up", "Up", show=False)]
 
     def __init__(self, *columns: str, squeeze: int | None = None, **kwargs):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
