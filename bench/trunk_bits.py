@@ -22,7 +22,8 @@ from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
-from nightshift.engine.store.synth import FAMILIES, synthesize
+from nightshift.engine.store.synth import synthesize
+from nightshift.engine.store.synth_families import FAMILIES
 from tests.helpers.reference import PROMPT, greedy_tokens
 
 

@@ -8,7 +8,7 @@ from nightshift.app.cli import main
 from nightshift.engine.store.families import build_model, switch_sites
 from nightshift.engine.store.gguf_import import convert_gguf
 from nightshift.engine.store.manifest import read_manifest
-from nightshift.engine.store.synth import FAMILIES, PRESETS
+from nightshift.engine.store.synth_families import FAMILIES, PRESETS
 from tests.helpers.gguf_files import write_tiny_llama
 
 

@@ -22,7 +22,7 @@ from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import read_header
-from nightshift.engine.store.synth import FAMILIES as SYNTH_FAMILIES
+from nightshift.engine.store.synth_families import FAMILIES as SYNTH_FAMILIES
 from tests.helpers.reference import PROMPT, greedy_tokens
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
