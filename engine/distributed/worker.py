@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nightshift.engine.errors import NightshiftError
-from nightshift.engine.generation import Decoding
+from nightshift.engine.generation import DEFAULT_CHUNK, Decoding
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     memory_budget: int = 0
-    prefill_chunk: int = 512
+    prefill_chunk: int = DEFAULT_CHUNK  # mlx-lm's prefill step, as one process reads a prompt
     beat_s: float = 0.5
     ceilings: list[str | None] = field(default_factory=list)  # per rank: drive_ceilings.json on that host, or None
     temp: float = 0.0  # every rank samples with the same seed from the same (all-gathered) logits
