@@ -222,3 +222,28 @@ def test_per_run_rates_and_plot_from_progress_records():
     assert list(app.tokens_history) == [8.0, 8.0]
     seen(replace(first, id=2), 106.0)  # the next run: its own plot
     assert list(app.tokens_history) == [8.0]
+
+
+def test_a_poll_the_busy_service_misses_keeps_its_queue_and_the_runs_plot():
+    """A service that misses one poll's timeout (both cores busy generating) has not lost its runs: the queue
+    stays shown with the error beside it and ages until a poll is answered; a service that is gone does not."""
+    from nightshift.app.daemon.control import Jobs
+    from nightshift.app.tui.feed import Memory, ServiceState, Snapshot
+
+    app = Dashboard()
+
+    def polled(service: ServiceState, now: float) -> None:
+        snapshot = Snapshot([], Memory(None, 1, 1), 0.0, 1.0, service=service, taken_at=now)
+        app.on_dashboard_refreshed(Dashboard.Refreshed(snapshot))
+
+    for elapsed, now in ((1.0, 100.0), (3.0, 102.0)):
+        polled(ServiceState(True, 1, Jobs([replace(BASE, progress=replace(PROGRESS, elapsed=elapsed))], {}), []), now)
+    assert list(app.tokens_history) == [8.0, 8.0]
+    timeout = "the service did not answer within 2 s"
+    polled(ServiceState(False, None, Jobs([], {}), [], error=timeout), 104.0)
+    assert app.service.running and app.service.jobs.current.id == 1 and app.service.error == timeout
+    assert app.ages(106.0).service == pytest.approx(4.0)  # the queue's age goes on: it is marked stale
+    polled(ServiceState(True, 1, Jobs([replace(BASE, progress=replace(PROGRESS, elapsed=5.0))], {}), []), 106.0)
+    assert list(app.tokens_history) == [8.0, 8.0, 8.0] and app.service.error is None  # the same run's plot goes on
+    polled(ServiceState(False, None, Jobs([], {}), []), 108.0)  # nothing listens: the service is gone
+    assert not app.service.running and app.service.jobs.runs == []
