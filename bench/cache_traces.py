@@ -40,7 +40,7 @@ def record(store: Path, text: str, prompt_tokens: int, tokens: int, temp: float,
         for _ in model.generate_tokens(prompt, max_tokens=tokens, temp=temp, seed=seed):
             pass
         model.stream.call_counts()  # resident calls, if any, into the log
-        return [Call(layer, experts, rows) for layer, experts, rows in instruments.routing]
+        return [Call(*call) for call in instruments.routing]
     finally:
         model.close()
 

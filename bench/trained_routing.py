@@ -77,11 +77,13 @@ class Routing:
         text, prompt, out = self.texts[index], self.prompts[index], []
         for start in range(0, prompt, chunk):
             rows = text[start : min(prompt, start + chunk)]
-            out += [
-                Call(layer + 1, tuple(np.unique(rows[:, layer]).tolist()), len(rows)) for layer in range(self.layers)
-            ]
+            for layer in range(self.layers):
+                unique, counts = np.unique(rows[:, layer], return_counts=True)
+                out.append(Call(layer + 1, tuple(unique.tolist()), len(rows), tuple(counts.tolist())))
         for row in text[prompt:]:
-            out += [Call(layer + 1, tuple(sorted(row[layer].tolist())), 1) for layer in range(self.layers)]
+            out += [
+                Call(layer + 1, tuple(sorted(row[layer].tolist())), 1, (1,) * self.k) for layer in range(self.layers)
+            ]
         return out
 
 

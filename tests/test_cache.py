@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nightshift.engine.moe.cache import ExpertCache
-from nightshift.engine.moe.settings import FREQUENCY, LRU_ADMIT, S3FIFO
+from nightshift.engine.moe.cache import LRFU_DECAY, ExpertCache
+from nightshift.engine.moe.settings import FREQUENCY, LRFU, LRU_ADMIT, S3FIFO
 
 
 def test_lru_evicts_the_least_recently_used_within_budget():
@@ -97,3 +97,52 @@ def test_hits_on_warm_started_experts_are_counted_until_they_are_evicted():
     cache.put((0, 0), "again", 100)  # read again by demand: no longer a warm start's
     cache.get((0, 0))
     assert cache.warm_hits == 1
+
+
+def test_lrfu_keeps_what_recent_tokens_used_over_what_an_old_passage_used_often():
+    cache = ExpertCache(200, LRFU)
+    for _ in range(6):  # expert 0 in six tokens of an old passage
+        cache.look_up(0, [0])
+    cache.put((0, 0), "old favourite", 100)
+    for _ in range(int(4 / LRFU_DECAY)):  # 40 tokens later (four half-lives): its score is 6/16 of a lookup
+        cache.look_up(0, [1, 2])
+    cache.put((0, 1), "recent", 100)
+    assert cache.put((0, 2), "recent too", 100)  # admitted: it outscores the old favourite, which goes
+    assert (0, 0) not in cache and (0, 1) in cache and (0, 2) in cache and cache.used == 200
+
+
+def test_lrfu_between_experts_used_at_the_same_time_keeps_the_more_used_and_refuses_a_one_off():
+    cache = ExpertCache(200, LRFU)
+    for _ in range(3):
+        cache.look_up(0, [0, 1])
+    cache.look_up(0, [0])
+    cache.put((0, 0), "used four times", 100)
+    cache.put((0, 1), "used three times", 100)
+    assert cache.look_up(0, [2]) == [None]  # a newcomer once, as recent as the residents
+    assert not cache.put((0, 2), "once", 100)  # it scores under the least of them: refused
+    cache.look_up(0, [2])
+    cache.look_up(0, [2])  # now three lookups, the latest: it outscores the one whose uses are older
+    assert cache.put((0, 2), "thrice", 100)
+    assert (0, 1) not in cache and (0, 0) in cache and (0, 2) in cache
+
+
+def test_lrfu_weighs_a_prompt_chunks_lookups_by_the_share_of_rows_that_chose_each_expert():
+    cache = ExpertCache(100, LRFU)
+    cache.look_up(0, [0, 1], shares=[1.0, 0.01])  # a chunk: every row chose 0, one row in a hundred chose 1
+    cache.put((0, 1), "rarely chosen", 100)
+    assert cache.put((0, 0), "chosen by every row", 100) and (0, 1) not in cache
+    assert not cache.put((0, 1), "rarely chosen", 100)
+
+
+def test_lrfu_ages_an_expert_by_the_calls_of_its_own_layer():
+    cache = ExpertCache(100, LRFU)
+    cache.look_up(0, [0])
+    cache.look_up(0, [0])
+    cache.put((0, 0), "layer 0, used in two tokens", 100)
+    for _ in range(20):  # twenty calls of layer 1 alone: a layer 0 expert's score does not age meanwhile
+        cache.look_up(1, [5])
+    cache.look_up(1, [6])  # a layer 1 newcomer used once: it scores under the layer 0 expert's two lookups
+    assert not cache.put((1, 6), "layer 1, used once", 100) and (0, 0) in cache
+    cache.look_up(1, [6])
+    cache.look_up(1, [6])  # three lookups in its layer's last three calls: it outscores the other now
+    assert cache.put((1, 6), "layer 1, used thrice", 100) and (0, 0) not in cache

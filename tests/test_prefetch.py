@@ -189,7 +189,7 @@ def test_tail_read_ahead_keeps_greedy_tokens(mixtral_store):
 def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_for(mixtral_store):
     settings = StreamSettings(cache_bytes=0, prefetch=True, prefetch_fill=False)
     recorded = streamed_decode(mixtral_store, settings, 6, routing=True)
-    known = [(layer, experts) for layer, experts, _ in recorded.routing]
+    known = [(layer, experts) for layer, experts, *_ in recorded.routing]
     foreseen = streamed_decode(mixtral_store, settings, 6, foresight=known)
     assert foreseen.timing.tokens == recorded.timing.tokens
     f = foreseen.figures

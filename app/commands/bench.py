@@ -22,7 +22,7 @@ from nightshift.app.commands.stream_flags import (
     sources_from,
     tuning_from,
 )
-from nightshift.engine.moe.settings import FIRST_REPLICA, FREQUENCY, LEAST_COMPLETION, LRU
+from nightshift.engine.moe.settings import FIRST_REPLICA, FREQUENCY, LEAST_COMPLETION, LRFU
 
 SHARES = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)  # budgets `bench cache` simulates, of the store's expert bytes
 
@@ -41,7 +41,7 @@ MECHANISMS = {
     "overlap": ({"overlap": False}, {"overlap": True}, "overlapped_experts"),
     "prefetch-tail": ({"prefetch_tail": False}, {"prefetch_tail": True}, "tail_prefetch"),
     "cache": ({"cache_bytes": 0}, {}, "cache_hits"),  # variant: --memory-budget (not 0)
-    "cache-policy": ({"cache_policy": LRU}, {"cache_policy": FREQUENCY}, "cache_hits"),
+    "cache-policy": ({"cache_policy": FREQUENCY}, {"cache_policy": LRFU}, "cache_hits"),
 }
 
 
@@ -308,7 +308,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     else:  # a real run with no cache: the lookups the engine makes, prompt and decode passes
         result = decode_bench(store, replace(settings, cache_bytes=0), args.tokens, drives, ceilings, False,
                               args.bandwidth_seconds, routing=True)  # fmt: skip
-        calls = [Call(layer, experts, rows) for layer, experts, rows in result["routing"]]
+        calls = [Call(layer, experts, rows, counts) for layer, experts, rows, counts in result["routing"]]
         where = ensure_data_dir() / "traces" / f"{store.name}-{len(calls)}-calls.jsonl"
         where.parent.mkdir(exist_ok=True)
         save_trace(calls, where)

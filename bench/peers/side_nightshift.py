@@ -33,7 +33,8 @@ def main() -> None:
         assert stats is not None
         if job.get("trace"):
             calls = (
-                {"layer": layer, "experts": list(experts), "rows": rows} for layer, experts, rows in instruments.routing
+                {"layer": layer, "experts": list(experts), "rows": rows, "counts": list(counts)}
+                for layer, experts, rows, counts in instruments.routing
             )
             Path(job["trace"]).write_text("".join(json.dumps(call) + "\n" for call in calls))
         report(clock, [tokens], {"hits": stats.cache_hits, "misses": stats.cache_misses,

@@ -1,14 +1,16 @@
 """Replay routing traces against expert cache policies, with Belady's optimum as the bound.
 
 A routing trace is what a real run looked up, in order: per streaming layer call (a prompt chunk or a
-decode step), the layer and the sorted unique experts its rows selected (`Instruments.routing`).
+decode step), the layer, the sorted unique experts its rows selected and how many rows chose each
+(`Instruments.routing`).
 The engine looks every one of them up in its cache, then keeps the misses once read; `replay` does the
 same with the engine's own `ExpertCache` (sizes only, no tensors), so for a given trace its hit rate is
 the engine's, whatever the drives. `belady` is the offline optimum for the same lookups: on a miss with
 no room it evicts the resident used furthest in the future, or keeps nothing when the newcomer itself is
 (an optimum that may refuse admission, as `lru-admit` and `frequency` may).
 
-Traces are saved as JSON lines: {"layer": L, "experts": [...], "rows": R}; bench/cache_traces.py records
+Traces are saved as JSON lines: {"layer": L, "experts": [...], "rows": R, "counts": [...]} (traces recorded before
+the counts were kept have none: each expert then weighs as in a decode step); bench/cache_traces.py records
 them from real runs and replays them against the bounds; `nightshift bench cache` records or takes one, replays it
 and times the policy it picks.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nightshift.engine.moe.cache import ExpertCache
-from nightshift.engine.moe.settings import CACHE_POLICIES, FREQUENCY, LRU_ADMIT
+from nightshift.engine.moe.settings import CACHE_POLICIES, FREQUENCY, LRFU, LRU_ADMIT
 from nightshift.engine.moe.warm import RoutingProfile, counts_of
 
 BELADY = "belady"
@@ -31,11 +33,18 @@ STATIC = "static oracle"
 
 @dataclass(frozen=True)
 class Call:
-    """One streaming layer call of a trace: its layer, unique experts (sorted) and rows."""
+    """One streaming layer call of a trace: its layer, unique experts (sorted), rows, and per expert the rows that
+    chose it (None: unknown, as in traces recorded before they were kept)."""
 
     layer: int
     experts: tuple[int, ...]
     rows: int
+    counts: tuple[int, ...] | None = None
+
+    @property
+    def shares(self) -> list[float] | None:
+        """Per expert, the share of the call's rows that chose it (what the cache weighs a lookup by)."""
+        return None if self.counts is None else [count / self.rows for count in self.counts]
 
 
 @dataclass(frozen=True)
@@ -58,14 +67,21 @@ def save_trace(calls: Iterable[Call], path: Path) -> int:
     count = 0
     with open(path, "w") as f:
         for call in calls:
-            f.write(json.dumps({"layer": call.layer, "experts": list(call.experts), "rows": call.rows}) + "\n")
+            line = {"layer": call.layer, "experts": list(call.experts), "rows": call.rows}
+            f.write(json.dumps(line | ({"counts": list(call.counts)} if call.counts else {})) + "\n")
             count += 1
     return count
 
 
 def load_trace(path: Path) -> list[Call]:
     with open(path) as f:
-        return [Call(d["layer"], tuple(d["experts"]), d["rows"]) for d in map(json.loads, f) if d]
+        return [
+            Call(d["layer"], tuple(d["experts"]), d["rows"], _counts(d.get("counts"))) for d in map(json.loads, f) if d
+        ]
+
+
+def _counts(counts: list[int] | None) -> tuple[int, ...] | None:
+    return None if counts is None else tuple(counts)
 
 
 def replay(
@@ -90,8 +106,7 @@ def replay(
     read = 0
     for call in calls:
         missing = [e for e in call.experts if (call.layer, e) not in cache]
-        for expert in call.experts:
-            cache.get((call.layer, expert))
+        cache.look_up(call.layer, call.experts, call.shares)
         for expert in missing:
             cache.put((call.layer, expert), None, sizes[call.layer])
         read += len(missing) * sizes[call.layer]
@@ -177,7 +192,7 @@ def sweep(
         budget = int(share * expert_bytes)
         row = {policy: replay(calls, sizes, budget, policy) for policy in policies}
         for warm in (False, True) if profile is not None else ():
-            for policy in (FREQUENCY, LRU_ADMIT):
+            for policy in (FREQUENCY, LRFU, LRU_ADMIT):
                 found = replay(calls, sizes, budget, policy, profile, warm)
                 row[found.policy] = found
         for warm in (False, True) if profile is not None else (False,):

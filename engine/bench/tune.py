@@ -197,7 +197,7 @@ def choose_cache_policy(calibration: Calibration, manifest: Manifest, in_use: li
     threads = (settings.demand_threads + settings.prefetch_threads) * len(in_use)
     budget = size_budget(AUTO_BUDGET, manifest, calibration.store, threads).bytes
     sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
-    calls = [Call(layer, tuple(experts), rows) for layer, experts, rows in calibration.routing]
+    calls = [Call(layer, tuple(experts), rows, tuple(counts)) for layer, experts, rows, counts in calibration.routing]
     hits = {policy: replay(calls, sizes, budget, policy).hit_rate for policy in CACHE_POLICIES}
     record = {"auto_budget_bytes": budget, "expert_bytes": manifest.expert_bytes, "lookups": len(calls),
               "hit_rate": {p: round(h, 4) for p, h in hits.items()}}  # fmt: skip

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RoutedCall = tuple[int, tuple[int, ...], int]  # (layer, sorted unique experts, rows) of one streaming layer call
+# (layer, sorted unique experts, rows, rows that chose each expert) of one streaming layer call
+RoutedCall = tuple[int, tuple[int, ...], int, tuple[int, ...]]
 ForeseenCall = tuple[int, tuple[int, ...]]  # (layer, sorted unique experts) of a recorded call
 
 
@@ -22,8 +23,9 @@ class Instruments:
     spread_experts: streamed decode experts dealt to a stream other than the first, as they landed.
     gemm_calls: linear layer calls that took the dequantized GEMM path (engine/cpu_prefill.py).
     expert_gemm_calls: expert switch-layer calls that took the grouped GEMM path.
-    routing: given a list, every streaming layer call's (layer, sorted unique experts, rows) is appended, in the
-        order the cache is asked (`nightshift bench cache` replays it); resident layers' calls when counted.
+    routing: given a list, every streaming layer call's (layer, sorted unique experts, rows, rows per expert) is
+        appended, in the order the cache is asked (`nightshift bench cache` replays it); resident layers' calls
+        when counted.
     foresight: a recorded run's calls (`routing`, from its open on): the stream guesses each next layer's
         experts from them, found by its own call count, instead of asking the router. The same prompt decoded
         greedily asks the same, so every guess is right and a decode measures what prediction could gain at

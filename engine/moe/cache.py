@@ -8,6 +8,12 @@ Policies (what is evicted to make room, and whether a newcomer is let in at all)
 - `frequency`: evict the resident looked up least often (counts halve every `DECAY_EVERY` lookups so old
   favourites fade; ties: least recent), with the same admission rule.
 - `frequency-open`: the same order, admitting every read.
+- `lrfu`: LRFU (Lee et al., IEEE ToC 2001): each lookup adds its weight to an expert's score, and a score halves
+  over every `1 / LRFU_DECAY` calls of the expert's own layer (one call a layer per decode token), so what the
+  last few tokens used outranks what an old passage used often; evict the lowest score, admit a newcomer only
+  if it scores at least its victim's. A lookup's weight is the share of the call's rows that chose the expert
+  (1 in a decode step; a prompt chunk's experts by how much of the chunk used them). Measured best on trained
+  routing: docs/results.md, "Cache policy on trained routing".
 - `s3fifo`: S3-FIFO (Yang et al., SOSP 2023): newcomers enter a small FIFO (a tenth of the budget); one
   looked up again while there moves on to the main FIFO, the others leave and are remembered in a ghost
   list, from which a returning expert goes straight to the main FIFO; the main FIFO gives each expert
@@ -23,17 +29,20 @@ a replayed trace predicts the engine's hits exactly, and the simulator's pick is
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
-from nightshift.engine.moe.settings import FREQUENCY, LRU, LRU_ADMIT, S3FIFO
+from nightshift.engine.moe.settings import FREQUENCY, LRFU, LRU, LRU_ADMIT, S3FIFO
 
 Key = tuple[int, int]  # (layer, expert)
 V = TypeVar("V")
 DECAY_EVERY = 4096
 SMALL_SHARE = 0.1  # S3-FIFO's small queue, as a share of the budget
 MAX_TURNS = 3  # S3-FIFO: lookups remembered per expert
+LRFU_DECAY = 0.1  # LRFU: a score's halvings per call of its layer (half-life 10 decode tokens; 0.05-0.2 within 1 %)
 
 
 class ExpertCache(Generic[V]):
@@ -49,7 +58,8 @@ class ExpertCache(Generic[V]):
         self.warm_hits = 0  # hits on experts put by the warm start, while they stay resident
         self._warm: set[Key] = set()
         self._items: OrderedDict[Key, tuple[V, int]] = OrderedDict()  # LRU order, least recent first
-        self._counts: dict[Key, float] = {}
+        self._counts: dict[Key, float] = {}  # frequency: lookups; LRFU: log2 of the score plus LRFU_DECAY x clock
+        self._clock: dict[int, int] = {}  # LRFU: calls per layer (`look_up`)
         self._lookups = 0
         self._lock = threading.Lock()
         # S3-FIFO only: the small and main queues (insertion order), their bytes, ghosts, turns per expert.
@@ -61,20 +71,24 @@ class ExpertCache(Generic[V]):
 
     @property
     def admits_all(self) -> bool:
-        return self.policy not in (FREQUENCY, LRU_ADMIT)
+        return self.policy not in (FREQUENCY, LRU_ADMIT, LRFU)
 
     def get(self, key: Key) -> V | None:
         with self._lock:
-            return self._get(key)
+            return self._get(key, 1.0)
 
-    def get_many(self, keys: list[Key]) -> None:
-        """Look `keys` up as `get` would, under one lock (the resident layers' lookups, counted in bulk)."""
+    def look_up(self, layer: int, experts: Sequence[int], shares: Sequence[float] | None = None) -> list[V | None]:
+        """One layer call's lookups, under one lock: the values of `experts` (None where not resident).
+
+        `shares`: per expert, the share of the call's rows that chose it (None: 1 each, as in a decode step);
+        LRFU weighs each lookup by it and counts the call on the layer's clock; the other policies count 1.
+        """
         with self._lock:
-            for key in keys:
-                self._get(key)
+            self._clock[layer] = self._clock.get(layer, 0) + 1
+            return [self._get((layer, e), 1.0 if shares is None else shares[i]) for i, e in enumerate(experts)]
 
-    def _get(self, key: Key) -> V | None:
-        self._count(key)
+    def _get(self, key: Key, weight: float) -> V | None:
+        self._count(key, weight)
         item = self._items.get(key)
         if item is None:
             self.misses += 1
@@ -94,7 +108,7 @@ class ExpertCache(Generic[V]):
                 return key in self._items
             while self.used + nbytes > self.budget:
                 victim = self._victim()
-                if not self.admits_all and self._counts.get(victim, 0) > self._counts.get(key, 0):
+                if not self.admits_all and self._score(victim) > self._score(key):
                     return False
                 self._evict(victim)
             self._items[key] = (value, nbytes)
@@ -110,7 +124,10 @@ class ExpertCache(Generic[V]):
         favour what past runs used most until this run's own lookups outweigh it (counts decay as they go)."""
         with self._lock:
             for key, count in counts.items():
-                self._counts[key] = self._counts.get(key, 0) + count
+                if self.policy == LRFU:
+                    self._count(key, count)  # as one lookup that heavy, decaying from here
+                else:
+                    self._counts[key] = self._counts.get(key, 0) + count
 
     def resize(self, budget_bytes: int) -> list[Key]:
         """Set a new budget; evicts in the policy's order down to it. Returns the evicted keys."""
@@ -166,7 +183,14 @@ class ExpertCache(Generic[V]):
             return next(iter(self._items))
         if self.policy == S3FIFO:
             return self._s3fifo_victim()
-        return min(self._items, key=lambda k: self._counts.get(k, 0))  # ties: least recent (dict order)
+        return min(self._items, key=self._score)  # ties: least recent (dict order)
+
+    def _score(self, key: Key) -> float:
+        """What eviction and admission compare: lookups (frequency), or log2 of the decayed score now (LRFU)."""
+        if self.policy != LRFU:
+            return self._counts.get(key, 0)
+        stored = self._counts.get(key)
+        return -math.inf if stored is None else stored - LRFU_DECAY * self._clock.get(key[0], 0)
 
     def _enter_s3fifo(self, key: Key, nbytes: int) -> None:
         self._turns[key] = 0
@@ -199,7 +223,13 @@ class ExpertCache(Generic[V]):
                 continue
             return key
 
-    def _count(self, key: Key) -> None:
+    def _count(self, key: Key, weight: float) -> None:
+        if self.policy == LRFU:  # stored as log2(score) + decay x clock: nothing to update as the clock moves
+            now = LRFU_DECAY * self._clock.get(key[0], 0)
+            stored = self._counts.get(key)
+            score = weight + (0.0 if stored is None else 2.0 ** (stored - now))
+            self._counts[key] = math.log2(score) + now
+            return
         self._counts[key] = self._counts.get(key, 0) + 1
         self._lookups += 1
         if self._lookups % DECAY_EVERY == 0:

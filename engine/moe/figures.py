@@ -105,12 +105,13 @@ class Tally:
         self._prefill_needed: set[Key] | None = None
         self._prefill_bytes_at = 0
 
-    def note(self, layer: int, unique: list[int], rows: int) -> None:
-        """One call's experts into the lookup counts (and the routing log, when recording)."""
+    def note(self, layer: int, unique: list[int], rows: int, counts: list[int]) -> None:
+        """One call's experts (`counts`: rows that chose each) into the lookup counts (and the routing log, when
+        recording)."""
         for expert in unique:
             self.lookups[(layer, expert)] = self.lookups.get((layer, expert), 0) + 1
         if self._routing is not None:
-            self._routing.append((layer, tuple(unique), rows))
+            self._routing.append((layer, tuple(unique), rows, tuple(counts)))
 
     def need(self, layer: int, unique: list[int]) -> None:
         """A pass's experts toward the prompt's unique bytes, while prefilling."""

@@ -27,6 +27,12 @@ from nightshift.engine.moe.warm import RoutingProfile, WarmFill
 RESIDENT_BACKLOG, RESIDENT_KEEP = 1024, 64  # resident calls held before counting; the newest left to evaluate
 
 
+def routed(host: np.ndarray) -> tuple[list[int], list[int]]:
+    """A call's router indices on the host: its sorted unique experts, and how many rows chose each."""
+    unique, counts = np.unique(host, return_counts=True)
+    return unique.tolist(), counts.tolist()
+
+
 class Residency:
     """One stream's experts in RAM, within `budget`; the calls of resident layers are counted into `tally`."""
 
@@ -45,11 +51,12 @@ class Residency:
         self._calls: list[tuple[int, mx.array]] = []  # resident (layer, indices) not yet counted as hits
         self._warm_taken = False  # every warm read kept: nothing left to look for
 
-    def look_up(self, layer: int, unique: list[int]) -> dict[int, Tensors]:
-        """The experts of `unique` the RAM cache holds (each lookup counts as a hit or a miss)."""
+    def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, Tensors]:
+        """The experts of `unique` the RAM cache holds (each lookup counts as a hit or a miss, weighed by `shares`:
+        the share of the call's rows that chose it)."""
         if self.cache is None:
             return {}
-        return {e: t for e in unique if (t := self.cache.get((layer, e))) is not None}
+        return {e: t for e, t in zip(unique, self.cache.look_up(layer, unique, shares)) if t is not None}
 
     def uncached(self, layer: int, experts: list[int]) -> list[int]:
         return [e for e in experts if self.cache is None or (layer, e) not in self.cache]
@@ -88,10 +95,11 @@ class Residency:
         del self._calls[: len(counted)]
         for layer, indices in counted:
             host = np.array(indices)
-            unique = np.unique(host).tolist()
-            self.tally.note(layer, unique, host.size // host.shape[-1])
-            self.cache.get_many([(layer, expert) for expert in unique])
-            self.tally.call(host.size // host.shape[-1], len(unique))
+            rows = host.size // host.shape[-1]
+            unique, counts = routed(host)
+            self.tally.note(layer, unique, rows, counts)
+            self.cache.look_up(layer, unique, [count / rows for count in counts])
+            self.tally.call(rows, len(unique))
 
     def give_back(self) -> None:
         """Follow an auto budget to the RAM available now: evict down when another process took RAM."""

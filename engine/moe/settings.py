@@ -17,7 +17,8 @@ from nightshift.engine.errors import NightshiftError
 LEAST_COMPLETION, FIRST_REPLICA = "least_completion", "first_replica"
 DISPATCH_POLICIES = (LEAST_COMPLETION, FIRST_REPLICA)
 LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, S3FIFO = "lru", "lru-admit", "frequency", "frequency-open", "s3fifo"
-CACHE_POLICIES = (LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, S3FIFO)
+LRFU = "lrfu"
+CACHE_POLICIES = (LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, LRFU, S3FIFO)
 AUTO_BUDGET = -1  # cache_bytes: size the expert cache from the RAM available at open (engine/moe/budget.py)
 CHECKSUM_MODES = ("off", "first", "always")
 
@@ -151,12 +152,13 @@ class StreamSettings:
             show=describe_budget,
         ),
     )
-    # `nightshift bench cache`'s pick: on the bench model's trace frequency had the best mean hit rate at 10/25/50 %
-    # of the expert bytes (28.5/56.1/80.0 %; LRU and S3-FIFO 0 % below the per-token active set, 12.5 %), and it
-    # won over LRU by 28.6 % at a 30 MB budget on small2 (docs/results.md, [13] and runs 21/22).
+    # LRFU: on trained routing (bench-replay's traces, 7 312 tokens) it keeps 78/91/97 % of Belady's hits at 10/25/50 %
+    # of the expert bytes against `frequency`'s 76/89/96 %, and wins or ties on i.i.d. random and on the bench
+    # model's skewed random routers (docs/results.md, "Cache policy on trained routing"); `frequency` had won over
+    # LRU by 28.6 % at a 30 MB budget on small2 ([13], runs 21/22).
     cache_policy: str = field(
-        default=FREQUENCY,
-        metadata=option("what the RAM cache evicts and admits (frequency: measured best)", CACHE_POLICIES),
+        default=LRFU,
+        metadata=option("what the RAM cache evicts and admits (lrfu: measured best)", CACHE_POLICIES),
     )
     # Off: on the bench model at 10 % it doubled a fresh open's first-answer hit rate and cut its bytes by 17 %,
     # but moved its time by only 3-5 % on a compute-bound machine; a profile of unlike runs lowers the hit rate

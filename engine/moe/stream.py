@@ -40,7 +40,7 @@ from nightshift.engine.moe.landing import Landing
 from nightshift.engine.moe.readahead import ReadAhead
 from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.reads import LoadedExpert, Tensors
-from nightshift.engine.moe.residency import Residency
+from nightshift.engine.moe.residency import Residency, routed
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.warm import RoutingProfile, WarmCounts, load_profile, save_profile
 from nightshift.engine.store.manifest import Manifest
@@ -99,11 +99,12 @@ class ExpertStream:
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
         step = decode_step(host.shape)
-        unique = np.unique(host).tolist()
-        self.tally.note(layer, unique, record.rows)
+        unique, counts = routed(host)
+        self.tally.note(layer, unique, record.rows, counts)
         self.tally.need(layer, unique)
         self.ahead.score(layer, unique)
-        landing = Landing(record, unique, self.residency.look_up(layer, unique), self.reader.layers[layer], landed)
+        cached = self.residency.look_up(layer, unique, [count / record.rows for count in counts])
+        landing = Landing(record, unique, cached, self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
         self.tally.read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
         guess = self.ahead.guess(layer, x, host.shape[-1], record, step)
