@@ -134,6 +134,9 @@ def counters_of(figures: StreamFigures) -> dict[str, float]:
         "cache_hits": figures.cache_hits,
         "cache_misses": figures.cache_misses,
         "prefetch_recall_pct": round(100 * figures.prefetch_recall, 1),
+        "read_ahead_pct": round(100 * figures.recall_read_ahead / figures.recall_needed, 1)
+        if figures.recall_needed
+        else 0.0,
         "overlapped_experts": figures.calls.overlapped,
     }
 

@@ -57,8 +57,9 @@ class StreamFigures:
     and the bytes it holds; resident_layers: layers held stacked, as in RAM; cache_evictions.
     distinct_experts_read: (layer, expert) pairs read and used; with the drives' reads summed, the proof that
     no expert was read twice (equal when split reads are off).
-    prefetch_recall: of the experts predicted layers needed, the share their prediction had named
-        (recall_hits of recall_needed: the counts, so a caller can take the recall of a stretch of them).
+    prefetch_recall: of the experts layers needed in decode steps, the share their next-layer guess had named
+        (recall_hits of recall_needed: the counts, so a caller can take the recall of a stretch of them);
+        recall_read_ahead: of them, those the caps let the tail or the prefetch read ahead.
     recall_per_layer: the same per predicted layer, rounded to 4 places.
     calls: streaming layer calls, the rows they carried, their unique and overlapped experts.
     """
@@ -78,6 +79,7 @@ class StreamFigures:
     calls: CallCounts
     recall_needed: int = 0
     recall_hits: int = 0
+    recall_read_ahead: int = 0
     warm: WarmCounts = field(default_factory=WarmCounts)
     warm_hits: int = 0
 

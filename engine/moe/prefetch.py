@@ -52,10 +52,12 @@ def predict(router: Router, x: mx.array, k: int) -> list[int]:
 
 @dataclass
 class Recall:
-    """Per layer: experts needed, and how many of them had been predicted."""
+    """Per layer, over decode steps: experts needed, how many of them the guess had named, and how many of those
+    had been read ahead (the caps read part of a guess)."""
 
     needed: int = 0
     predicted_hits: int = 0
+    read_ahead_hits: int = 0
 
     @property
     def recall(self) -> float:

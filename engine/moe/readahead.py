@@ -4,7 +4,10 @@ The next MoE layer's router applied to this layer's hidden state names its likel
 prefetch.py). In a decode step the most confident are held for drives done early with this layer's reads
 (the tail, engine/moe/tail.py); once the layer's reads have landed and the drives are idle, the rest are
 read ahead, as many as the compute window before the next router lets the drives read (`window_fill`).
-Each guess is scored when its layer asks (the prediction's recall).
+Each decode step's guess is scored when its layer asks: its recall is the share of the experts the layer asked
+for that the whole guess named (the top-k of the next router, as bench/trained_routing.py counts it), whatever
+the caps read of it; the share that was read ahead (in the tail or the prefetch, cached ones aside) is counted
+beside it. A pass of many rows guesses the union of its rows' top-k and is not scored.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class ReadAhead:
         self.windows: dict[int, float] = {}  # rows -> seconds, smoothed readback of decode steps that wide
         self._foresight = foresight
         self._next: dict[int, NextLayer] = {}
-        self._predicted: dict[int, set[int]] = {}
+        self._predicted: dict[int, set[int]] = {}  # layer -> a decode step's whole guess for it
+        self._read_ahead: dict[int, set[int]] = {}  # layer -> what of that guess was read ahead (tail, prefetch)
 
     def follow(self, layer: int, next_layer: int, block: nn.Module, num_experts: int) -> None:
         """Declare that `next_layer` (its MoE block `block`) follows `layer`: its router predicts from here."""
@@ -77,13 +81,16 @@ class ReadAhead:
         self.windows[rows] = seconds if old is None else old + WINDOW_SMOOTHING * (seconds - old)
 
     def score(self, layer: int, unique: list[int]) -> None:
-        """Count the experts `layer` asked for against the prediction made for it, if one was (its recall)."""
+        """Count the experts `layer` asked for against the decode step's guess made for it, if one was (its
+        recall), and against what of the guess was read ahead."""
         predicted = self._predicted.pop(layer, None)
+        read_ahead = self._read_ahead.pop(layer, set())
         if predicted is None:
             return
         recall = self.recall.setdefault(layer, Recall())
         recall.needed += len(unique)
         recall.predicted_hits += len(predicted.intersection(unique))
+        recall.read_ahead_hits += len(read_ahead.intersection(unique))
 
     def guess(self, layer: int, x: mx.array, k: int, record: PassTrace, step: bool) -> Guess | None:
         """The next MoE layer's experts as predicted from `x`, or None where this pass does not read ahead."""
@@ -94,7 +101,11 @@ class ReadAhead:
         if self._foresight is not None:  # this call is counted when it ends: the next one's place is one on
             after = self.calls.calls + 1
             known = self._foresight[after] if after < len(self._foresight) else None
-            return Guess(nxt.layer, list(known[1])) if known is not None and known[0] == nxt.layer else None
+            if known is None or known[0] != nxt.layer:
+                return None
+            if step:
+                self._predicted[nxt.layer] = set(known[1])
+            return Guess(nxt.layer, list(known[1]))
         if not nxt.resolved:
             nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
         if nxt.router is None:
@@ -102,6 +113,8 @@ class ReadAhead:
         start = time.perf_counter()
         experts = predict(nxt.router, x, k)
         record.predict_s = time.perf_counter() - start
+        if step:
+            self._predicted[nxt.layer] = set(experts)
         return Guess(nxt.layer, experts)
 
     def hold_tail(self, guess: Guess | None, step: bool) -> bool:
@@ -114,14 +127,16 @@ class ReadAhead:
         return True
 
     def prefetch(self, guess: Guess, read_in_tail: set[int], rows: int, step: bool) -> None:
-        """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps."""
+        """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps
+        (which count reads: a cached guess takes none of the window)."""
         limit = max(0, self.settings.prefetch_limit - len(read_in_tail)) if self.settings.prefetch_limit else None
         fill = self.window_fill(guess.layer, rows) if step and self.settings.prefetch_fill else None
         caps = [c for c in (limit, fill) if c is not None]
-        rest = [e for e in guess.experts if e not in read_in_tail]
+        rest = [e for e in self.residency.uncached(guess.layer, guess.experts) if e not in read_in_tail]
         ahead = rest[: min(caps)] if caps else rest
-        self._predicted[guess.layer] = set(ahead) | read_in_tail
-        self.reader.prefetch(guess.layer, self.residency.uncached(guess.layer, ahead))
+        if step:
+            self._read_ahead[guess.layer] = set(ahead) | read_in_tail
+        self.reader.prefetch(guess.layer, ahead)
 
     def window_fill(self, layer: int, rows: int) -> int | None:
         """How many of `layer`'s experts the drives can read while the model computes up to its router.
@@ -137,6 +152,8 @@ class ReadAhead:
         bandwidth = self.reader.dispatcher.bandwidth(in_use)
         return max(1, int(window * bandwidth / self.reader.layers[layer].file_bytes))
 
-    def recall_counts(self) -> tuple[int, int]:
-        """(experts predicted layers needed, of them named by their prediction), over every layer so far."""
-        return sum(r.needed for r in self.recall.values()), sum(r.predicted_hits for r in self.recall.values())
+    def recall_counts(self) -> tuple[int, int, int]:
+        """(experts predicted layers needed in decode steps, of them named by their guess, of them read ahead),
+        over every layer so far."""
+        rows = self.recall.values()
+        return sum(r.needed for r in rows), sum(r.predicted_hits for r in rows), sum(r.read_ahead_hits for r in rows)

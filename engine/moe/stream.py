@@ -155,7 +155,7 @@ class ExpertStream:
         drives = {
             name: DriveFigures(s.bytes, s.reads) for name, s in zip(self.counters.names, self.counters.snapshot())
         }
-        needed, hits = self.ahead.recall_counts()
+        needed, hits, read_ahead = self.ahead.recall_counts()
         cache, warm = self.residency.cache, self.residency.warm
         return StreamFigures(
             drives=drives,
@@ -173,6 +173,7 @@ class ExpertStream:
             calls=replace(self.tally.calls),
             recall_needed=needed,
             recall_hits=hits,
+            recall_read_ahead=read_ahead,
             warm=replace(warm.counts) if warm else WarmCounts(),
             warm_hits=cache.warm_hits if cache else 0,
         )
