@@ -1,6 +1,7 @@
 """Batched decoding on a streamed store: aggregate tok/s at widths 1, 2, 4, 8, and the union each step read.
 
     nightshift rig run -- .venv/bin/python -m bench.batch_decode --model bench [--widths 2,4,8] [--tokens 6]
+        [--replay-from N]
 
 Every prompt is first decoded alone (width 1) with the barrier trace on: its time is the width-1 figure and
 its trace says which experts each of its decode steps selected per layer. A batch of width B then decodes the
@@ -123,6 +124,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=24, help="length of each calibration prompt")
     parser.add_argument("--drives", type=Path, default=None, help="drives.toml (default: the data dir's, if any)")
     parser.add_argument("--catalogue", type=Path, default=None, help="run catalogue (default: the data dir's)")
+    parser.add_argument(
+        "--replay-from", type=int, default=0,
+        help="a replaying model's first recorded sequence (bench-replay: 2, the month-end split's 8 chats)",
+    )  # fmt: skip
     args = parser.parse_args()
     widths = sorted({int(w) for w in args.widths.split(",")} - {1})
     drives_path = args.drives or (drives_file() if drives_file().is_file() else None)
@@ -136,7 +141,7 @@ def main() -> None:
 
     solo = []
     for i, prompt in enumerate(prompts, 1):
-        solo.append(solo_selections(model, prompt, args.tokens, i - 1))
+        solo.append(solo_selections(model, prompt, args.tokens, args.replay_from + i - 1))
         print(f"alone {i}/{len(prompts)}: {solo[-1][0].decode_tokens_per_s:.3f} tok/s", flush=True)
     width1 = sum(s.decode_tokens_per_s for s, _, _ in solo) / len(solo)
     k_per_call = sum(s.experts_per_layer_call for s, _, _ in solo) / len(solo)
@@ -146,7 +151,7 @@ def main() -> None:
     counters: dict[str, float] = {}
     for width in widths:
         start = time.perf_counter()
-        replay_from(model, 0)
+        replay_from(model, args.replay_from)
         stats, passes = timed_batch(model, prompts[:width], args.tokens)
         predicted = predicted_union([sel for _, _, sel in solo[:width]])
         time_goes = where_time_goes([stats], [passes], bandwidth)
@@ -185,7 +190,8 @@ def main() -> None:
             f"{r['mb_per_step']:>8.1f}"
         )
     figures = {"rows": rows, "width1_tok_s": width1, "bandwidth_mb_s": bandwidth / 1e6}
-    config = {"model": args.model, "widths": widths, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens}
+    config = {"model": args.model, "widths": widths, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens,
+              "replay_from": args.replay_from}  # fmt: skip
     proofs = [Proof(f"batch of {w}", f"rows_per_step_w{w}", w - 0.5) for w in widths if w > 1]
     catalogue = Catalogue(args.catalogue or catalogue_file())
     run_id = catalogue.record(
