@@ -164,13 +164,29 @@ def test_streamed_replay_reads_the_traced_experts_and_matches_in_ram(replay_stor
     assert [c.token for c in streamed.generate_tokens([3, 1, 4], max_tokens=6)] == tokens
     calls = instruments.routing
     streamed.close()
-    moe_layers = sorted({layer for layer, _, _ in calls})
+    moe_layers = sorted({layer for layer, *_ in calls})
     for moe, layer in enumerate(moe_layers):
-        steps = [experts for number, experts, _ in calls if number == layer]
+        steps = [experts for number, experts, *_ in calls if number == layer]
         prompt = set(trace.chosen[0:2, moe].reshape(-1).tolist())
         assert set(steps[0]) == prompt  # the prompt but its last token in one pass (mlx-lm's split): their union
         for position, experts in enumerate(steps[1:], start=2):  # then the last prompt token, then one a step
             assert list(experts) == sorted(trace.chosen[position, moe].tolist())
+
+
+def test_the_engines_next_layer_recall_is_the_traces_guess_against_its_choice(replay_store):
+    """Counted over decode steps against the whole guess (what bench/trained_routing.py counts), whatever part of
+    it the prefetch caps read ahead; the prompt's pass of many rows is not scored."""
+    trace = random_trace()
+    model = open_model(replay_store, stream=StreamSettings(cache_bytes=0))
+    try:
+        list(model.generate_tokens([3, 1, 4], max_tokens=6))  # sequence 0: positions 0-1 in one pass, then 2-8
+        figures = model.stream.figures()
+    finally:
+        model.close()
+    positions = range(2, 9)  # mlx-lm builds the pass after the last token it yields: 7 one-row passes
+    named = sum(len(set(trace.guesses["guessed"][p, 1].tolist()) & set(trace.chosen[p, 1].tolist())) for p in positions)
+    assert (figures.recall_needed, figures.recall_hits) == (len(positions) * K, named)
+    assert figures.recall_read_ahead <= figures.recall_hits
 
 
 def test_each_sequence_of_a_batch_replays_its_own_text(replay_checkpoint):
