@@ -166,7 +166,9 @@ def test_cache_bench_replays_the_trace_and_measures_its_pick_at_the_predicted_hi
     args = ["bench", "cache", "--model", str(kimi_store), "--tokens", "3", "--bandwidth-seconds", "0.1"]
     assert main([*args, "--shares", "0.25,1", "--measure", "0.25"]) == 0
     err = capsys.readouterr().err
-    assert "| budget | lru | lru-admit | frequency | frequency-open | lrfu | s3fifo |" in err  # then any profile's columns
+    assert (
+        "| budget | lru | lru-admit | frequency | frequency-open | lrfu | s3fifo |" in err
+    )  # then any profile's columns
     assert "| static oracle | belady |" in err
     assert "simulator's pick" in err and "recorded as run 2" in err
     assert main(["runs", "show", "2"]) == 0
