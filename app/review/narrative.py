@@ -26,7 +26,7 @@ from nightshift.app.review.errors import ReviewError
 from nightshift.app.review.gate import Answer, Gate, Gated, Sentence, Subject, subjects
 from nightshift.app.review.report import template_problem
 from nightshift.app.review.roles import fill, with_names
-from nightshift.engine.generation import ChatBatch, Decoding, GenerationStats, LanguageModel
+from nightshift.engine.generation import DEFAULT_CHUNK, ChatBatch, Decoding, GenerationStats, LanguageModel
 
 PROMPTS_DIR = bundled("templates") / "prompts"
 FACTS_DIR = PROMPTS_DIR  # where facts.j2 is, whatever folder the prompt templates are read from
@@ -34,10 +34,13 @@ FACTS = "facts.j2"  # each finding's plain sentence and the summary's, figures a
 # "F3: ..." at the start of a line: the model's line on finding 3.
 TAG_LINE = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]", re.IGNORECASE)
 TAG_START = r"(?:^|\n)\s*\**F\d*$"  # a line begun with F and digits so far: a tag being written (numerals allowed)
-# Prompt rows read per pass: a split narrative's messages share their start (the system message), which the
-# batch reads once in whole passes (engine/batch.py `shared_prefix`); a single one reads its prompt the same
-# way, so that a review's text alone is its text in a shared batch.
-NARRATIVE_CHUNK = 16
+# Prompt rows read per pass, alone and in a batch alike, so that a review's text alone is its text in a shared
+# batch (engine/batch.py `shared_prefix` shares only whole passes): mlx-lm's step, so a narrative's prompt
+# (100-400 tokens) is read in one pass. A pass of fewer than engine/cpu_prefill.py MIN_ROWS rows takes MLX's
+# quantized CPU kernel (~1 GMAC/s): passes of 16 rows read the month-end's single prompt in 26 s, one pass in 3 s
+# (docs/results.md, issue [19]); a split narrative's chats then share no pass (their common start, the system
+# message, is ~40 tokens), and read it once each.
+NARRATIVE_CHUNK = DEFAULT_CHUNK
 EXTRA_HIGH = 10  # high findings not given to the model that still get their plain sentence; the rest are counted
 # Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the
 # PDF would show each as an empty box (WeasyPrint's .notdef glyph).
