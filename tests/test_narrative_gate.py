@@ -373,5 +373,5 @@ def test_grounding_is_a_schedule_setting_off_by_default(tmp_path):
     (tmp_path / "on.toml").write_text(text.replace("[model]", "[model]\ngrounding = true", 1))
     assert load_schedule(tmp_path / "on.toml").generation.grounding is True
     (tmp_path / "bad.toml").write_text(text.replace("[model]", '[model]\ngrounding = "yes"', 1))
-    with pytest.raises(ScheduleError, match="grounding.*should be bool"):
+    with pytest.raises(ScheduleError, match=r"grounding.*should be bool"):
         load_schedule(tmp_path / "bad.toml")
