@@ -335,17 +335,20 @@ def grounded_gate(grounding: bool) -> Gate:
 
 
 # Sentences of good form and placed figures that are false of their finding (run 27 kept the first two), one true
-# in words no field holds (the check's price: a false refusal), and true ones in a finding's and a reviewer's words.
+# in words no field holds (the check's price: a false refusal), a bank row said to be the ledger's (both sides
+# swapped: runs 27 and 38 kept the first); and true ones in a finding's and a reviewer's words.
 UNGROUNDED = [
     (2, "The bank is not only opening a new account but also closing the existing one.", "new, existing"),
     (4, "Kontoführungsgebühren of {amount} on a date but not in ledger is only for the account holder's own privacy.",
      "holder's, privacy"),
     (None, "Girokonto is a new product of the company's internal accounting system.", "new, product, company's"),
     (3, "Reisekosten rose by {percent}: confirm the travel invoices.", "travel"),  # true, but no field says travel
+    (4, "Kontoführungsgebühren, {amount} on {date}, are not within the bank account.", "the sides swapped (bank)"),
+    (4, "Kontoführungsgebühren of {amount} are only in the ledger.", "the sides swapped (ledger)"),
 ]  # fmt: skip
 GROUNDED = [
     (2, "Girokonto's closing balance of {closing} on {closing_date} leaves {difference} unexplained; check the movements."),
-    (4, "The bank took {amount} for Kontoführungsgebühren on {date}; book the charges in the ledger."),
+    (4, "The bank took {amount} for Kontoführungsgebühren on {date}; they are not in the ledger yet."),
     (3, "Reisekosten rose by {percent}, above the threshold of {threshold}: confirm the invoices."),
     (None, "{high} high findings need attention first: the Girokonto balance and the Reisekosten change."),
 ]  # fmt: skip

@@ -18,7 +18,8 @@ split into sentences and each sentence is refused for the first of these it show
   its reference or "Northwind", or one of its figures by placeholder) and no other; a summary sentence
   must name a finding or one of the summary's figures;
 - ungrounded (only with `grounding`, a schedule's `[model] grounding`): a word that neither its finding
-  nor a reviewer's vocabulary holds (app/review/grounding.py), a claim the review cannot back.
+  nor a reviewer's vocabulary holds (app/review/grounding.py), a claim the review cannot back, or a row
+  found in one source only said to be in the other.
 
 A finding whose sentence was refused, or that got none, gets its own plain sentence (facts.j2); a summary
 with none left gets its plain one. The report says how many were replaced and why.
@@ -180,6 +181,7 @@ class Gate:
         self.grounding = grounding
         self.grounds = [finding_roots(s.roles, s.plain, KIND_WORDS.get(s.kind, ())) for s in subjects]
         self.summary_grounds = finding_roots(summary.roles, summary.plain).union(*self.grounds)
+        self.sides = [(s.roles["source"], s.roles["other"]) if s.kind == "unmatched" else None for s in subjects]
 
     def grounds_of(self, finding: int | None) -> set[str]:
         """The word roots a sentence on `finding` (None: the summary) may use (app/review/grounding.py)."""
@@ -246,7 +248,8 @@ class Gate:
         text, problem = placed(sentence, subject.roles, cue_words, len(self.subjects))
         if problem is not None:
             return problem.reason, problem.detail
-        grounded = refusal(text, self.grounds_of(finding)) if self.grounding else None
+        sides = None if finding is None else self.sides[finding - 1]
+        grounded = refusal(text, self.grounds_of(finding), sides) if self.grounding else None
         return self._naming(text, finding) or grounded or text
 
     def _naming(self, text: str, finding: int | None) -> tuple[str, str] | None:

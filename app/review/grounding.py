@@ -5,7 +5,9 @@ roles passes it ("The bank is not only opening a new account but also closing th
 balance that does not roll). Grounded, a sentence may use only words its finding holds (its plain sentence,
 its names and descriptions, its kind's and its figures' cue words), a reviewer's words about any finding
 (REVIEW_WORDS: check, confirm, missing, timing, ...) and function words; a summary sentence may use any
-finding's. A word neither holds makes a claim the review cannot back, and the sentence is refused.
+finding's. A word neither holds makes a claim the review cannot back, and the sentence is refused. So is a
+sentence that puts a row found in one source only on the other side ("not in the bank" of a bank row the
+ledger lacks: `swapped`), the one relation a finding's own words cannot rule out.
 
 Words are compared by a crude root (`root`: "closing", "closed" and "close" are one), so a finding's
 "booked" grounds "booking".
@@ -13,6 +15,7 @@ Words are compared by a crude root (`root`: "closing", "closed" and "close" are 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -51,6 +54,10 @@ take took taken charged add added enter entered include included remove removed 
 leave leaves left first last next
 """)
 SUFFIXES = ("ingly", "edly", "ies", "ing", "ed", "es", "ly", "s")
+# "not (found) in the bank", and "is (only) in the ledger" without a not: the side a sentence puts a row on.
+NOT_IN = re.compile(r"\bnot\s+(?:\w+\s+)?(?:in|within|on)\s+(?:the\s+|its\s+)?([^\W\d_]+)", re.IGNORECASE)
+IS_IN = re.compile(r"\b(?:is|are|was|were|only)\s+(?:(?!not\b)\w+\s+)?(?:in|within)\s+(?:the\s+)?([^\W\d_]+)",
+                   re.IGNORECASE)  # fmt: skip
 
 
 def root(word: str) -> str:
@@ -84,7 +91,22 @@ def ungrounded(sentence: str, allowed: set[str]) -> list[str]:
     return [w for w in words if len(w) > 2 and root(w) not in allowed and root(w) not in REVIEW_ROOTS]
 
 
-def refusal(sentence: str, allowed: set[str]) -> tuple[str, str] | None:
-    """("ungrounded", its first such words) where `sentence` claims what its finding does not hold, else None."""
+def swapped(sentence: str, sides: tuple[str, str]) -> str | None:
+    """Where a sentence on a row found in one source only (`sides`: where it is, where it is not) says it is not
+    in the first or is in the second: "in bank, not in ledger" said of a ledger row. The side it names, or None."""
+    where, missing = ({root(word) for word in WORDS.findall(side)} for side in sides)
+    for pattern, wrong in ((NOT_IN, where), (IS_IN, missing)):
+        named = next((m.group(1) for m in pattern.finditer(sentence) if root(m.group(1)) in wrong), None)
+        if named is not None:
+            return named
+    return None
+
+
+def refusal(sentence: str, allowed: set[str], sides: tuple[str, str] | None = None) -> tuple[str, str] | None:
+    """("ungrounded", its first such words) where `sentence` claims what its finding does not hold, else None;
+    `sides`: an unmatched row's (source, other), whose sides the sentence must not swap (`swapped`)."""
     loose = list(dict.fromkeys(ungrounded(sentence, allowed)))
-    return ("ungrounded", ", ".join(loose[:3])) if loose else None
+    if loose:
+        return "ungrounded", ", ".join(loose[:3])
+    side = swapped(sentence, sides) if sides is not None else None
+    return ("ungrounded", f"the sides swapped ({side})") if side is not None else None
