@@ -336,7 +336,7 @@ def grounded_gate(grounding: bool) -> Gate:
 
 # Sentences of good form and placed figures that are false of their finding (run 27 kept the first two), one true
 # in words no field holds (the check's price: a false refusal), a bank row said to be the ledger's (both sides
-# swapped: runs 27 and 38 kept the first); and true ones in a finding's and a reviewer's words.
+# swapped: run 39 kept the first); and true ones in a finding's and a reviewer's words.
 UNGROUNDED = [
     (2, "The bank is not only opening a new account but also closing the existing one.", "new, existing"),
     (4, "Kontoführungsgebühren of {amount} on a date but not in ledger is only for the account holder's own privacy.",
