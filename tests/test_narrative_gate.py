@@ -367,14 +367,14 @@ def test_a_sentence_with_words_its_finding_does_not_hold_is_refused_when_groundi
     assert [s.plain for s in on.lines[2]] == [True, False]  # the refused sentence's finding gets its plain one
 
 
-def test_grounding_is_a_schedule_setting_off_by_default(tmp_path):
+def test_grounding_is_a_schedule_setting_on_by_default(tmp_path):
     from nightshift.app.review.errors import ScheduleError
 
     schedule = load_schedule(Path(__file__).parents[1] / "schedules" / "month-end.toml")
-    assert schedule.generation.grounding is False
+    assert schedule.generation.grounding is True
     text = (Path(__file__).parents[1] / "schedules" / "month-end.toml").read_text()
-    (tmp_path / "on.toml").write_text(text.replace("[model]", "[model]\ngrounding = true", 1))
-    assert load_schedule(tmp_path / "on.toml").generation.grounding is True
+    (tmp_path / "off.toml").write_text(text.replace("[model]", "[model]\ngrounding = false", 1))
+    assert load_schedule(tmp_path / "off.toml").generation.grounding is False
     (tmp_path / "bad.toml").write_text(text.replace("[model]", '[model]\ngrounding = "yes"', 1))
     with pytest.raises(ScheduleError, match=r"grounding.*should be bool"):
         load_schedule(tmp_path / "bad.toml")
