@@ -12,7 +12,7 @@ inside a memory cgroup (root) that holds it to `--limit` and keeps a failed peer
 
     python -m bench.store_scale make --experts 1576 --work /work/i22big --catalogue CAT [--drop-source]
     python -m bench.store_scale ladder STORE... --tokens 8 --rounds 2 --budget 0 --catalogue CAT
-    python -m bench.store_scale versus STORE SRC --budget 6.3G --limit 7.3G --tokens 8 --rounds 2 --catalogue CAT
+    python -m bench.store_scale versus STORE SRC --budget 5.8G --limit 6.4G --tokens 8 --rounds 2 --catalogue CAT
 """
 
 from __future__ import annotations
@@ -201,6 +201,7 @@ def versus(args: argparse.Namespace) -> list[dict]:
     """nightshift on the store against mlx-lm on its source checkpoint, alternated, which goes first swapped."""
     runs = []
     sides = [("nightshift", args.store), ("mlx-lm", args.src)]
+    sides = sides if args.first == "nightshift" else sides[::-1]
     for round_ in range(args.rounds):
         for kind, model in sides if round_ % 2 == 0 else sides[::-1]:
             result = run_child(side_argv(kind, model, args.budget, args.tokens), args.limit)
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.choices["ladder"].add_argument("stores", nargs="+")
     commands.choices["versus"].add_argument("store")
     commands.choices["versus"].add_argument("src")
+    commands.choices["versus"].add_argument("--first", choices=["nightshift", "mlx-lm"], default="nightshift")
     for sub in commands.choices.values():
         sub.add_argument("--catalogue", type=Path, required=True)
     side = commands.add_parser("side")
