@@ -74,9 +74,10 @@ def run_child(argv: list[str], limit: int | None = None, env: dict | None = None
         done.set()
         sampler.join()
         wall = time.perf_counter() - began
-        lines = [line for line in out.splitlines() if line.startswith("{")]
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         return {
-            **(json.loads(lines[-1]) if lines else {}),
+            **(lines[-1] if lines and "progress" not in lines[-1] else {}),
+            "progress": [line for line in lines if "progress" in line],
             "rc": child.returncode,
             "wall_s": round(wall, 2),
             "rss_peak_sampled": max(samples, default=0),
@@ -143,6 +144,8 @@ def side_nightshift(store: str, budget: int, tokens: int) -> dict:
     for chunk in model.generate_tokens(prompt_ids(store), max_tokens=tokens):
         stamps.append(time.perf_counter())
         out.append(chunk.token)
+        rss = psutil.Process().memory_info().rss
+        print(json.dumps({"progress": len(out), "s": stamps[-1] - opened, "rss": rss, "cache_used": chunk.stats.cache_used}), flush=True)  # fmt: skip
     stats = chunk.stats
     model.close()
     trunk = Path(store) / read_manifest(Path(store)).trunk["file"]
@@ -192,7 +195,7 @@ def ladder(args: argparse.Namespace) -> list[dict]:
         for store in order:
             result = run_child(side_argv("nightshift", store, args.budget, args.tokens), args.limit)
             result |= {"round": round_, "store": store, "expert_bytes": read_manifest(Path(store)).expert_bytes}
-            print(json.dumps({k: v for k, v in result.items() if k != "stats"}), flush=True)
+            print(json.dumps({k: v for k, v in result.items() if k != "progress"}), flush=True)
             runs.append(result)
     return runs
 
@@ -206,7 +209,7 @@ def versus(args: argparse.Namespace) -> list[dict]:
         for kind, model in sides if round_ % 2 == 0 else sides[::-1]:
             result = run_child(side_argv(kind, model, args.budget, args.tokens), args.limit)
             result |= {"round": round_, "side": kind, "model": model}
-            print(json.dumps({k: v for k, v in result.items() if k != "stats"}), flush=True)
+            print(json.dumps({k: v for k, v in result.items() if k != "progress"}), flush=True)
             runs.append(result)
     return runs
 
