@@ -36,7 +36,9 @@ from nightshift.engine.moe.settings import parse_budget
 from nightshift.engine.rig.cgroups import MemoryGroup, command_in
 from nightshift.engine.store.manifest import read_manifest
 
-PROMPT = "The month-end close found three unmatched payments and a duplicate invoice from the same supplier."
+# The prompt's unique experts grow with the store (up to 16 per row and layer): a short prompt keeps the first
+# token cheap.
+PROMPT = "The month-end close"
 SAMPLE_S = 0.02
 RAM = psutil.virtual_memory().total
 
@@ -127,12 +129,12 @@ def make(args: argparse.Namespace) -> dict:
     return {"model": name, "store": str(store), "figures": figures}
 
 
-def prompt_ids(model: str) -> list[int]:
-    """PROMPT in token ids, by the model's tokenizer.json (a store's is its checkpoint's)."""
-    return Tokenizer.from_file(str(Path(model) / "tokenizer.json")).encode(PROMPT).ids
+def prompt_ids(model: str, text: str) -> list[int]:
+    """`text` in token ids, by the model's tokenizer.json (a store's is its checkpoint's)."""
+    return Tokenizer.from_file(str(Path(model) / "tokenizer.json")).encode(text).ids
 
 
-def side_nightshift(store: str, budget: int, tokens: int) -> dict:
+def side_nightshift(store: str, budget: int, tokens: int, prompt: str) -> dict:
     from nightshift.engine.moe.settings import StreamSettings
     from nightshift.engine.runtime import open_model
 
@@ -141,7 +143,7 @@ def side_nightshift(store: str, budget: int, tokens: int) -> dict:
     opened = time.perf_counter()
     rss_open = psutil.Process().memory_info().rss
     stamps, out = [], []
-    for chunk in model.generate_tokens(prompt_ids(store), max_tokens=tokens):
+    for chunk in model.generate_tokens(prompt_ids(store, prompt), max_tokens=tokens):
         stamps.append(time.perf_counter())
         out.append(chunk.token)
         rss = psutil.Process().memory_info().rss
@@ -161,7 +163,7 @@ def side_nightshift(store: str, budget: int, tokens: int) -> dict:
     }
 
 
-def side_mlx_lm(src: str, tokens: int) -> dict:
+def side_mlx_lm(src: str, tokens: int, prompt: str) -> dict:
     import mlx.core as mx
     from mlx_lm import load as mlx_load
     from mlx_lm.generate import generate_step
@@ -170,7 +172,7 @@ def side_mlx_lm(src: str, tokens: int) -> dict:
     model, _ = mlx_load(src, lazy=True)
     opened = time.perf_counter()
     stamps, out = [], []
-    for token, _ in generate_step(mx.array(prompt_ids(src)), model, max_tokens=tokens):
+    for token, _ in generate_step(mx.array(prompt_ids(src, prompt)), model, max_tokens=tokens):
         stamps.append(time.perf_counter())
         out.append(int(token))
     return {"open_s": opened - began, **_timing(opened, stamps, out)}
@@ -182,9 +184,9 @@ def _timing(opened: float, stamps: list[float], out: list[int]) -> dict:
     return {"tokens": out, "first_token_s": stamps[0] - opened, "s_per_token": decode}
 
 
-def side_argv(kind: str, model: str, budget: int, tokens: int) -> list[str]:
-    return [sys.executable, "-m", "bench.store_scale", "side", kind, model, "--budget", str(budget),
-            "--tokens", str(tokens)]  # fmt: skip
+def side_argv(kind: str, model: str, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "bench.store_scale", "side", kind, model, "--budget", str(args.budget),
+            "--tokens", str(args.tokens), "--prompt", args.prompt]  # fmt: skip
 
 
 def ladder(args: argparse.Namespace) -> list[dict]:
@@ -193,7 +195,7 @@ def ladder(args: argparse.Namespace) -> list[dict]:
     for round_ in range(args.rounds):
         order = args.stores if round_ % 2 == 0 else args.stores[::-1]
         for store in order:
-            result = run_child(side_argv("nightshift", store, args.budget, args.tokens), args.limit)
+            result = run_child(side_argv("nightshift", store, args), args.limit)
             result |= {"round": round_, "store": store, "expert_bytes": read_manifest(Path(store)).expert_bytes}
             print(json.dumps({k: v for k, v in result.items() if k != "progress"}), flush=True)
             runs.append(result)
@@ -207,7 +209,7 @@ def versus(args: argparse.Namespace) -> list[dict]:
     sides = sides if args.first == "nightshift" else sides[::-1]
     for round_ in range(args.rounds):
         for kind, model in sides if round_ % 2 == 0 else sides[::-1]:
-            result = run_child(side_argv(kind, model, args.budget, args.tokens), args.limit)
+            result = run_child(side_argv(kind, model, args), args.limit)
             result |= {"round": round_, "side": kind, "model": model}
             print(json.dumps({k: v for k, v in result.items() if k != "progress"}), flush=True)
             runs.append(result)
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("ladder", "versus"):
         sub = commands.add_parser(name)
         sub.add_argument("--tokens", type=int, default=8)
+        sub.add_argument("--prompt", default=PROMPT, help=f"the prompt (default {PROMPT!r})")
         sub.add_argument("--rounds", type=int, default=2)
         sub.add_argument("--budget", type=parse_budget, default=0, help="nightshift's expert cache (0: none)")
         sub.add_argument("--limit", type=parse_budget, help="each process's memory cgroup limit (default: none)")
@@ -247,9 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     side.add_argument("model")
     side.add_argument("--budget", type=int, default=0)
     side.add_argument("--tokens", type=int, default=8)
+    side.add_argument("--prompt", default=PROMPT)
     args = parser.parse_args(argv)
     if args.command == "side":
-        result = side_nightshift(args.model, args.budget, args.tokens) if args.kind == "nightshift" else side_mlx_lm(args.model, args.tokens)  # fmt: skip
+        if args.kind == "nightshift":
+            result = side_nightshift(args.model, args.budget, args.tokens, args.prompt)
+        else:
+            result = side_mlx_lm(args.model, args.tokens, args.prompt)
         print(json.dumps(result), flush=True)
         return 0
     if args.command == "make":
