@@ -10,9 +10,11 @@ inside a memory cgroup (root) that holds it to `--limit` and keeps a failed peer
     versus STORE SRC: nightshift on STORE against mlx-lm's `load(SRC, lazy=True)` of its source checkpoint,
            alternated; greedy tokens compared; a side killed for memory is reported as such
 
-    python -m bench.store_scale make --experts 1576 --work /work/i22big --catalogue CAT [--drop-source]
-    python -m bench.store_scale ladder STORE... --tokens 8 --rounds 2 --budget 0 --catalogue CAT
-    python -m bench.store_scale versus STORE SRC --budget 5.8G --limit 6.4G --tokens 8 --rounds 2 --catalogue CAT
+    python -m bench.store_scale make --experts 1576 --work DIR --catalogue CAT [--drop-source]
+    python -m bench.store_scale ladder STORE... --tokens 6 --rounds 2 --budget 0 --limit 6471639304 --catalogue CAT
+    python -m bench.store_scale versus STORE SRC --budget 4708380672 --limit 6471639304 --tokens 6 --catalogue CAT
+
+(docs/results.md, "A store larger than RAM": the runs, their limits and what they measured.)
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def run_child(argv: list[str], limit: int | None = None, env: dict | None = None) -> dict:
-    """Run `argv` in a fresh memory cgroup (held to `limit` bytes if given), sampling its RSS; its JSON last line,
-    wall time, peak RSS (sampled and the kernel's maxrss), the cgroup's peak and whether it was killed for memory."""
+def run_child(argv: list[str], limit: int | None = None) -> dict:
+    """Run `argv` in a fresh memory cgroup (held to `limit` bytes if given), sampling its RSS: its last JSON line
+    (none if it was killed), its progress lines, wall time, peak sampled RSS, the cgroup's peak (RSS and page
+    cache) and whether it was killed for memory."""
     group = MemoryGroup.create(f"nightshift-store-scale-{os.getpid()}-{time.monotonic_ns()}", limit)
     try:
         began = time.perf_counter()
-        child = subprocess.Popen(command_in(group.procs_file, argv), stdout=subprocess.PIPE, text=True, env=env)
+        child = subprocess.Popen(command_in(group.procs_file, argv), stdout=subprocess.PIPE, text=True)
         samples: list[int] = []
         done = threading.Event()
 
@@ -146,8 +149,10 @@ def side_nightshift(store: str, budget: int, tokens: int, prompt: str) -> dict:
     for chunk in model.generate_tokens(prompt_ids(store, prompt), max_tokens=tokens):
         stamps.append(time.perf_counter())
         out.append(chunk.token)
-        rss = psutil.Process().memory_info().rss
-        print(json.dumps({"progress": len(out), "s": stamps[-1] - opened, "rss": rss, "cache_used": chunk.stats.cache_used}), flush=True)  # fmt: skip
+        rss, cached = psutil.Process().memory_info().rss, chunk.stats.cache_used
+        print(
+            json.dumps({"progress": len(out), "s": stamps[-1] - opened, "rss": rss, "cache_used": cached}), flush=True
+        )
     stats = chunk.stats
     model.close()
     trunk = Path(store) / read_manifest(Path(store)).trunk["file"]
@@ -185,8 +190,8 @@ def _timing(opened: float, stamps: list[float], out: list[int]) -> dict:
 
 
 def side_argv(kind: str, model: str, args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "bench.store_scale", "side", kind, model, "--budget", str(args.budget),
-            "--tokens", str(args.tokens), "--prompt", args.prompt]  # fmt: skip
+    options = ["--budget", str(args.budget), "--tokens", str(args.tokens), "--prompt", args.prompt]
+    return [sys.executable, "-m", "bench.store_scale", "side", kind, model, *options]
 
 
 def ladder(args: argparse.Namespace) -> list[dict]:
@@ -217,9 +222,15 @@ def versus(args: argparse.Namespace) -> list[dict]:
 
 
 def record(args: argparse.Namespace, kind: str, model: str, figures: dict, verdict: str, argv: list[str]) -> None:
-    run = Run(kind=kind, model=model, config={k: v for k, v in vars(args).items() if k not in ("run", "catalogue")},
-              figures=figures, verdict=verdict, command=shlex.join(["python", "-m", "bench.store_scale", *argv]),
-              note=f"shared 2-core machine, RAM {RAM} bytes; load {load()}")  # fmt: skip
+    run = Run(
+        kind=kind,
+        model=model,
+        config={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "catalogue"},
+        figures=figures,
+        verdict=verdict,
+        command=shlex.join(["python", "-m", "bench.store_scale", *argv]),
+        note=f"shared 2-core machine, RAM {RAM} bytes; load {load()}",
+    )
     print(f"recorded run {Catalogue(args.catalogue).record(run)} ({verdict})")
 
 
@@ -263,11 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         made = make(args)
         record(args, "store-scale-make", made["model"], made["figures"], "done", argv)
         return 0
-    runs = ladder(args) if args.command == "ladder" else versus(args)
-    ok = all(r["rc"] == 0 for r in runs)
-    record(args, f"store-scale-{args.command}", ",".join(Path(m).name for m in [*getattr(args, "stores", []),
-           *[getattr(args, k) for k in ("store", "src") if hasattr(args, k)]]), {"runs": runs},
-           "done" if ok else "a side failed", argv)  # fmt: skip
+    runs, models = (ladder(args), args.stores) if args.command == "ladder" else (versus(args), [args.store, args.src])
+    verdict = "done" if all(r["rc"] == 0 for r in runs) else "a side failed"
+    record(args, f"store-scale-{args.command}", ",".join(Path(m).name for m in models), {"runs": runs}, verdict, argv)
     return 0
 
 
