@@ -8,6 +8,7 @@ the report's provenance shows the batch.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def test_each_answer_is_its_finding_s_and_its_figures_are_checked_against_that_f
         "F3: Book 1,918.40 for the insurance. Then book the Northwind Insurance debit of 1,480.00.",
     ]
     assert [answer.finding for answer in narrative.answers] == [None, 1, 2, 3]
-    shown = report_context(schedule, checked, narrative)["narrative"]
+    # Each answer's figures against its own finding; grounding (tests/test_narrative_gate.py) would also refuse
+    # the summary's wording ("issues", "look"), which no finding holds.
+    formal = replace(schedule, generation=replace(schedule.generation, grounding=False))
+    shown = report_context(formal, checked, narrative)["narrative"]
     assert [(r.finding, r.reason) for r in shown.gated.refused] == [(2, "empty"), (3, "unplaced")]
     assert shown.comments[1] == ['Check <span class="verified" title="placed from the finding: amount">1,918.40</span> '
                                  "against the bank."]  # fmt: skip
