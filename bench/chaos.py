@@ -119,7 +119,11 @@ class Chaos:
         try:
             code = self.service.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            self.untrue.append(f"serve did not stop within 120 s of {signum.name}")
+            self.service.send_signal(signal.SIGUSR1)  # every thread's stack, into its log, before it is killed
+            with suppress(subprocess.TimeoutExpired):
+                self.service.wait(timeout=5)
+            self.untrue.append(f"serve did not stop within 120 s of {signum.name}; its log ends (thread stacks "
+                               f"from SIGUSR1): {self.said(self.service)[-6000:]}")  # fmt: skip
             self.service.kill()
             code = self.service.wait()
         self.events[f"serve {signum.name}"] += 1

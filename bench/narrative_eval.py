@@ -16,8 +16,9 @@ from the narrative box alone, without the gate's own records:
   about the text itself in a model sentence, a sentence printed twice;
 - high findings not covered: neither a line of their own nor counted in the summary's range.
 
-Beside the scores it keeps what the model did (sentences written, kept, refused by reason) and the time of
-each narrative. Prints a table per model and penalty and one JSON line; records each pass in the run
+Beside the scores it keeps what the model did (sentences written, kept, refused by reason), what the grounding
+check (app/review/grounding.py, a schedule's `[model] grounding`) would refuse of the sentences kept without it,
+and the time of each narrative. Prints a table per model and penalty and one JSON line; records each pass in the run
 catalogue (kind `narrative-eval`).
 """
 
@@ -41,7 +42,7 @@ from bench.narrative_books import evaluation_books, held_out
 from nightshift.app.models import open_for_generation, resolve_model
 from nightshift.app.paths import catalogue_file
 from nightshift.app.review.checks import Finding
-from nightshift.app.review.narrative import by_severity, write_narrative
+from nightshift.app.review.narrative import by_severity, shown_narrative, write_narrative
 from nightshift.app.review.report import render_html
 from nightshift.app.review.roles import cues, written
 from nightshift.app.review.runner import _provenance, build_report_context, prepare_review
@@ -123,6 +124,9 @@ def review_figures(schedule: Schedule, model, penalty: float | None) -> dict[str
     page = render_html(schedule.report_template, context)
     gated = context["narrative"].gated
     findings = checked.result.findings
+    grounded = shown_narrative(narrative, prepared.prompt, findings, checked.window.label, checked.previous.label,
+                               grounding=True).gated  # fmt: skip
+    ungrounded = [(r.finding, r.detail, r.text) for r in grounded.refused if r.reason == "ungrounded"]
     model_lines = sum(any(not s.plain for s in line) for line in gated.lines.values())
     return {
         "review": schedule.name, "findings": len(findings), "given": prepared.prompt.findings_given,
@@ -132,11 +136,14 @@ def review_figures(schedule: Schedule, model, penalty: float | None) -> dict[str
         "model_sentences": [s.text for s in gated.summary if not s.plain]
         + [s.text for line in gated.lines.values() for s in line if not s.plain],
         "refusals": [(r.finding, r.reason, r.text) for r in gated.refused],
+        "kept_sentences": [(None, s.text) for s in gated.summary if not s.plain]
+        + [(n, s.text) for n, line in gated.lines.items() for s in line if not s.plain],
+        "ungrounded": len(ungrounded), "ungrounded_sentences": ungrounded,
         **score(page, findings, checked.window.label, checked.previous.label),
     }  # fmt: skip
 
 
-TOTALS = ("findings", "high findings", "written", "kept", "lines_with_model_text", "sentences printed",
+TOTALS = ("findings", "high findings", "written", "kept", "ungrounded", "lines_with_model_text", "sentences printed",
           "model sentences printed", "placed figures", "figures not placed", "wrong figures",
           "misattributed figures", "degenerate", "high not covered")  # fmt: skip
 

@@ -93,18 +93,33 @@ def test_family_imports_exactly_or_is_refused(family, layout, variant, tmp_path)
     assert_exact_or_refused(family, check_import(src, tmp_path))
 
 
+# Conversions checked on every family; the rest of QUANTIZATIONS (mixed per-layer bits, MXFP8, NVFP4: 1-6 s each,
+# ~10 more minutes of the suite on every family) on families whose experts and attention differ in kind: qwen3_moe
+# (plain SwitchGLU), deepseek_v3 (MLA, shared experts, a dense first layer), gpt_oss (expert biases, its own
+# SwiGLU), nemotron_h (SwitchMLP in a Mamba hybrid); and nightshift's own llama_moe, which goes through mlx-lm's
+# functions rather than its `convert`, at mixed bits.
+EVERY_FAMILY = ("4bit", "4bit bf16", "4bit f16", "8bit bf16", "mxfp4")
+OTHERS = [name for name in QUANTIZATIONS if name not in EVERY_FAMILY]
+REPRESENTATIVE = {
+    **dict.fromkeys(("qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h"), OTHERS),
+    "llama_moe": ["mixed_3_6"],
+}
+
+
 def _conversions() -> list:
     return [
         pytest.param(family, name, id=f"{family}-{name}", marks=() if (family, name) == QUICK_CONVERSION else SLOW)
         for family in moe_families()
         for name in QUANTIZATIONS
+        if name in EVERY_FAMILY or name in REPRESENTATIVE.get(family, ())
     ]
 
 
 @pytest.mark.parametrize(("family", "quantization"), _conversions())
 def test_mlx_lm_conversion_imports_and_generates_token_for_token(family, quantization, tmp_path):
     """A conversion made with mlx-lm's own convert (4-bit with float32, bfloat16 or float16 scales, 8-bit bfloat16,
-    MXFP4) keeps its quantization, and nightshift's greedy tokens, prompt included, are plain mlx-lm's."""
+    MXFP4; mixed 3/6 bits per layer, MXFP8, NVFP4) keeps its quantization, and nightshift's greedy tokens, prompt
+    included, are plain mlx-lm's."""
     src = written_or_skipped(family, tmp_path / "src", OPTIONS)  # options off: the release layout, else mlx-lm's
     try:
         converted = quantized_checkpoint(src, tmp_path / "converted", **QUANTIZATIONS[quantization])

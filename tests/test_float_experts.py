@@ -3,45 +3,43 @@
 DeepSeek V3 and MiniMax M2 publish their experts in FP8 (per-block scales) or bfloat16; mlx-lm dequantizes FP8 to
 bfloat16 and then stops on a CPU ("[GatherMM::eval] Currently only supports float32"). nightshift computes those
 experts as MLX does on a GPU: inputs upcast to float32, float32 sums, the output rounded to bfloat16
-(engine/cpu_prefill.py). Checked two ways, in RAM and streamed:
+(engine/cpu_prefill.py). Checked in RAM and streamed:
 - the greedy tokens equal mlx-lm's own model of the checkpoint run with that rule for `gather_mm` (the one
   operation it lacks on a CPU), token for token;
-- the prompt's log-probabilities are within bfloat16's rounding of the same weights cast to float32 and run by plain
-  mlx-lm (a wrong expert or scale moves them by about their spread, ~0.6). The greedy tokens of the float32
-  reference part from the bfloat16 ones after a few steps (docs/results.md, [21]): bfloat16 rounding of the
-  activations flips a routing choice or a near-tie, in mlx-lm's own bfloat16 model as in nightshift's.
+- against the same weights cast to float32 and run by plain mlx-lm (the reference): the tokens are equal, or part
+  only at a near-tie (tests/helpers/routing_ties.py). Followed layer by layer, the routers' scores agree within
+  bfloat16's rounding until the first position where a router takes another expert, and there the reference's
+  own k-th and (k+1)-th scores were closer than that rounding moved them; with the reference's routing forced on
+  nightshift's model, every step's log-probabilities are within bfloat16's rounding of the reference's and its
+  token is the reference's, or the reference's own top two were closer than that (docs/results.md, [21]).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from nightshift.engine.models import get_classes
-from nightshift.engine.prefill import prefill
 from nightshift.engine.runtime import open_model
-from tests.helpers.moe_families import (
-    PROMPT,
-    STEPS,
-    check_import,
-    float32_reference,
-    nightshift_tokens,
-    write_checkpoint,
-    write_fp8_checkpoint,
-)
+from tests.helpers.moe_families import PROMPT, STEPS, check_import, float32_reference, nightshift_tokens
 from tests.helpers.reference import greedy_tokens
+from tests.helpers.routing_ties import (
+    final_gap,
+    first_difference,
+    flips,
+    logprob_shift,
+    position_of,
+    shift_before,
+    teacher_forced,
+    write_float_experts,
+)
 
 # bfloat16 keeps 8 bits: log-probabilities of ~-4 move by ~0.02-0.05 over the tiny models' layers (measured).
 BF16_ROUNDING = 0.1
-
-
-def _written(family: str, form: str, out):
-    if form == "fp8":
-        return write_fp8_checkpoint(family, out)
-    return write_checkpoint(family, out, "release", dtype=mx.bfloat16)
+# Router selection scores (sigmoid, ~0.5) move by at most 0.0034 before the first routing flip (measured,
+# bench/routing_ties.py); a wrong weight or scale moves them by their spread, 0.1-0.5.
+ROUTER_ROUNDING = 0.01
 
 
 def _gather_mm_as_on_a_gpu(gather_mm):
@@ -66,7 +64,7 @@ def _gather_mm_as_on_a_gpu(gather_mm):
     ],
 )
 def test_16bit_experts_generate_on_the_cpu(family, form, tmp_path, monkeypatch):
-    src = _written(family, form, tmp_path / "src")
+    src = write_float_experts(family, form, tmp_path / "src")
     outcome = check_import(src, tmp_path / "checked")
     assert outcome.refused is None and not outcome.differences, outcome
     assert outcome.tokens_unchecked and "GatherMM" in outcome.tokens_unchecked  # plain mlx-lm cannot run it here
@@ -78,7 +76,32 @@ def test_16bit_experts_generate_on_the_cpu(family, form, tmp_path, monkeypatch):
         tokens, stopped = nightshift_tokens(store, streamed)
         assert tokens == (expected[: len(tokens)] if stopped else expected), f"streamed={streamed}"
     reference = float32_reference(src)
-    want = prefill(reference, PROMPT, make_prompt_cache(reference))
     model = open_model(store)
-    got = prefill(model.model, PROMPT, make_prompt_cache(model.model)).astype(mx.float32)
-    assert np.abs(np.array(got) - np.array(want)).max() < BF16_ROUNDING
+    try:
+        _check_against_float32(reference, model.model, family, tokens)
+    finally:
+        model.close()
+
+
+def _check_against_float32(reference, model, family: str, tokens: list[int]) -> None:
+    """nightshift's `tokens` against the float32 reference's: equal, or parted only at a near-tie (module docstring)."""
+    expected = greedy_tokens(reference, len(tokens), PROMPT)
+    own, along = teacher_forced(model, family, tokens), teacher_forced(reference, family, tokens)
+    assert own.picks == tokens  # the side-by-side pass is the runtime's
+    assert logprob_shift(along, own, 0) < BF16_ROUNDING  # the prompt
+    parted = first_difference(tokens, expected)
+    if parted is not None:
+        first = next(iter(flips(along, own)), None)
+        if first is not None and first.position <= position_of(parted):
+            assert shift_before(along, own, first.position) < ROUTER_ROUNDING
+            assert first.gap < first.shift < ROUTER_ROUNDING, f"step {parted}: not a near-tie: {first}"
+        else:
+            shift = logprob_shift(along, own, parted)
+            assert final_gap(along, parted) < shift < BF16_ROUNDING, f"step {parted}: no routing flip, no near-tie"
+    chosen = teacher_forced(reference, family, expected)
+    forced = teacher_forced(model, family, expected, forced=chosen.chosen)
+    assert chosen.picks == expected  # the side-by-side pass is mlx-lm's own loop
+    for step, (pick, want) in enumerate(zip(forced.picks, expected)):
+        shift = logprob_shift(chosen, forced, step)
+        assert shift < BF16_ROUNDING, f"step {step}, the reference's routing forced"
+        assert pick == want or final_gap(chosen, step) < shift, f"step {step}, the reference's routing forced"

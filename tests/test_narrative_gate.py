@@ -319,3 +319,62 @@ def test_degenerate_text_never_reaches_the_pdf_and_the_pdf_says_what_was_replace
         assert bad not in flat
     assert "It wrote 8 sentence(s); 2 passed, and 6 were replaced by the finding's own plain sentence" in flat
     assert "The closing balance on 2026-10-31 is 4,206.35." in flat
+
+
+def grounded_gate(grounding: bool) -> Gate:
+    """A gate over FINDINGS with their plain sentences as facts.j2 writes them."""
+    from jinja2 import Environment, FileSystemLoader
+
+    from nightshift.app.review.gate import Subject
+    from nightshift.app.review.narrative import FACTS, FACTS_DIR
+
+    facts = Environment(loader=FileSystemLoader(FACTS_DIR)).get_template(FACTS).module
+    plains = [str(facts.facts(f)) for f in FINDINGS]
+    return Gate(subjects([(f.figures.kind, f.figures.roles) for f in FINDINGS], plains),
+                Subject({"findings": 4, "high": 2}, "{findings} findings, {high} high."), lambda n: "", grounding)  # fmt: skip
+
+
+# Sentences of good form and placed figures that are false of their finding (run 27 kept the first two), one true
+# in words no field holds (the check's price: a false refusal), a bank row said to be the ledger's (both sides
+# swapped: run 39 kept the first); and true ones in a finding's and a reviewer's words.
+UNGROUNDED = [
+    (2, "The bank is not only opening a new account but also closing the existing one.", "new, existing"),
+    (4, "Kontoführungsgebühren of {amount} on a date but not in ledger is only for the account holder's own privacy.",
+     "holder's, privacy"),
+    (None, "Girokonto is a new product of the company's internal accounting system.", "new, product, company's"),
+    (3, "Reisekosten rose by {percent}: confirm the travel invoices.", "travel"),  # true, but no field says travel
+    (4, "Kontoführungsgebühren, {amount} on {date}, are not within the bank account.", "the sides swapped (bank)"),
+    (4, "Kontoführungsgebühren of {amount} are only in the ledger.", "the sides swapped (ledger)"),
+]  # fmt: skip
+GROUNDED = [
+    (2, "Girokonto's closing balance of {closing} on {closing_date} leaves {difference} unexplained; check the movements."),
+    (4, "The bank took {amount} for Kontoführungsgebühren on {date}; they are not in the ledger yet."),
+    (3, "Reisekosten rose by {percent}, above the threshold of {threshold}: confirm the invoices."),
+    (None, "{high} high findings need attention first: the Girokonto balance and the Reisekosten change."),
+]  # fmt: skip
+
+
+def test_a_sentence_with_words_its_finding_does_not_hold_is_refused_when_grounding_is_on():
+    """The gate judges form; grounding refuses a well-formed sentence that claims what its finding does not hold
+    (issue [19]: "The bank is not only opening a new account but also closing the existing one." passed)."""
+    answers = [Answer(text, finding) for finding, text, _ in UNGROUNDED] + [Answer(t, n) for n, t in GROUNDED]
+    off = grounded_gate(False).gate(answers, [1, 2, 3, 4])
+    assert off.refused == [] and off.kept == len(answers)  # the gate alone keeps the false sentences
+    on = grounded_gate(True).gate(answers, [1, 2, 3, 4])
+    assert [(r.finding, r.reason, r.detail) for r in on.refused] == [(n, "ungrounded", w) for n, _, w in UNGROUNDED]
+    kept = [(n, s.text) for n, line in on.lines.items() for s in line if not s.plain]
+    assert [(None, s.text) for s in on.summary if not s.plain] + kept == [GROUNDED[3], *sorted(GROUNDED[:3])]
+    assert [s.plain for s in on.lines[2]] == [True, False]  # the refused sentence's finding gets its plain one
+
+
+def test_grounding_is_a_schedule_setting_on_by_default(tmp_path):
+    from nightshift.app.review.errors import ScheduleError
+
+    schedule = load_schedule(Path(__file__).parents[1] / "schedules" / "month-end.toml")
+    assert schedule.generation.grounding is True
+    text = (Path(__file__).parents[1] / "schedules" / "month-end.toml").read_text()
+    (tmp_path / "off.toml").write_text(text.replace("[model]", "[model]\ngrounding = false", 1))
+    assert load_schedule(tmp_path / "off.toml").generation.grounding is False
+    (tmp_path / "bad.toml").write_text(text.replace("[model]", '[model]\ngrounding = "yes"', 1))
+    with pytest.raises(ScheduleError, match=r"grounding.*should be bool"):
+        load_schedule(tmp_path / "bad.toml")

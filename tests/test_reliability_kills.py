@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nightshift.app.daemon.control import request
 from nightshift.app.daemon.runs import RunQueue
 from nightshift.app.review.index import read_index
 from nightshift.app.review.schedule import BUNDLED_DIR
@@ -158,6 +160,21 @@ def test_a_stopped_service_gives_jobs_a_clear_message(home, tiny_model):
         assert "Traceback" not in jobs.stderr
     finally:
         service.send_signal(signal.SIGCONT)
+        stop(service)
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_service_goes_on(home):
+    """A service that seems stuck can be asked where each thread is, without stopping it."""
+    service = serve(home)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(service.stderr), daemon=True)  # until stderr closes
+    reader.start()
+    try:
+        service.send_signal(signal.SIGUSR1)
+        wait_for(lambda: any("in _worker" in line for line in lines), 60, "the worker thread's stack on stderr")
+        assert any("in _watchdog" in line for line in lines)
+        assert (request("ping") or {}).get("pid") == service.pid
+    finally:
         stop(service)
 
 

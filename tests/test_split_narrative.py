@@ -8,6 +8,7 @@ the report's provenance shows the batch.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def test_each_answer_is_its_finding_s_and_its_figures_are_checked_against_that_f
         "F3: Book 1,918.40 for the insurance. Then book the Northwind Insurance debit of 1,480.00.",
     ]
     assert [answer.finding for answer in narrative.answers] == [None, 1, 2, 3]
-    shown = report_context(schedule, checked, narrative)["narrative"]
+    # Each answer's figures against its own finding; grounding (tests/test_narrative_gate.py) would also refuse
+    # the summary's wording ("issues", "look"), which no finding holds.
+    formal = replace(schedule, generation=replace(schedule.generation, grounding=False))
+    shown = report_context(formal, checked, narrative)["narrative"]
     assert [(r.finding, r.reason) for r in shown.gated.refused] == [(2, "empty"), (3, "unplaced")]
     assert shown.comments[1] == ['Check <span class="verified" title="placed from the finding: amount">1,918.40</span> '
                                  "against the bank."]  # fmt: skip
@@ -129,3 +133,23 @@ def test_a_template_without_the_split_blocks_is_refused(tmp_path: Path, month_en
     with pytest.raises(ReviewError, match="no block summary, finding: a split narrative needs"):
         build_prompt("plain.j2", "t", "w", checked.result, 10, "split", 3)
     assert build_prompt("plain.j2", "t", "w", checked.result, 10).user == "u"
+
+
+@pytest.mark.slow
+def test_a_narrative_reads_its_prompts_through_the_gemm_not_the_quantized_kernel(sparse_store, month_end):
+    """Each chat of a split narrative, and a single one's, is read in one pass of its rows (at least MIN_ROWS), the
+    dequantized GEMM path (engine/cpu_prefill.py); passes of 16 rows took MLX's quantized kernel, ~9x slower and
+    no GEMM call at all (issue [19])."""
+    from nightshift.engine.instruments.probes import Instruments
+
+    schedule, checked = month_end
+    instruments = Instruments()
+    model = open_model(sparse_store[0], instruments=instruments)
+    linear = sum(type(m).__name__ == "PrefillQuantizedLinear" for _, m in model.model.named_modules())
+    write_narrative(model, split_prompt(schedule, checked, width=3), 1, 0.0, 0)
+    split = instruments.counts()
+    single = build_prompt(schedule.prompt_template, schedule.title, checked.window.label, checked.result, 10)
+    write_narrative(model, single, 1, 0.0, 0)
+    one = {name: count - split[name] for name, count in instruments.counts().items()}
+    assert one["gemm_calls"] == linear > 0 and one["expert_gemm_calls"] > 0  # every layer once: one pass
+    assert (split["gemm_calls"], split["expert_gemm_calls"]) == (3 * linear, 3 * one["expert_gemm_calls"])

@@ -108,18 +108,26 @@ def _unfinished(store: Path) -> bool:
     return is_store(store) and not (store / "manifest.json").is_file()
 
 
+def _synth_name(args: argparse.Namespace) -> str:
+    experts = f"-e{args.experts}" if args.experts else ""
+    return f"{args.arch}-{args.preset}{experts}-seed{args.seed}"
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from nightshift.engine.store.synth import check_synthesis, synthesize
 
-    out = Path(args.out) if args.out else cache_dir() / "synth" / f"{args.arch}-{args.preset}-seed{args.seed}"
+    out = Path(args.out) if args.out else cache_dir() / "synth" / _synth_name(args)
     routing = Path(args.routing) if args.routing else None
     if routing is not None and not routing.is_file():
         raise NightshiftError(
             f"{routing} is not a routing trace (no such file); record one with bench/routing_traces.py"
         )
-    check_synthesis(args.arch, args.preset, out, args.skew, routing)  # refused before it says what it is doing
+    # refused before it says what it is doing
+    check_synthesis(args.arch, args.preset, out, args.skew, routing, args.experts)
     say(f"writing a synthetic {args.arch} checkpoint ({args.preset}) into {out}")
-    print(synthesize(args.arch, args.preset, out, seed=args.seed, skew=args.skew, routing=routing))
+    print(
+        synthesize(args.arch, args.preset, out, seed=args.seed, skew=args.skew, routing=routing, experts=args.experts)
+    )
     return 0
 
 
@@ -288,6 +296,13 @@ def _register_store(actions: argparse._SubParsersAction) -> None:
         metavar="TRACE",
         help="a routing trace (.npz, bench/routing_traces.py) for the routers to replay instead of routing at "
         "random: a kimi_k3_replay model with a trained network's locality (kimi_k3 only; docs/moefication.md)",
+    )
+    synth.add_argument(
+        "--experts",
+        type=int,
+        metavar="N",
+        help="routed experts per MoE layer instead of the preset's; a token still uses the preset's number, so it "
+        "reads the same bytes however large the checkpoint grows (bench/store_scale.py's size ladder)",
     )
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", help="directory to create (default: under the data dir's cache)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -69,8 +70,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=service.reload_said, name="reload").start())
+    # A service that seems stuck (it does not answer, or does not stop) says where every thread is: the stacks go
+    # to stderr (the terminal, or the journal under systemd) without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     service.start()
-    say(f"serving; log in {service_log()}; stop with Ctrl-C; SIGHUP reads the schedule files again")
+    say(f"serving; log in {service_log()}; stop with Ctrl-C; SIGHUP reads the schedule files again; "
+        "SIGUSR1 writes every thread's stack to stderr")  # fmt: skip
     try:
         # With a timeout: a signal the kernel gives another thread (after a SIGCONT, say) is only handled when
         # the main thread runs again, which a wait without one would never do.

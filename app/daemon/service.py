@@ -529,8 +529,9 @@ class Service:
             self.control.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        deadline = time.monotonic() + STOP_WAIT_S  # one wait for all of them, not one per thread
         for thread in self.threads:
-            thread.join(timeout=STOP_WAIT_S)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.worker is None or not self.worker.is_alive():
             for model in self.models.values():
                 model.close()  # a streamed store's reader threads, before the interpreter exits under them

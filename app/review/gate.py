@@ -16,7 +16,10 @@ split into sentences and each sentence is refused for the first of these it show
   broken placeholder (`{ref.`);
 - no finding / other finding: a finding's sentence must name that finding (a name only it has, such as
   its reference or "Northwind", or one of its figures by placeholder) and no other; a summary sentence
-  must name a finding or one of the summary's figures.
+  must name a finding or one of the summary's figures;
+- ungrounded (only with `grounding`, a schedule's `[model] grounding`): a word that neither its finding
+  nor a reviewer's vocabulary holds (app/review/grounding.py), a claim the review cannot back, or a row
+  found in one source only said to be in the other.
 
 A finding whose sentence was refused, or that got none, gets its own plain sentence (facts.j2); a summary
 with none left gets its plain one. The report says how many were replaced and why.
@@ -30,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nightshift.app.review.grounding import finding_roots, refusal
 from nightshift.app.review.roles import PLACEHOLDER, WORDS, cues, stem
 from nightshift.app.review.verify import TAG, placed
 
@@ -44,6 +48,7 @@ REASONS = {  # why a sentence was refused, as the report says it
     "placeholder": "a placeholder of no figure or a broken one",
     "no finding": "naming no finding",
     "other finding": "about another finding",
+    "ungrounded": "words its finding does not hold",
     "empty": "no answer",
 }
 # A line that starts a list item, a heading, a quote or a table row: a break, where another line break is a space.
@@ -165,13 +170,22 @@ KIND_WORDS = {
 class Gate:
     """Gates one review's answers: `subjects[n - 1]` is finding n's, `summary` the summary's."""
 
-    def __init__(self, subjects: list[Subject], summary: Subject, asked: Callable[[int | None], str]):
+    def __init__(self, subjects: list[Subject], summary: Subject, asked: Callable[[int | None], str],
+                 grounding: bool = False):  # fmt: skip
         """`asked(finding)`: what the model was shown when it wrote about `finding` (None: the summary), which a
-        sentence must not echo."""
+        sentence must not echo. `grounding`: refuse a sentence with a word its finding does not hold."""
         self.subjects, self.summary, self.asked = subjects, summary, asked
         self.cues = [cues(subject.roles) for subject in subjects]
         self.summary_cues = cues(summary.roles)
         self.seen: set[tuple[str, ...]] = set()
+        self.grounding = grounding
+        self.grounds = [finding_roots(s.roles, s.plain, KIND_WORDS.get(s.kind, ())) for s in subjects]
+        self.summary_grounds = finding_roots(summary.roles, summary.plain).union(*self.grounds)
+        self.sides = [(s.roles["source"], s.roles["other"]) if s.kind == "unmatched" else None for s in subjects]
+
+    def grounds_of(self, finding: int | None) -> set[str]:
+        """The word roots a sentence on `finding` (None: the summary) may use (app/review/grounding.py)."""
+        return self.summary_grounds if finding is None else self.grounds[finding - 1]
 
     def gate(self, answers: list[Answer], findings_shown: Iterable[int]) -> Gated:
         """The narrative from `answers`: every finding in `findings_shown` gets a line (its own plain sentence
@@ -234,7 +248,9 @@ class Gate:
         text, problem = placed(sentence, subject.roles, cue_words, len(self.subjects))
         if problem is not None:
             return problem.reason, problem.detail
-        return self._naming(text, finding) or text
+        sides = None if finding is None else self.sides[finding - 1]
+        grounded = refusal(text, self.grounds_of(finding), sides) if self.grounding else None
+        return self._naming(text, finding) or grounded or text
 
     def _naming(self, text: str, finding: int | None) -> tuple[str, str] | None:
         """Why `text` names no finding or another than its own (a summary sentence: none at all), or None."""

@@ -26,7 +26,7 @@ from nightshift.app.review.errors import ReviewError
 from nightshift.app.review.gate import Answer, Gate, Gated, Sentence, Subject, subjects
 from nightshift.app.review.report import template_problem
 from nightshift.app.review.roles import fill, with_names
-from nightshift.engine.generation import ChatBatch, Decoding, GenerationStats, LanguageModel
+from nightshift.engine.generation import DEFAULT_CHUNK, ChatBatch, Decoding, GenerationStats, LanguageModel
 
 PROMPTS_DIR = bundled("templates") / "prompts"
 FACTS_DIR = PROMPTS_DIR  # where facts.j2 is, whatever folder the prompt templates are read from
@@ -34,10 +34,13 @@ FACTS = "facts.j2"  # each finding's plain sentence and the summary's, figures a
 # "F3: ..." at the start of a line: the model's line on finding 3.
 TAG_LINE = re.compile(r"^\s*\**F(\d+)\**\s*[:.)-]", re.IGNORECASE)
 TAG_START = r"(?:^|\n)\s*\**F\d*$"  # a line begun with F and digits so far: a tag being written (numerals allowed)
-# Prompt rows read per pass: a split narrative's messages share their start (the system message), which the
-# batch reads once in whole passes (engine/batch.py `shared_prefix`); a single one reads its prompt the same
-# way, so that a review's text alone is its text in a shared batch.
-NARRATIVE_CHUNK = 16
+# Prompt rows read per pass, alone and in a batch alike, so that a review's text alone is its text in a shared
+# batch (engine/batch.py `shared_prefix` shares only whole passes): mlx-lm's step, so a narrative's prompt
+# (100-400 tokens) is read in one pass. A pass of fewer than engine/cpu_prefill.py MIN_ROWS rows takes MLX's
+# quantized CPU kernel (~1 GMAC/s): passes of 16 rows read the month-end's single prompt in 26 s, one pass in 3 s
+# (docs/results.md, issue [19]); a split narrative's chats then share no pass (their common start, the system
+# message, is ~40 tokens), and read it once each.
+NARRATIVE_CHUNK = DEFAULT_CHUNK
 EXTRA_HIGH = 10  # high findings not given to the model that still get their plain sentence; the rest are counted
 # Control characters other than line breaks and tabs: a model may emit them (a small one often does), and the
 # PDF would show each as an empty box (WeasyPrint's .notdef glyph).
@@ -232,21 +235,22 @@ def check_fits(model: LanguageModel, prompt: Prompt, max_tokens: int) -> list[li
 
 def write_narrative(
     model: LanguageModel, prompt: Prompt, max_tokens: int, temp: float, seed: int,
-    progress: Progress | None = None, cancel: threading.Event | None = None,
+    progress: Progress | None = None, cancel: threading.Event | None = None, prefill_chunk: int = NARRATIVE_CHUNK,
 ) -> Narrative:  # fmt: skip
     """Generate the narrative; `progress` sees the live statistics and the text so far after every token.
 
     A split prompt's chats are answered together as one batch, greedily, each with up to `max_tokens`.
+    `prefill_chunk`: prompt rows a pass (another than NARRATIVE_CHUNK only to measure one against it).
     """
     prompts = check_fits(model, prompt, max_tokens)
     if prompt.narrative == "split":
-        return _write_split(model, prompt, max_tokens, temp, progress, cancel)
+        return _write_split(model, prompt, max_tokens, temp, progress, cancel, prefill_chunk)
     text, stats = [], GenerationStats(prompt_tokens=len(prompts[0]))
     if progress is not None:
         progress(stats, "")  # the prompt is being read: on a slow machine, minutes before the first token
     on_prefill = (lambda read: progress(read, "")) if progress is not None else None  # a chunk of the prompt read
     chunks = model.generate_tokens(prompts[0], max_tokens=max_tokens, temp=temp, seed=seed, cancel=cancel,
-                                   prefill_chunk=NARRATIVE_CHUNK, on_prefill=on_prefill,
+                                   prefill_chunk=prefill_chunk, on_prefill=on_prefill,
                                    decoding=prompt.decoding)  # fmt: skip
     for chunk in chunks:
         text.append(chunk.text)
@@ -257,13 +261,13 @@ def write_narrative(
 
 
 def _write_split(model: LanguageModel, prompt: Prompt, max_tokens: int, temp: float, progress: Progress | None,
-                 cancel: threading.Event | None) -> Narrative:  # fmt: skip
+                 cancel: threading.Event | None, prefill_chunk: int) -> Narrative:  # fmt: skip
     """The summary and one paragraph per finding, decoded as one batch, joined as "F3: ..." lines."""
     if temp != 0:
         raise ReviewError(f"a split narrative is written greedily (temperature 0), not at {temp}: set `temp = 0` "
                           'or `narrative = "single"` in the schedule\'s [model]')  # fmt: skip
     shown = (lambda stats, texts: progress(stats, joined(texts))) if progress is not None else None
-    batch = model.generate_batch(prompt.conversations, max_tokens, prefill_chunk=NARRATIVE_CHUNK, cancel=cancel,
+    batch = model.generate_batch(prompt.conversations, max_tokens, prefill_chunk=prefill_chunk, cancel=cancel,
                                  progress=shown, decodings=[prompt.decoding] * len(prompt.conversations))  # fmt: skip
     narrative = split_answers(batch.parts, batch.generation)
     narrative.batch = batch
@@ -390,12 +394,13 @@ class Shown:
 
 
 def shown_narrative(narrative: Narrative, prompt: Prompt | None, findings: list[Finding], period: str,
-                    previous: str) -> Shown:  # fmt: skip
+                    previous: str, grounding: bool = False) -> Shown:  # fmt: skip
     """The narrative the report prints: every sentence through the gate, figures placed from the findings.
 
     Every finding given to the model gets a line, and so do up to EXTRA_HIGH high ones past those (their
     plain sentences); the summary says how many high findings are in no line and where to find them.
-    Without a prompt (the narrative skipped) the lines and the summary are the template's own.
+    Without a prompt (the narrative skipped) the lines and the summary are the template's own. `grounding`: the
+    gate refuses a sentence with words its finding does not hold (app/review/grounding.py).
     """
     facts: Any = _environment().get_template(FACTS).module  # its macros: facts, counts, coverage
     given = prompt.findings_given if prompt is not None else 0
@@ -410,7 +415,7 @@ def shown_narrative(narrative: Narrative, prompt: Prompt | None, findings: list[
     common = {"period": period, "previous": previous}
     finding_subjects = subjects([(f.figures.kind, {**common, **f.figures.roles}) for f in findings],
                                 [str(facts.facts(f)) for f in findings])  # fmt: skip
-    gate = Gate(finding_subjects, summary, prompt.asked if prompt is not None else lambda finding: "")
+    gate = Gate(finding_subjects, summary, prompt.asked if prompt is not None else lambda finding: "", grounding)
     gated = gate.gate(narrative.answers if prompt is not None else [], shown)
     coverage = str(facts.coverage(roles))
     gated.summary += [Sentence(coverage, True)] if coverage else []

@@ -206,7 +206,8 @@ def build_report_context(schedule: Schedule, checked: Checked, prompt: Prompt | 
     placed (`prompt` None: the narrative was skipped, and the report's is the template's own)."""
     headline = _headline(checked)
     result = checked.result
-    shown = shown_narrative(narrative, prompt, result.findings, checked.window.label, checked.previous.label)
+    shown = shown_narrative(narrative, prompt, result.findings, checked.window.label, checked.previous.label,
+                            schedule.generation.grounding)  # fmt: skip
     charts = [
         bar_chart(table.chart, checked.window.label, checked.previous.label if any(b for _, _, b in table.chart) else None)
         if table.chart else None

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 from nightshift.engine.instruments.trace import DEMAND, PREFETCH
+from nightshift.engine.io.arenas import cap_malloc_arenas
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.moe.dispatch import Dispatcher
 from nightshift.engine.moe.expert_files import ExpertFiles
@@ -47,6 +48,7 @@ class ExpertReader:
         self.counts = ReadCounts()
         self.layers = {layer.layer: layer for layer in manifest.layers}
         drives = list(manifest.drives)
+        cap_malloc_arenas()  # before the reader threads: their expert buffers must not strand freed memory
         self._demand = {d: ThreadPoolExecutor(settings.demand_threads, f"ns-demand-{d}") for d in drives}
         self._prefetch = (
             self._demand

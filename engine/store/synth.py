@@ -7,7 +7,8 @@ packed MXFP4 `weight_packed`/`weight_scale` included) and MLA attention as one
 `kv_b_proj`, so importing one goes through the family's `sanitize()` as a released
 checkpoint does; the rest of the weights carry the names mlx-lm gives them (which
 `sanitize()` keeps).
-Written one layer at a time, so the bench preset (gigabytes) never sits in memory.
+Written as a stream, one layer's shard at a time, each expert's bytes drawn as the shard is written, so a
+checkpoint larger than RAM (the bench preset with `experts` raised) never sits in memory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import math
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -26,7 +28,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from nightshift.engine.errors import NightshiftError, UnsupportedModelError, did_you_mean
 from nightshift.engine.store import routing_trace
 from nightshift.engine.store.families import build_model, layer_of, switch_sites
-from nightshift.engine.store.safetensors_io import OutTensor, out_tensor, write_safetensors
+from nightshift.engine.store.safetensors_io import NAME_OF, OutTensor, out_tensor, to_bytes, write_safetensors
 from nightshift.engine.store.synth_families import FAMILIES, PRESETS, ExpertLayout
 
 CALIBRATION_TEXT = Path(__file__).with_name("data") / "routing_prompts.txt"
@@ -68,21 +70,31 @@ def write_tokenizer(out: Path, vocab_size: int) -> int:
     return tokenizer.token_to_id(EOS)
 
 
+def mxfp4_shapes(shape: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Shapes of the packed MXFP4 codes (two per byte) and E8M0 scales (one per 32) of a (rows, cols) weight."""
+    rows, cols = shape
+    return (rows, cols // 2), (rows, cols // 32)
+
+
+def mxfp4_scales(shape: tuple[int, int]) -> np.ndarray:
+    """E8M0 scales sized for unit-variance outputs: uniform FP4 codes have an RMS of ~2.9; aim for weights of
+    RMS 1/sqrt(cols)."""
+    exponent = 127 + round(math.log2(1 / (2.93 * math.sqrt(shape[1]))))
+    return np.full(mxfp4_shapes(shape)[1], exponent, dtype=np.uint8)
+
+
 def random_mxfp4(rng: np.random.Generator, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Random MXFP4 codes (two per byte) and E8M0 scales sized for unit-variance outputs."""
-    rows, cols = shape
-    packed = rng.integers(0, 256, size=(rows, cols // 2), dtype=np.uint8)
-    # Uniform FP4 codes have an RMS of ~2.9; aim for weights of RMS 1/sqrt(cols).
-    exponent = 127 + round(math.log2(1 / (2.93 * math.sqrt(cols))))
-    scales = np.full((rows, cols // 32), exponent, dtype=np.uint8)
-    return packed, scales
+    return rng.integers(0, 256, size=mxfp4_shapes(shape)[0], dtype=np.uint8), mxfp4_scales(shape)
 
 
 def _cast(array: mx.array, dtype: mx.Dtype) -> mx.array:
     return array.astype(dtype) if mx.issubdtype(array.dtype, mx.floating) else array
 
 
-def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0, routing: Path | None = None) -> None:
+def check_synthesis(
+    arch: str, preset: str, out: Path, skew: float = 0.0, routing: Path | None = None, experts: int | None = None
+) -> None:
     """Refuse what `synthesize` cannot do, before anything is said or written."""
     if arch not in FAMILIES:
         raise UnsupportedModelError(f"no synthetic preset for {arch!r}{did_you_mean(arch, FAMILIES)} "
@@ -93,6 +105,9 @@ def check_synthesis(arch: str, preset: str, out: Path, skew: float = 0.0, routin
         )
     if skew < 0:
         raise NightshiftError("--skew must be 0 or more")
+    active = PRESETS[preset][3]
+    if experts is not None and experts < active:
+        raise NightshiftError(f"--experts must be at least the {active} experts a token uses in preset {preset!r}")
     if routing is not None and (arch != "kimi_k3" or skew):
         raise NightshiftError("--routing replays a trace in a kimi_k3 model: give --arch kimi_k3 and no --skew")
     if Path(out).exists() and any(Path(out).iterdir()):
@@ -107,18 +122,21 @@ def synthesize(
     skew: float = 0.0,
     layers: int | None = None,
     routing: Path | None = None,
+    experts: int | None = None,
 ) -> Path:
     """Write a synthetic checkpoint of family `arch` at `preset` size into `out` (a new directory).
 
     `layers` overrides the preset's number of layers (the first is dense in families that have one).
     `routing`: a routing trace (engine/store/routing_trace.py) the model's routers replay instead of
     routing at random: a `kimi_k3_replay` checkpoint (kimi_k3 only), its k the trace's scaled to the preset.
+    `experts` overrides the preset's routed experts per MoE layer; the experts a token uses stay the preset's,
+    so the bytes a token reads stay the same while the checkpoint grows (a size ladder, a model larger than RAM).
     """
-    check_synthesis(arch, preset, out, skew, routing)
+    check_synthesis(arch, preset, out, skew, routing, experts)
     out = Path(out)
     family = FAMILIES[arch]
-    hidden, preset_layers, experts, active, expert_hidden, vocab = PRESETS[preset]
-    config = family.config(hidden, layers or preset_layers, experts, active, expert_hidden, vocab)
+    hidden, preset_layers, preset_experts, active, expert_hidden, vocab = PRESETS[preset]
+    config = family.config(hidden, layers or preset_layers, experts or preset_experts, active, expert_hidden, vocab)
     replay = _replay(config, routing) if routing is not None else None
     mx.random.seed(seed)
     model = build_model(config)
@@ -239,7 +257,8 @@ def _skewed(name: str, value: mx.array, hot: dict[str, np.ndarray]) -> mx.array:
 
 
 def _expert_tensors(model, site, family: ExpertLayout, rng: np.random.Generator) -> list[OutTensor]:
-    """The routed experts of one site, in the family's checkpoint layout."""
+    """The routed experts of one site, in the family's checkpoint layout, each drawn from `rng` when it is written
+    (in the order listed, so the weights are the same as drawing them all first)."""
     module = dict(tree_flatten(model.parameters()))
     layer_prefix = site.path[: site.path.index(f"layers.{site.layer}.") + len(f"layers.{site.layer}.")]
     if family.template is None:
@@ -249,14 +268,15 @@ def _expert_tensors(model, site, family: ExpertLayout, rng: np.random.Generator)
         rows, cols = module[f"{site.path}.{proj}.weight"].shape[1:]
         for e in range(site.num_experts):
             key = layer_prefix + family.template.format(e=e, proj=family.renames.get(proj, proj))
-            parts = _expert(rng, (rows, cols), family)
             if family.mxfp4:
+                packed, scales = mxfp4_shapes((rows, cols))
                 tensors += [
-                    out_tensor(f"{key}.weight_packed", mx.array(parts[0])),
-                    out_tensor(f"{key}.weight_scale", mx.array(parts[1])),
+                    OutTensor(f"{key}.weight_packed", "U8", packed, partial(_random_codes, rng, packed)),
+                    OutTensor(f"{key}.weight_scale", "U8", scales, partial(_scale_bytes, (rows, cols))),
                 ]
             else:
-                tensors.append(out_tensor(f"{key}.weight", parts[0]))
+                produce = partial(_normal, rng, (rows, cols), family)
+                tensors.append(OutTensor(f"{key}.weight", NAME_OF[family.dtype], (rows, cols), produce))
     return tensors
 
 
@@ -296,8 +316,14 @@ def _fused_gate_up_experts(module: dict, site, rng: np.random.Generator) -> list
     ]
 
 
-def _expert(rng: np.random.Generator, shape: tuple[int, int], family: ExpertLayout):
-    if family.mxfp4:
-        return random_mxfp4(rng, shape)
+def _random_codes(rng: np.random.Generator, shape: tuple[int, int]) -> memoryview:
+    return memoryview(rng.integers(0, 256, size=shape, dtype=np.uint8)).cast("B")
+
+
+def _scale_bytes(shape: tuple[int, int]) -> bytes:
+    return mxfp4_scales(shape).tobytes()
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, int], family: ExpertLayout) -> memoryview:
     values = rng.normal(0, 1 / math.sqrt(shape[1]), size=shape).astype(np.float32)
-    return (_cast(mx.array(values), family.dtype),)
+    return to_bytes(_cast(mx.array(values), family.dtype))

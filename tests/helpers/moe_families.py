@@ -767,11 +767,21 @@ QUANTIZATIONS: dict[str, dict] = {
     "4bit f16": {"bits": 4, "mode": "affine", "group_size": 64, "dtype": "float16"},
     "8bit bf16": {"bits": 8, "mode": "affine", "group_size": 64, "dtype": "bfloat16"},
     "mxfp4": {"bits": 4, "mode": "mxfp4", "group_size": 32},
+    "mxfp8": {"bits": 8, "mode": "mxfp8", "group_size": 32},
+    "nvfp4": {"bits": 4, "mode": "nvfp4", "group_size": 16},
+    "mixed_3_6": {"bits": 3, "mode": "affine", "group_size": 64, "predicate": "mixed_3_6"},
+    "mixed_3_6 bf16": {"bits": 3, "mode": "affine", "group_size": 64, "predicate": "mixed_3_6", "dtype": "bfloat16"},
 }
 
 
 def quantized_checkpoint(
-    src: Path, out_dir: Path, bits: int = 4, mode: str = "affine", group_size: int = 64, dtype: str | None = None
+    src: Path,
+    out_dir: Path,
+    bits: int = 4,
+    mode: str = "affine",
+    group_size: int = 64,
+    dtype: str | None = None,
+    predicate: str | None = None,
 ) -> Path:
     """`src` converted by mlx-lm's own `convert` (offline: `src` is a local directory), quantized as asked, its
     float parameters cast to `dtype` first (`convert --dtype`).
@@ -783,7 +793,7 @@ def quantized_checkpoint(
     import contextlib
     import io
 
-    from mlx_lm.convert import convert
+    from mlx_lm.convert import convert, mixed_quant_predicate_builder
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     from nightshift.engine.models import FAMILIES, get_classes
@@ -800,6 +810,7 @@ def quantized_checkpoint(
                     q_mode=mode,
                     q_group_size=group_size,
                     dtype=dtype,
+                    quant_predicate=predicate,
                 )
                 return Path(out_dir)
             model, config = load_model(Path(src), lazy=True, get_model_classes=get_classes)
@@ -808,7 +819,8 @@ def quantized_checkpoint(
                 model.update(
                     tree_map(lambda v: v.astype(cast) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters())
                 )
-            model, config = quantize_model(model, config, group_size, bits, mode=mode)
+            recipe = predicate and mixed_quant_predicate_builder(predicate, model, group_size)
+            model, config = quantize_model(model, config, group_size, bits, mode=mode, quant_predicate=recipe)
             save_model(out_dir, model)
             save_config(config, Path(out_dir) / "config.json")
     except Exception as exc:  # convert (and transformers' config checks in it) fail in many ways; each is reported
