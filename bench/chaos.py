@@ -120,8 +120,9 @@ class Chaos:
             code = self.service.wait(timeout=120)
         except subprocess.TimeoutExpired:
             self.service.send_signal(signal.SIGUSR1)  # every thread's stack, into its log, before it is killed
-            with suppress(subprocess.TimeoutExpired):
-                self.service.wait(timeout=5)
+            deadline = time.monotonic() + 5
+            while "most recent call first" not in self.said(self.service) and time.monotonic() < deadline:
+                time.sleep(0.1)
             self.untrue.append(f"serve did not stop within 120 s of {signum.name}; its log ends (thread stacks "
                                f"from SIGUSR1): {self.said(self.service)[-6000:]}")  # fmt: skip
             self.service.kill()

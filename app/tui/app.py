@@ -135,7 +135,9 @@ class Dashboard(App):
         self.snapshot = snapshot
         if snapshot.catalogue is not None:
             self.catalogue = snapshot.catalogue
-        if snapshot.service is not None and not self._kept_through(snapshot.service):
+        if snapshot.service is not None and self._missed_poll(snapshot.service):
+            self.service = replace(self.service, error=snapshot.service.error)
+        elif snapshot.service is not None:
             self.service = snapshot.service
             self.service_at = snapshot.taken_at
             self._follow_run(snapshot.service, snapshot.taken_at)
@@ -145,14 +147,12 @@ class Dashboard(App):
             screen.show(snapshot, self.service)
             screen.show_ages(self.ages(snapshot.taken_at))
 
-    def _kept_through(self, unanswered: ServiceState) -> bool:
-        """Whether a poll that could not read the queue leaves the last queue read shown, with the error beside
-        it: a busy service that misses one poll's timeout has not lost its runs, and a run's tok/s plot must not
-        restart. Its age keeps growing, so the queue is marked stale until a poll is answered again."""
-        if not unanswered.error or self.service is None or not self.service.running:
-            return False
-        self.service = replace(self.service, error=unanswered.error)
-        return True
+    def _missed_poll(self, state: ServiceState) -> bool:
+        """Whether `state` is a poll that could not read the queue of a service last seen running. The last queue
+        read stays shown, with the error beside it: a busy service that misses one poll's timeout has not lost its
+        runs, and a run's tok/s plot must not restart. Its age keeps growing, so the queue is marked stale until a
+        poll is answered again."""
+        return bool(state.error) and self.service is not None and self.service.running
 
     def _follow_run(self, service: ServiceState, now: float) -> None:
         """Per run: a new run starts an empty tok/s plot; one point and nightshift's per-drive read rates per
