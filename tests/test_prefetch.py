@@ -249,3 +249,7 @@ def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_
     assert f.recall_needed > 0 and f.recall_hits == f.recall_needed  # every predicted layer's experts guessed
     assert recorded.figures.recall_hits < recorded.figures.recall_needed  # the router alone misses some
     assert f.reads.joined_prefetch > recorded.figures.reads.joined_prefetch
+    # the decode's own read-aheads, apart from the warm-up's and the prompt's: a part of the stream's
+    decode = foreseen.decode_reads
+    assert 0 < decode["prefetch_reads"] < f.reads.prefetch_reads
+    assert 0 < decode["joined_prefetch"] <= f.reads.joined_prefetch
