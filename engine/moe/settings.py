@@ -131,8 +131,9 @@ class StreamSettings:
             "layer asks (bandwidth x window / expert bytes)"
         ),
     )
-    # Odds: docs/results.md, "Read-aheads that pay for themselves" (2026-12-03): `reads` (the cap from c4620da)
-    # read more wrong guesses than `guesses` on the random bench model and lost 3.7 % a token to it.
+    # Odds: side by side on the random bench model at 25 %, `reads` (c4620da's cap) read 8x the read-aheads of
+    # `guesses` (the cap before it) and reached 0.924 of the roofline against 0.944; `odds` 0.945; on bench-replay
+    # at 50 % odds 0.835, reads 0.764, guesses 0.676 (one row a side: docs/results.md, "Read-aheads that pay").
     prefetch_cap: str = field(
         default=ODDS,
         metadata=option(
