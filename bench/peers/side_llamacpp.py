@@ -2,7 +2,9 @@
 `bash bench/peer_setup.sh` builds): the GGUF in the job's `model` directory (its only model, or the first file of a
 split one) read through mmap, llama.cpp's default and how its users run a model larger than their RAM; greedy over
 the prompt's token ids (no chat template), `threads` threads. llama.cpp keeps no expert cache: the page cache is its
-cache, held to the process's memory cgroup limit; `budget` is not used."""
+cache, held to the process's memory cgroup limit; `budget` is not used. `logits_all`: without it these bindings
+(0.3.36) leave `scores` at zero here (every greedy token 0); a 16-token prompt's extra rows of logits cost nothing
+that shows."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def model_file(directory: Path) -> Path:
 def main() -> None:
     job = work()
     llm = Llama(model_path=str(model_file(Path(job["model"]))), n_ctx=len(job["prompt"]) + job["tokens"] + 8,
-                n_threads=job["threads"], n_threads_batch=job["threads"], use_mmap=True, verbose=False, seed=0)  # fmt: skip
+                n_threads=job["threads"], n_threads_batch=job["threads"], use_mmap=True, verbose=False, seed=0,
+                logits_all=True)  # fmt: skip
     clock = Clock()
     llm.eval(job["prompt"])
     tokens: list[int] = []
