@@ -15,6 +15,10 @@ volume (bench/peer_striped.py), `drives` one file per drive. For each budget (a 
    page cache dropped and the read-ahead of the device under it (the btrfs volume's bdi, or each rig drive's
    queue) set to `--read-ahead-kb`; nightshift reads with O_DIRECT and no read-ahead applies.
 
+With `--llama-limit experts` llama.cpp is held instead to the same bytes *for experts* as nightshift's cache
+([13]'s definition): its own memory (RssAnon, measured once per layout in a run without a limit) + the GGUF's
+non-expert tensors (they stay in the page cache) + the budget + the slack; nightshift keeps its measured peak.
+
 Every run is recorded in the run catalogue (kind `peer-fair`: engine, layout, share, limit, read-ahead, the load
 average at its start) and printed with nightshift's decode tok/s over llama.cpp's from the same round, and where
 llama.cpp's greedy tokens first part from nightshift's. With `--probe-read-ahead`, step 2 is llama.cpp alone at
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from bench.streaming_peers import Engine, expert_bytes, hit_rate, model_files, prompt_ids, rates, run_side
 from nightshift.app.paths import catalogue_file
+from nightshift.engine.bench.peer import read_gguf
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 KIND = "peer-fair"
@@ -57,8 +62,8 @@ def read_ahead_files(directory: Path) -> list[Path]:
     queue of the block device under the file system."""
     files = set()
     for path in model_files(directory):
-        kind, uuid, source = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,UUID,SOURCE", "--target", str(path.resolve())],
-                                            check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
+        argv = ["findmnt", "-n", "-o", "FSTYPE,UUID,SOURCE", "--target", str(path.resolve())]
+        kind, uuid, source = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
         if kind == "btrfs":
             files.add(Path(f"/sys/fs/btrfs/{uuid}/bdi/read_ahead_kb"))
         else:
@@ -79,8 +84,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 class Bench:
     """Runs sides, records each run, prints its row."""
 
-    def __init__(self, store: Path, job: dict, catalogue: Catalogue):
-        self.store, self.job, self.catalogue = store, job, catalogue
+    def __init__(self, store: Path, job: dict, catalogue: Catalogue, limit_mode: str):
+        self.store, self.job, self.catalogue, self.limit_mode = store, job, catalogue, limit_mode
 
     def measure(self, side: Side, share: float, limit: int | None, read_ahead: int | None, round_: int) -> dict:
         load = os.getloadavg()
@@ -90,8 +95,9 @@ class Bench:
         figures.update(rates(figures, len(self.job["prompt"]), self.job["tokens"]))
         rate = hit_rate(side.engine.name, figures.get("counters", {}))
         config = {"engine": side.engine.name, "layout": side.layout, "share": share, "budget_bytes": self.job["budget"],
-                  "limit_bytes": limit, "read_ahead_kb": read_ahead, "round": round_, "tokens": self.job["tokens"],
-                  "prompt_tokens": len(self.job["prompt"]), "threads": self.job["threads"]}  # fmt: skip
+                  "limit_bytes": limit, "limit_mode": self.limit_mode, "read_ahead_kb": read_ahead, "round": round_,
+                  "tokens": self.job["tokens"], "prompt_tokens": len(self.job["prompt"]),
+                  "threads": self.job["threads"]}  # fmt: skip
         verdict = "fail" if "error" in figures else "measured"
         run = Run(KIND, self.store.name, config, {**figures, "hit_rate": rate, "load": load}, verdict,
                   command=" ".join(sys.argv), note=figures.get("error", ""))  # fmt: skip
@@ -127,6 +133,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds per budget")
     parser.add_argument("--read-ahead-kb", type=int, help="llama.cpp's device read-ahead (default: leave it)")
     parser.add_argument("--probe-read-ahead", help="read-aheads to sweep, llama.cpp alone (comma-separated KB)")
+    parser.add_argument("--llama-limit", choices=("total", "experts"), default="total",
+                        help="llama.cpp held to nightshift's peak, or to its own need + the same share of experts")  # fmt: skip
     parser.add_argument("--slack-mib", type=int, default=16, help="over nightshift's measured peak")
     parser.add_argument("--peer-python", type=Path, default=os.environ.get("NIGHTSHIFT_LLAMA_CPP_PYTHON"))
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
@@ -137,25 +145,38 @@ def main() -> None:
     theirs = [
         Side(Engine(LLAMA, args.peer_python, Path(d)), layout) for layout, d in (a.split("=", 1) for a in args.llama)
     ]
-    bench = Bench(args.store, {}, Catalogue(args.catalogue or catalogue_file()))
+    bench = Bench(args.store, {}, Catalogue(args.catalogue or catalogue_file()), args.llama_limit)
     total = expert_bytes(args.store)
     prompt = prompt_ids(args.store, args.prompt_tokens)[0]
     print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {os.getloadavg()}")
     print(HEADER)
+    own_need = {}  # per layout (--llama-limit experts): llama.cpp's memory besides the experts, its expert bytes
+    if args.llama_limit == "experts":
+        bench.job = {"budget": 0, "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
+                     "threads": args.threads, "width": 1}  # fmt: skip
+        for side in theirs:
+            alone = bench.measure(side, 0.0, None, args.read_ahead_kb, 0)
+            gguf = read_gguf(sorted(side.engine.model.glob("*.gguf"))[0])
+            own_need[side.label] = (alone["counters"]["rss_anon_bytes"] + gguf.trunk_bytes, gguf.expert_bytes)
     for index, share in enumerate(float(s) for s in args.shares.split(",")):
         bench.job = {"budget": int(share * total), "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
                      "threads": args.threads, "width": 1}  # fmt: skip
         alone = bench.measure(ours, share, None, None, 0)
         limit = alone["group_peak_bytes"] + (args.slack_mib << 20)
+        limits = {side.label: limit for side in [ours, *theirs]}
+        for label, (need, experts) in own_need.items():  # the same share of its own expert bytes
+            limits[label] = need + int(share * experts) + (args.slack_mib << 20)
         if args.probe_read_ahead:
             for kb in (int(k) for k in args.probe_read_ahead.split(",")):
                 for side in theirs:
-                    bench.measure(side, share, limit, kb, 0)
+                    bench.measure(side, share, limits[side.label], kb, 0)
             continue
         for round_ in range(1, args.rounds + 1):
             order = [ours, *theirs] if (index + round_) % 2 else [*theirs, ours]
-            done = {side.label: bench.measure(side, share, limit, None if side is ours else args.read_ahead_kb, round_)
-                    for side in order}  # fmt: skip
+            done = {}
+            for side in order:
+                read_ahead = None if side is ours else args.read_ahead_kb
+                done[side.label] = bench.measure(side, share, limits[side.label], read_ahead, round_)
             mine = done[ours.label]
             for side in theirs:
                 other = done[side.label]

@@ -22,6 +22,12 @@ def model_file(directory: Path) -> Path:
     return files[0]
 
 
+def rss_anon() -> int:
+    """This process's own memory now, without the model's mapped pages (the page cache it shares)."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
 def main() -> None:
     job = work()
     llm = Llama(model_path=str(model_file(Path(job["model"]))), n_ctx=len(job["prompt"]) + job["tokens"] + 8,
@@ -36,7 +42,7 @@ def main() -> None:
         if len(tokens) == job["tokens"]:
             break
         llm.eval([tokens[-1]])
-    report(clock, [tokens], {})
+    report(clock, [tokens], {"rss_anon_bytes": rss_anon()})
 
 
 if __name__ == "__main__":
