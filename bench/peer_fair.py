@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--read-ahead-kb", type=int, help="llama.cpp's device read-ahead (default: leave it)")
     parser.add_argument("--probe-read-ahead", help="read-aheads to sweep, llama.cpp alone (comma-separated KB)")
     parser.add_argument("--llama-limit", choices=("total", "experts"), default="total",
-                        help="llama.cpp held to nightshift's peak, or to its own need + the same share of experts")  # fmt: skip
+                        help="nightshift's peak, or llama.cpp's own need + the same share of experts")  # fmt: skip
     parser.add_argument("--slack-mib", type=int, default=16, help="over nightshift's measured peak")
     parser.add_argument("--peer-python", type=Path, default=os.environ.get("NIGHTSHIFT_LLAMA_CPP_PYTHON"))
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
