@@ -62,13 +62,20 @@ def read_ahead_files(directory: Path) -> list[Path]:
     queue of the block device under the file system."""
     files = set()
     for path in model_files(directory):
-        argv = ["findmnt", "-n", "-o", "FSTYPE,UUID,SOURCE", "--target", str(path.resolve())]
-        kind, uuid, source = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
+        kind, source = findmnt(path, "FSTYPE,SOURCE").split()
         if kind == "btrfs":
-            files.add(Path(f"/sys/fs/btrfs/{uuid}/bdi/read_ahead_kb"))
+            files.add(Path(f"/sys/fs/btrfs/{findmnt(path, 'UUID').strip()}/bdi/read_ahead_kb"))
         else:
             files.add(Path(f"/sys/class/block/{Path(source).name}/queue/read_ahead_kb"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise SystemExit(f"no read-ahead setting at {', '.join(missing)}: is {directory} on a block device?")
     return sorted(files)
+
+
+def findmnt(path: Path, columns: str) -> str:
+    argv = ["findmnt", "-n", "-o", columns, "--target", str(path.resolve())]
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
 
 
 def set_read_ahead(directory: Path, kb: int) -> None:
