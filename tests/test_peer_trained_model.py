@@ -24,14 +24,15 @@ QUIET = {"say": lambda message: None}
 
 
 @pytest.fixture(scope="module")
-def tiny_moe(tiny_dense, tmp_path_factory):
+def sparse_moe(tiny_dense, tmp_path_factory):
+    """A tiny MoEfied llama at 2 of 8 experts (sparse: its routers decide)."""
     return tiny_moefy(tiny_dense, tmp_path_factory.mktemp("moe") / "moe", experts=8, k=2)
 
 
 @pytest.mark.slow
-def test_without_the_routers_bias_the_export_is_the_same_function(tiny_moe, tmp_path):
+def test_without_the_routers_bias_the_export_is_the_same_function(sparse_moe, tmp_path):
     source = tmp_path / "unbiased"
-    shutil.copytree(tiny_moe, source)
+    shutil.copytree(sparse_moe, source)
     weights = mx.load(str(source / "model.safetensors"))
     for name in [name for name in weights if name.endswith("router.bias")]:
         weights[name] = mx.zeros_like(weights[name])
@@ -47,9 +48,9 @@ def test_without_the_routers_bias_the_export_is_the_same_function(tiny_moe, tmp_
 
 
 @pytest.mark.slow
-def test_nightshift_imports_the_bfloat16_export_and_generates_mlx_lms_tokens(tiny_moe, tmp_path, monkeypatch):
+def test_nightshift_imports_the_bfloat16_export_and_generates_mlx_lms_tokens(sparse_moe, tmp_path, monkeypatch):
     src = tmp_path / "mixtral"
-    export(tiny_moe, src, **QUIET)
+    export(sparse_moe, src, **QUIET)
     assert (src / "README.txt").is_file() and not (tmp_path / "mixtral.partial").exists()
     outcome = check_import(src, tmp_path / "checked")
     assert outcome.refused is None and not outcome.differences, outcome
