@@ -1,6 +1,7 @@
 """The trained-routing model as a Mixtral checkpoint that every peer loads (llama.cpp, mlx-lm, nightshift).
 
     .venv/bin/python -m bench.peer_trained_model [--source CKPT] [--out DIR] [--epsilon 1e-6] [--dtype bfloat16]
+        [--pad-neurons N]
 
 The trained-routing bench model (`bench-replay`) replays recorded traces, which no other engine can load; its
 source, the MoEfied SmolLM2 (`llama_moe`: 128 experts of 12 neurons a layer, 16 active, the chosen experts summed
@@ -16,7 +17,10 @@ The mapping:
 - Mixtral's gate has no bias and llama_moe's router has one (an intercept the router fit needs: without it,
   45-50 % of a token's experts change). The bias-free gate is fitted by least squares to the router's scores
   (bias included) on the MoE model's own inputs over the calibration text that fitted the routers: its top k
-  is measured against the router's on the held-out evaluation text, layer by layer, and printed.
+  is measured against the router's on the held-out evaluation text, layer by layer, and printed;
+- with `--pad-neurons N` each expert's neurons are padded with zero neurons to N (their gate and up rows zero,
+  their down columns zero: silu(0) x 0 = 0 adds nothing, the same function exactly), so that the experts, not the
+  engine, dominate memory (the export at 12 neurons has 159 MB of experts beside ~400 MB of nightshift's own).
 
 Then the exported model (its weights as written, computed in float32) is compared with the llama_moe model on
 the evaluation text: perplexity of each, the largest logit difference, the share of positions whose top token
@@ -93,8 +97,18 @@ def fit_gates(reference: MoeReference, k: int) -> list[Gate]:
     return gates
 
 
-def mixtral_weights(reference: MoeReference, gates: list[Gate], epsilon: float, dtype: mx.Dtype) -> dict:
-    """The llama_moe model's weights under Mixtral's names (experts one by one, as Mixtral releases them)."""
+def padded(weight: mx.array, neurons: int, axis: int) -> mx.array:
+    """Experts' `weight` (one expert per row of axis 0) with zero neurons added along `axis` up to `neurons`."""
+    widths = [(0, 0)] * weight.ndim
+    widths[axis] = (0, neurons - weight.shape[axis])
+    return mx.pad(weight, widths)
+
+
+def mixtral_weights(
+    reference: MoeReference, gates: list[Gate], epsilon: float, dtype: mx.Dtype, neurons: int | None = None
+) -> dict:
+    """The llama_moe model's weights under Mixtral's names (experts one by one, as Mixtral releases them), each
+    expert padded with zero neurons to `neurons` if given."""
     k = reference.config["num_experts_per_tok"]
     flat = dict(tree_flatten(reference.model.parameters()))
     out = {}
@@ -106,14 +120,20 @@ def mixtral_weights(reference: MoeReference, gates: list[Gate], epsilon: float, 
     for number, gate in enumerate(gates):
         prefix = f"model.layers.{number}"
         out[f"{prefix}.block_sparse_moe.gate.weight"] = mx.array(gate.weight * epsilon, dtype=mx.float32)
-        for mine, theirs, scale in (("gate_proj", "w1", 1), ("down_proj", "w2", k), ("up_proj", "w3", 1)):
+        for mine, theirs, scale, axis in (
+            ("gate_proj", "w1", 1, 1),
+            ("down_proj", "w2", k, 2),
+            ("up_proj", "w3", 1, 1),
+        ):
             stacked = flat[f"{prefix}.mlp.switch_mlp.{mine}.weight"] * scale
+            if neurons is not None:
+                stacked = padded(stacked, neurons, axis)
             for expert in range(stacked.shape[0]):
                 out[f"{prefix}.block_sparse_moe.experts.{expert}.{theirs}.weight"] = stacked[expert].astype(dtype)
     return out
 
 
-def mixtral_config(config: dict, dtype: str) -> dict:
+def mixtral_config(config: dict, dtype: str, neurons: int | None = None) -> dict:
     keep = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
             "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size", "tie_word_embeddings",
             "num_experts_per_tok", "bos_token_id", "eos_token_id")  # fmt: skip
@@ -123,7 +143,7 @@ def mixtral_config(config: dict, dtype: str) -> dict:
         architectures=["MixtralForCausalLM"],
         model_type="mixtral",
         num_local_experts=experts,
-        intermediate_size=config["intermediate_size"] // experts,
+        intermediate_size=neurons or config["intermediate_size"] // experts,
         hidden_act="silu",
         sliding_window=None,
         router_aux_loss_coef=0.0,
@@ -158,7 +178,8 @@ def distance(reference: MoeReference, exported: nn.Module) -> dict:
 
 
 def write_readme(out: Path, source: Path, epsilon: float, dtype: str, gates: list[Gate], measured: dict) -> None:
-    k = json.loads((out / "config.json").read_text())["num_experts_per_tok"]
+    config = json.loads((out / "config.json").read_text())
+    k, neurons = config["num_experts_per_tok"], config["intermediate_size"]
     per_layer = " ".join(f"{gate.agreement:.3f}" for gate in gates)
     (out / "README.txt").write_text(
         f"""A Mixtral checkpoint of the trained-routing model (issue [22]), written by bench/peer_trained_model.py.
@@ -166,8 +187,8 @@ def write_readme(out: Path, source: Path, epsilon: float, dtype: str, gates: lis
 Source: {source} (llama_moe: SmolLM2-135M MoEfied into 128 experts of 12 neurons a layer, 16 active, the
 chosen experts summed with weight 1; 4-bit affine g32 weights, 8-bit embeddings), dequantized exactly.
 Precision: every weight {dtype} (experts, attention, embeddings; tied LM head), the norms and the gates float32.
-No padding: each expert is 12 neurons (a 4-bit copy needs groups of 32: pad each expert with zero neurons, the same
-function exactly).
+Padding: each expert is {neurons} neurons; those past the source's (12) are zero neurons (gate and up rows zero, down
+columns zero: silu(0) x 0 = 0, the same function exactly), written so that experts dominate memory.
 Gate: the router refitted without its bias (Mixtral's gate has none) by least squares on the MoE inputs over the
 calibration text, times epsilon = {epsilon:g}, so the softmax over the {k} chosen logits is 1/{k} within epsilon x
 their spread; the down projections are multiplied by {k}. Share of the router's {k} experts the bias-free gate picks,
@@ -184,21 +205,28 @@ and the refitted gates add to it here). The model writes no good text (the MoEfi
     )
 
 
-def export(source: Path, out: Path, epsilon: float = EPSILON, dtype: str = "bfloat16", say=print) -> dict:
-    """Write `source` (llama_moe) as a Mixtral checkpoint at `out`; the distance measured (see `distance`)."""
+def export(
+    source: Path, out: Path, epsilon: float = EPSILON, dtype: str = "bfloat16", neurons: int | None = None, say=print
+) -> dict:
+    """Write `source` (llama_moe) as a Mixtral checkpoint at `out`, each expert padded to `neurons` if given; the
+    distance measured (see `distance`)."""
     if out.exists():
         raise SystemExit(f"{out} exists: remove it or name another --out")
     reference = MoeReference(source)
     k = reference.config["num_experts_per_tok"]
+    own = reference.config["intermediate_size"] // reference.config["num_experts"]
+    if neurons is not None and neurons < own:
+        raise SystemExit(f"--pad-neurons {neurons} is fewer than an expert's {own} neurons: give at least {own}")
     gates = fit_gates(reference, k)
     for number, gate in enumerate(gates):
         say(f"layer {number}: the bias-free gate picks {100 * gate.agreement:.1f} % of the router's {k} experts")
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    weights = mixtral_weights(reference, gates, epsilon, DTYPES[dtype])
+    weights = mixtral_weights(reference, gates, epsilon, DTYPES[dtype], neurons)
     mx.save_safetensors(str(partial / "model.safetensors"), weights, {"format": "pt"})
-    (partial / "config.json").write_text(json.dumps(mixtral_config(reference.config, dtype), indent=2) + "\n")
+    config = mixtral_config(reference.config, dtype, neurons)
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, partial / name)
@@ -213,11 +241,14 @@ def export(source: Path, out: Path, epsilon: float = EPSILON, dtype: str = "bflo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=data_dir() / "models" / SOURCE)
-    parser.add_argument("--out", type=Path, default=Path("/work/peers/models/moe128-mixtral"))
+    parser.add_argument("--out", type=Path, help="where to write it (default: moe128-mixtral[-pN] in the data dir)")
     parser.add_argument("--epsilon", type=float, default=EPSILON)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--pad-neurons", type=int, metavar="N", help="pad each expert with zero neurons to N")
     args = parser.parse_args(argv)
-    export(args.source, args.out, args.epsilon, args.dtype)
+    name = "moe128-mixtral" + (f"-p{args.pad_neurons}" if args.pad_neurons else "")
+    out = args.out or data_dir() / "models" / name
+    export(args.source, out, args.epsilon, args.dtype, args.pad_neurons)
     return 0
 
 

@@ -2,6 +2,8 @@
 
 - With the routers' bias zeroed, the bias-free gate fitted is the router and the float32 export computes the source's
   function, up to the epsilon of its softmax (each chosen expert's weight 1/k where the source's is 1).
+- Padding each expert with zero neurons keeps every weight and adds zeros only: logits equal up to float32 summation
+  order.
 - nightshift imports the bfloat16 export (a Mixtral with float experts) and generates, streamed and in RAM, the
   tokens mlx-lm generates from it (with float32 sums in `gather_mm`, the one operation mlx-lm lacks on a CPU).
 """
@@ -60,3 +62,28 @@ def test_nightshift_imports_the_bfloat16_export_and_generates_mlx_lms_tokens(spa
     for streamed in (False, True):
         tokens, stopped = nightshift_tokens(tmp_path / "checked" / "store", streamed)
         assert tokens == (expected[: len(tokens)] if stopped else expected), f"streamed={streamed}"
+
+
+@pytest.mark.slow
+def test_padding_experts_with_zero_neurons_keeps_the_function(sparse_moe, tmp_path):
+    export(sparse_moe, tmp_path / "plain", **QUIET)
+    neurons = 3 * MoeReference(sparse_moe).config["intermediate_size"] // 8
+    export(sparse_moe, tmp_path / "padded", neurons=neurons, **QUIET)
+    with pytest.raises(SystemExit, match="fewer than"):
+        export(sparse_moe, tmp_path / "too-few", neurons=1, **QUIET)
+    plain, padded = (mx.load(str(tmp_path / name / "model.safetensors")) for name in ("plain", "padded"))
+    own = plain["model.layers.0.block_sparse_moe.experts.0.w1.weight"].shape[0]
+    for name, weight in padded.items():
+        if ".w2." in name:
+            assert weight.shape[1] == neurons and mx.array_equal(weight[:, :own], plain[name]), name
+            assert not mx.any(weight[:, own:]), name
+        elif ".experts." in name:
+            assert weight.shape[0] == neurons and mx.array_equal(weight[:own], plain[name]), name
+            assert not mx.any(weight[own:]), name
+        else:
+            assert mx.array_equal(weight, plain[name]), name
+    window = MoeReference(sparse_moe).windows(EVALUATION_TEXT.read_text())[0][:, :48]
+    a, b = (float32_model(tmp_path / name)(window) for name in ("plain", "padded"))
+    # The same function; float32 sums over 12 or 36 terms (the extra ones zero) may be blocked differently.
+    assert float(mx.max(mx.abs(a - b))) < 1e-5 * float(mx.max(mx.abs(a)))
+    assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1))
