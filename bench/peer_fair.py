@@ -1,7 +1,7 @@
 """nightshift against llama.cpp given its best layout and read-ahead, both held to the same total memory (issue [22]).
 
     python -m bench.peer_fair STORE --llama striped=DIR [--llama drives=DIR] [--shares 0.1,0.25,0.5] [--tokens 16]
-        [--read-ahead-kb 8 | --probe-read-ahead 4,8,16,32,64,128] [--rounds 1] [--peer-python PYTHON]
+        [--read-ahead-kb 4,8 | --probe-read-ahead 4,8,16,32,64,128] [--rounds 1] [--peer-python PYTHON]
 
 STORE is the nightshift store (its drives: the rig's); each `--llama LAYOUT=DIR` is a directory holding the same
 model as one GGUF (or a split one, its files linked from DIR): `striped` on the rig's drives striped into one
@@ -13,7 +13,8 @@ volume (bench/peer_striped.py), `drives` one file per drive. For each budget (a 
    its page cache is its cache) run in turn, each in a fresh memory cgroup held to that same limit from its start,
    the order alternating from round to round and budget to budget. Each llama.cpp run starts with its model's
    page cache dropped and the read-ahead of the device under it (the btrfs volume's bdi, or each rig drive's
-   queue) set to `--read-ahead-kb`; nightshift reads with O_DIRECT and no read-ahead applies.
+   queue) set to `--read-ahead-kb` (several, comma-separated: one llama.cpp run at each in every round);
+   nightshift reads with O_DIRECT and no read-ahead applies.
 
 With `--llama-limit experts` llama.cpp is held instead to the same bytes *for experts* as nightshift's cache
 ([13]'s definition): its own memory (RssAnon, measured once per layout in a run without a limit) + the GGUF's
@@ -138,7 +139,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds per budget")
-    parser.add_argument("--read-ahead-kb", type=int, help="llama.cpp's device read-ahead (default: leave it)")
+    parser.add_argument(
+        "--read-ahead-kb", help="llama.cpp's device read-ahead(s), comma-separated KB (default: leave it)"
+    )
     parser.add_argument("--probe-read-ahead", help="read-aheads to sweep, llama.cpp alone (comma-separated KB)")
     parser.add_argument("--llama-limit", choices=("total", "experts"), default="total",
                         help="nightshift's peak, or llama.cpp's own need + the same share of experts")  # fmt: skip
@@ -152,6 +155,7 @@ def main() -> None:
     theirs = [
         Side(Engine(LLAMA, args.peer_python, Path(d)), layout) for layout, d in (a.split("=", 1) for a in args.llama)
     ]
+    read_aheads = [int(kb) for kb in args.read_ahead_kb.split(",")] if args.read_ahead_kb else [None]
     bench = Bench(args.store, {}, Catalogue(args.catalogue or catalogue_file()), args.llama_limit)
     total = expert_bytes(args.store)
     prompt = prompt_ids(args.store, args.prompt_tokens)[0]
@@ -162,7 +166,7 @@ def main() -> None:
         bench.job = {"budget": 0, "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
                      "threads": args.threads, "width": 1}  # fmt: skip
         for side in theirs:
-            alone = bench.measure(side, 0.0, None, args.read_ahead_kb, 0)
+            alone = bench.measure(side, 0.0, None, read_aheads[0], 0)
             gguf = read_gguf(sorted(side.engine.model.glob("*.gguf"))[0])
             own_need[side.label] = (alone["counters"]["rss_anon_bytes"] + gguf.trunk_bytes, gguf.expert_bytes)
     for index, share in enumerate(float(s) for s in args.shares.split(",")):
@@ -178,19 +182,19 @@ def main() -> None:
                 for side in theirs:
                     bench.measure(side, share, limits[side.label], kb, 0)
             continue
+        peers = [(side, kb) for side in theirs for kb in read_aheads]
         for round_ in range(1, args.rounds + 1):
-            order = [ours, *theirs] if (index + round_) % 2 else [*theirs, ours]
+            order = [(ours, None), *peers] if (index + round_) % 2 else [*peers, (ours, None)]
             done = {}
-            for side in order:
-                read_ahead = None if side is ours else args.read_ahead_kb
-                done[side.label] = bench.measure(side, share, limits[side.label], read_ahead, round_)
-            mine = done[ours.label]
-            for side in theirs:
-                other = done[side.label]
+            for side, kb in order:
+                done[side.label, kb] = bench.measure(side, share, limits[side.label], kb, round_)
+            mine = done[ours.label, None]
+            for side, kb in peers:
+                other = done[side.label, kb]
                 if "error" in mine or "error" in other:
                     continue
                 parted = first_difference(mine["tokens"][0], other["tokens"][0])
-                print(f"      share {share:.2f} round {round_}: nightshift / {side.label} = "
+                print(f"      share {share:.2f} round {round_}: nightshift / {side.label} at {kb} KB = "
                       f"{mine['decode_tok_s'] / other['decode_tok_s']:.2f}x; tokens "
                       f"{'equal' if parted is None else f'part at step {parted}'}", flush=True)  # fmt: skip
     print(f"recorded in {bench.catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")
