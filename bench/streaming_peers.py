@@ -202,18 +202,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
     parser.add_argument("--width", type=int, default=0, help="also decode this many prompts together (0: not)")
-    parser.add_argument(
-        "--chats",
-        metavar="REVIEW",
-        help="batched prompts: REVIEW's finding chats (month-end), not the bench text's windows",
-    )
+    parser.add_argument("--chats", metavar="REVIEW", help="batch REVIEW's finding chats (month-end), not bench text")
     parser.add_argument("--batch-share", type=float, help="the batched pair's budget (default: the middle share)")
-    parser.add_argument(
-        "--unlimited",
-        action="store_true",
-        help="peers without a memory limit (their peak still "
-        "measured): for a peer that cannot run at nightshift's memory",
-    )
+    parser.add_argument("--unlimited", action="store_true", help="peers without a memory limit (peak still measured)")
     parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
     args = parser.parse_args()
 
