@@ -89,15 +89,16 @@ def main() -> None:
     opened = time.perf_counter()
     model = open_for_generation(path)
     open_s = time.perf_counter() - opened
-    folder = Path(tempfile.mkdtemp(prefix="narrative-cost-"))
-    review(schedule, model, "off", folder)  # warm-up, not counted: the first PDF loads WeasyPrint and the fonts
-    runs = []
-    for _ in range(args.rounds):
-        order = [("off", chunks[0]), *((v, c) for c in chunks for v in VARIANTS[1:])]
-        for variant, chunk in (*order, *reversed(order)):
-            runs.append(review(schedule, model, variant, folder, chunk))
-            print(json.dumps(runs[-1]), flush=True)
-    model.close()
+    with tempfile.TemporaryDirectory(prefix="narrative-cost-") as scratch:  # the PDFs are not kept
+        folder = Path(scratch)
+        review(schedule, model, "off", folder)  # warm-up, not counted: the first PDF loads WeasyPrint and the fonts
+        runs = []
+        for _ in range(args.rounds):
+            order = [("off", chunks[0]), *((v, c) for c in chunks for v in VARIANTS[1:])]
+            for variant, chunk in (*order, *reversed(order)):
+                runs.append(review(schedule, model, variant, folder, chunk))
+                print(json.dumps(runs[-1]), flush=True)
+        model.close()
 
     def median(variant: str, key: str) -> float:
         return statistics.median(r[key] for r in runs if r["variant"] == variant)

@@ -169,31 +169,32 @@ def main() -> None:
     parser.add_argument("--bundled", action="store_true", help="the bundled reviews too")
     parser.add_argument("--out", type=Path, help="write every review's figures here as JSON")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="narrative-eval-"))
-    books = evaluation_books(folder, args.books) + held_out(folder)
-    reviews = [load_schedule(book.schedule) for book in books]
-    if args.bundled:
-        reviews += list(load_schedules()[0].values())
-    results = []
-    for name in args.model or [None]:
-        path = resolve_model(name)
-        model = open_for_generation(path)
-        for penalty in args.penalty or [None]:
-            rows = []
-            for schedule in reviews:
-                rows.append(review_figures(schedule, model, penalty))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            summed = totals(rows)
-            results.append({"model": path.name, "penalty": penalty, "totals": summed, "reviews": rows})
-            print(f"--- {path.name}, repetition penalty {penalty}: {len(rows)} reviews")
-            for key, value in summed.items():
-                print(f"  {key:<26}{value}")
-            config = {"books": args.books, "bundled": args.bundled, "penalty": penalty, "reviews": len(rows)}
-            run_id = Catalogue(catalogue_file()).record(
-                Run("narrative-eval", path.name, config, summed, "pass", command="python " + " ".join(sys.argv))
-            )
-            print(f"  recorded as run {run_id} in {catalogue_file()}")
-        model.close()
+    with tempfile.TemporaryDirectory(prefix="narrative-eval-") as scratch:  # the books and PDFs are not kept
+        folder = Path(scratch)
+        books = evaluation_books(folder, args.books) + held_out(folder)
+        reviews = [load_schedule(book.schedule) for book in books]
+        if args.bundled:
+            reviews += list(load_schedules()[0].values())
+        results = []
+        for name in args.model or [None]:
+            path = resolve_model(name)
+            model = open_for_generation(path)
+            for penalty in args.penalty or [None]:
+                rows = []
+                for schedule in reviews:
+                    rows.append(review_figures(schedule, model, penalty))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                summed = totals(rows)
+                results.append({"model": path.name, "penalty": penalty, "totals": summed, "reviews": rows})
+                print(f"--- {path.name}, repetition penalty {penalty}: {len(rows)} reviews")
+                for key, value in summed.items():
+                    print(f"  {key:<26}{value}")
+                config = {"books": args.books, "bundled": args.bundled, "penalty": penalty, "reviews": len(rows)}
+                run_id = Catalogue(catalogue_file()).record(
+                    Run("narrative-eval", path.name, config, summed, "pass", command="python " + " ".join(sys.argv))
+                )
+                print(f"  recorded as run {run_id} in {catalogue_file()}")
+            model.close()
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1, default=str))
     print(json.dumps([{k: v for k, v in r.items() if k != "reviews"} for r in results], default=str))

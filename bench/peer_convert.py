@@ -3,7 +3,7 @@
 Runs in the peer's interpreter (the venv `bench/peer_setup.sh` builds: llama-cpp-python, torch, the converter's
 requirements), never in nightshift's; it imports nothing of nightshift.
 
-    PEER_PYTHON bench/peer_convert.py SRC OUT_DIR --llama-cpp DIR [--shards 4] [--type Q4_1] [--spread DIR,DIR...]
+    PEER_PYTHON bench/peer_convert.py SRC OUT_DIR --llama-cpp DIR [--shards 4] [--type Q4_1|bf16] [--spread DIR,DIR...]
 
 1. `convert_hf_to_gguf.py SRC --outtype f32 --split-max-size S` (S = a `--shards`th of the f32 size), so the
    model comes in `--shards` files that `bench peer` puts one per drive;
@@ -11,6 +11,8 @@ requirements), never in nightshift's; it imports nothing of nightshift.
    (OUT_DIR/model-00001-of-0000N.gguf ...); the f32 shards are deleted;
 3. with `--spread`, shard i moved to the i-th directory (round robin: one per drive, so llama.cpp reads the same
    drives nightshift does) and linked from OUT_DIR, where llama.cpp finds a split model's files.
+
+With `--type bf16` step 2 is skipped: the converter writes the shards in bf16 (a bf16 checkpoint kept as it is).
 
 One thing is forced: the converter refuses a byte-level BPE tokenizer whose pre-tokenizer hash it does not
 know (a synthetic model's, trained here), so the pre-tokenizer is labelled "gpt-2". Only text tokenization
@@ -30,8 +32,8 @@ from pathlib import Path
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # llama.h's LLAMA_FTYPE_MOSTLY_*
 
 
-def convert(src: Path, f32_prefix: Path, llama_cpp: Path, shards: int) -> list[Path]:
-    """The f32 GGUF shards of `src`, written by llama.cpp's converter."""
+def convert(src: Path, f32_prefix: Path, llama_cpp: Path, shards: int, outtype: str = "f32") -> list[Path]:
+    """The GGUF shards of `src` in `outtype` (f32, or bf16 for a bf16 model kept as it is), by llama.cpp's converter."""
     sys.path.insert(0, str(llama_cpp))
     import convert_hf_to_gguf
     from conversion.base import TextModel
@@ -39,7 +41,7 @@ def convert(src: Path, f32_prefix: Path, llama_cpp: Path, shards: int) -> list[P
     TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
     weights = sum(p.stat().st_size for p in src.glob("*.safetensors"))
     per_shard = math.ceil(weights / shards / 1e6) + 1
-    sys.argv = ["convert_hf_to_gguf.py", str(src), "--outtype", "f32", "--outfile", f"{f32_prefix}.gguf",
+    sys.argv = ["convert_hf_to_gguf.py", str(src), "--outtype", outtype, "--outfile", f"{f32_prefix}.gguf",
                 "--split-max-size", f"{per_shard}M"]  # fmt: skip
     convert_hf_to_gguf.main()
     whole = f32_prefix.with_name(f"{f32_prefix.name}.gguf")  # the converter splits nothing that fits one shard
@@ -67,16 +69,21 @@ def main() -> None:
         "--llama-cpp", type=Path, required=True, help="llama.cpp's source (the sdist's vendor/llama.cpp)"
     )
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--type", choices=sorted(TYPES), default="Q4_1")
+    parser.add_argument(
+        "--type", choices=[*sorted(TYPES), "bf16"], default="Q4_1", help="bf16: converted, not quantized"
+    )
     parser.add_argument("--spread", help="comma-separated directories (one per drive) to move the shards to")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    f32 = convert(args.src, args.out_dir / "f32", args.llama_cpp, args.shards)
-    try:
-        quantize(f32[0], args.out_dir / "model", args.type, split=len(f32) > 1)
-    finally:
-        for shard in f32:
-            shard.unlink()
+    if args.type == "bf16":
+        convert(args.src, args.out_dir / "model", args.llama_cpp, args.shards, outtype="bf16")
+    else:
+        f32 = convert(args.src, args.out_dir / "f32", args.llama_cpp, args.shards)
+        try:
+            quantize(f32[0], args.out_dir / "model", args.type, split=len(f32) > 1)
+        finally:
+            for shard in f32:
+                shard.unlink()
     shards = sorted(args.out_dir.glob("model*.gguf"))
     places = [Path(d) for d in args.spread.split(",")] if args.spread else []
     for i, shard in enumerate(shards):

@@ -87,6 +87,7 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--prefetch-off 3,4", "prefetch_off", frozenset({3, 4})),
         ("--prefetch-limit 2", "prefetch_limit", 2),
         ("--no-prefetch-fill", "prefetch_fill", False),
+        ("--prefetch-cap guesses", "prefetch_cap", "guesses"),
         ("--no-prefill-prefetch", "prefill_prefetch", False),
         ("--no-prefetch-tail", "prefetch_tail", False),
         ("--no-overlap", "overlap", False),

@@ -22,7 +22,14 @@ from mlx_lm.utils import load_model
 
 from nightshift.engine.models import get_classes
 from nightshift.engine.runtime import open_model
-from tests.helpers.moe_families import PROMPT, STEPS, check_import, float32_reference, nightshift_tokens
+from tests.helpers.moe_families import (
+    PROMPT,
+    STEPS,
+    check_import,
+    float32_reference,
+    gather_mm_as_on_a_gpu,
+    nightshift_tokens,
+)
 from tests.helpers.reference import greedy_tokens
 from tests.helpers.routing_ties import (
     final_gap,
@@ -42,18 +49,6 @@ BF16_ROUNDING = 0.1
 ROUTER_ROUNDING = 0.01
 
 
-def _gather_mm_as_on_a_gpu(gather_mm):
-    """`gather_mm` for any float dtype: float32 products and sums, the output in the inputs' promoted dtype."""
-
-    def upcast(a, b, lhs_indices=None, rhs_indices=None, *, sorted_indices=False):
-        out = gather_mm(
-            a.astype(mx.float32), b.astype(mx.float32), lhs_indices, rhs_indices, sorted_indices=sorted_indices
-        )
-        return out.astype(mx.result_type(a, b))
-
-    return upcast
-
-
 @pytest.mark.parametrize(
     ("family", "form"),
     [
@@ -70,7 +65,7 @@ def test_16bit_experts_generate_on_the_cpu(family, form, tmp_path, monkeypatch):
     assert outcome.tokens_unchecked and "GatherMM" in outcome.tokens_unchecked  # plain mlx-lm cannot run it here
     store = tmp_path / "checked" / "store"
     with monkeypatch.context() as patch:
-        patch.setattr(mx, "gather_mm", _gather_mm_as_on_a_gpu(mx.gather_mm))
+        patch.setattr(mx, "gather_mm", gather_mm_as_on_a_gpu(mx.gather_mm))
         expected = greedy_tokens(load_model(src, get_model_classes=get_classes)[0], STEPS, PROMPT)
     for streamed in (False, True):
         tokens, stopped = nightshift_tokens(store, streamed)

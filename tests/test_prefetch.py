@@ -12,6 +12,7 @@ import pytest
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
+from nightshift.engine.moe.readahead import Guess, RankOdds
 from nightshift.engine.moe.settings import StreamSettings
 from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
@@ -91,6 +92,58 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
         assert stream.ahead.window_fill(layer, 4) == 8 and stream.ahead.window_fill(layer, 2) is None
     finally:
         stream.close()
+
+
+def read_ahead(store, cap: str, window: float, odds: dict[int, int], cached: tuple[int, ...] = ()) -> tuple[int, int]:
+    """(reads started, guesses declined) when a decode step reads ahead guesses 1, 2, 3 of the second MoE layer
+    under `cap`: one expert read takes 0.2 s at the drives' bandwidth, the window is `window` s, `odds` are the
+    uses in 10 looks of each rank among the uncached guesses, `cached` guesses are in the RAM cache."""
+    settings = StreamSettings(cache_bytes=1 << 30 if cached else 0, prefetch=True, prefetch_cap=cap)
+    _, _, stream = load_streaming(store, settings)
+    try:
+        layer = stream.manifest.layers[1].layer
+        file_bytes = stream.reader.layers[layer].file_bytes
+        for est in stream.dispatcher._drives.values():
+            est.bandwidth = 2.5 * file_bytes  # per second, on each of the 2 drives: 0.2 s a read
+        for expert in cached:
+            stream.residency.cache.put((layer, expert), None, file_bytes)
+        stream.ahead.windows[1] = window
+        for rank, used in odds.items():
+            for look in range(10):
+                stream.ahead.odds.count([*[-1] * rank, 0], {0} if look < used else set())
+        stream.ahead.prefetch(Guess(layer, [1, 2, 3]), set(), rows=1, step=True)
+        return stream.reader.counts.prefetch_reads, stream.reader.counts.declined_prefetch
+    finally:
+        stream.close()
+
+
+def test_the_odds_cap_reads_past_the_window_only_guesses_likely_to_be_used(mixtral_store):
+    # A window of 0.3 s holds one read and half of the next: the second pays only if it is used more often
+    # than not (the half it saves against the half it costs the next layer: W_1 = 0.1 > (1 - p) x 0.2).
+    assert read_ahead(mixtral_store, "odds", 0.3, {0: 9, 1: 1}) == (1, 0)
+    assert read_ahead(mixtral_store, "odds", 0.3, {0: 9, 1: 9}) == (2, 0)  # past the window's one (`reads`)
+    assert read_ahead(mixtral_store, "reads", 0.3, {0: 9, 1: 9}) == (1, 0)
+    # A window of a quarter read: `reads` reads the most confident guess anyway, the odds only if it is likely.
+    assert read_ahead(mixtral_store, "odds", 0.05, {0: 1}) == (0, 1)
+    assert read_ahead(mixtral_store, "odds", 0.05, {0: 10}) == (1, 0)
+    assert read_ahead(mixtral_store, "reads", 0.05, {0: 1}) == (1, 0)
+    # A window of 2.5 reads: two always pay whatever their odds, the third (a half read) does not at 1 in 10.
+    assert read_ahead(mixtral_store, "odds", 0.5, {0: 0, 1: 0, 2: 1}) == (2, 0)
+
+
+def test_the_guesses_cap_counts_cached_guesses_in_the_window_and_the_reads_cap_does_not(mixtral_store):
+    # The most confident guess is cached and the window holds one read: `guesses` spends it on the cached one.
+    assert read_ahead(mixtral_store, "guesses", 0.3, {}, cached=(1,)) == (0, 0)
+    assert read_ahead(mixtral_store, "reads", 0.3, {}, cached=(1,)) == (1, 0)
+
+
+def test_rank_odds_count_uses_by_rank_and_start_at_one_half():
+    odds = RankOdds()
+    assert odds.odds(0) == 0.5
+    odds.count([4, 7, 9], {7, 2})
+    odds.count([5], {5})
+    assert (odds.seen, odds.used) == ([2, 1, 1], [1, 1, 0])
+    assert odds.odds(0) == 2 / 4 and odds.odds(1) == 2 / 3 and odds.odds(2) == 1 / 3 and odds.odds(3) == 0.5
 
 
 class HeldBack:
@@ -196,3 +249,7 @@ def test_foresight_guesses_every_expert_a_recorded_run_of_the_same_decode_asked_
     assert f.recall_needed > 0 and f.recall_hits == f.recall_needed  # every predicted layer's experts guessed
     assert recorded.figures.recall_hits < recorded.figures.recall_needed  # the router alone misses some
     assert f.reads.joined_prefetch > recorded.figures.reads.joined_prefetch
+    # the decode's own read-aheads, apart from the warm-up's and the prompt's: a part of the stream's
+    decode = foreseen.decode_reads
+    assert 0 < decode["prefetch_reads"] < f.reads.prefetch_reads
+    assert 0 < decode["joined_prefetch"] <= f.reads.joined_prefetch

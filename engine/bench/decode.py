@@ -159,6 +159,7 @@ class StreamedDecode:
     routing: list
     wait_s: float = 0.0
     pass_bytes: list[int] = field(default_factory=list)  # per decode pass, the bytes it took from the drives
+    decode_reads: dict[str, int] = field(default_factory=dict)  # the reader's counts over the decode alone
 
 
 def streamed_decode(
@@ -186,10 +187,12 @@ def streamed_decode(
         if after_warmup is not None:
             after_warmup(stream)
         before: dict[str, int] = {}
+        reads_before: dict[str, int] = {}
         decode_began = [0.0]
 
         def mark() -> None:
             before.update({n: s.bytes for n, s in zip(stream.counters.names, stream.counters.snapshot())})
+            reads_before.update(asdict(stream.reader.counts))
             decode_began[0] = stream.trace.now()
             if at_first_token is not None:
                 at_first_token()
@@ -204,7 +207,9 @@ def streamed_decode(
     passes = [p for p in stream.trace.passes() if p.began >= decode_began[0]]
     wait = sum(p.wait_s for p in passes)
     pass_bytes = [needed_bytes([p], 0.0) for p in passes]
-    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), instruments.routing or [], wait, pass_bytes)
+    decode_reads = {name: count - reads_before.get(name, 0) for name, count in asdict(figures.reads).items()}
+    routing_log = instruments.routing or []
+    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), routing_log, wait, pass_bytes, decode_reads)
 
 
 def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] | None = None) -> DecodeTiming:
@@ -309,6 +314,7 @@ def decode_bench(
         "figures": out,
         "counters": {
             **counters_of(run.figures),
+            **{f"decode_{name}": count for name, count in run.decode_reads.items()},  # the timed tokens' alone
             "spread_experts": run.timing.counts["spread_experts"],  # streamed experts on another stream
             **({"in_ram_split_calls": in_ram_split["split_calls"]} if in_ram_split else {}),
         },

@@ -3,7 +3,10 @@
 The next MoE layer's router applied to this layer's hidden state names its likely experts (engine/moe/
 prefetch.py). In a decode step the most confident are held for drives done early with this layer's reads
 (the tail, engine/moe/tail.py); once the layer's reads have landed and the drives are idle, the rest are
-read ahead, as many as the compute window before the next router lets the drives read (`window_fill`).
+read ahead within the compute window before the next router (`StreamSettings.prefetch_cap`): by default each
+uncached guess, most confident first, only while the time it saves if right beats what it costs if wrong
+(`odds`: a read that runs past the window delays the next layer's own reads), from how often guesses of its
+rank among the uncached were used so far (`RankOdds`); or as many as the window holds (`window_fill`).
 Each decode step's guess is scored when its layer asks: its recall is the share of the experts the layer asked
 for that the whole guess named (the top-k of the next router, as bench/trained_routing.py counts it), whatever
 the caps read of it; the share that was read ahead (in the tail or the prefetch, cached ones aside) is counted
@@ -13,7 +16,7 @@ beside it. A pass of many rows guesses the union of its rows' top-k and is not s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,6 +27,7 @@ from nightshift.engine.moe.figures import CallCounts
 from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
 from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.residency import Residency
+from nightshift.engine.moe.settings import GUESSES, ODDS
 
 WINDOW_SMOOTHING = 0.2
 
@@ -45,6 +49,31 @@ class Guess:
 
     layer: int
     experts: list[int]
+
+
+@dataclass
+class RankOdds:
+    """Over decode steps: how often the layer used the uncached guess at each rank (most confident first).
+
+    `odds` starts at one half (one use in two looks) and follows what is counted: after a few tokens the
+    counts rule.
+    """
+
+    seen: list[int] = field(default_factory=list)
+    used: list[int] = field(default_factory=list)
+
+    def count(self, ranked: list[int], used: set[int]) -> None:
+        """One step's uncached guesses in rank order against the experts its layer used."""
+        for rank, expert in enumerate(ranked):
+            if rank == len(self.seen):
+                self.seen.append(0)
+                self.used.append(0)
+            self.seen[rank] += 1
+            self.used[rank] += expert in used
+
+    def odds(self, rank: int) -> float:
+        seen, used = (self.seen[rank], self.used[rank]) if rank < len(self.seen) else (0, 0)
+        return (used + 1) / (seen + 2)
 
 
 class ReadAhead:
@@ -69,6 +98,8 @@ class ReadAhead:
         self._next: dict[int, NextLayer] = {}
         self._predicted: dict[int, set[int]] = {}  # layer -> a decode step's whole guess for it
         self._read_ahead: dict[int, set[int]] = {}  # layer -> what of that guess was read ahead (tail, prefetch)
+        self._uncached: dict[int, list[int]] = {}  # layer -> that guess's experts not cached, in rank order
+        self.odds = RankOdds()
 
     def follow(self, layer: int, next_layer: int, block: nn.Module, num_experts: int) -> None:
         """Declare that `next_layer` (its MoE block `block`) follows `layer`: its router predicts from here."""
@@ -85,8 +116,10 @@ class ReadAhead:
         recall), and against what of the guess was read ahead."""
         predicted = self._predicted.pop(layer, None)
         read_ahead = self._read_ahead.pop(layer, set())
+        uncached = self._uncached.pop(layer, [])
         if predicted is None:
             return
+        self.odds.count(uncached, set(unique))
         recall = self.recall.setdefault(layer, Recall())
         recall.needed += len(unique)
         recall.predicted_hits += len(predicted.intersection(unique))
@@ -127,16 +160,43 @@ class ReadAhead:
         return True
 
     def prefetch(self, guess: Guess, read_in_tail: set[int], rows: int, step: bool) -> None:
-        """Start reading the guessed experts not cached nor already read in this pass's tail, within the caps
-        (which count reads: a cached guess takes none of the window)."""
+        """Start reading the guessed experts not cached nor already read in this pass's tail, within the prefetch
+        limit and, in a decode step, the window (`StreamSettings.prefetch_cap` says how it counts)."""
+        uncached = self.residency.uncached(guess.layer, guess.experts)
         limit = max(0, self.settings.prefetch_limit - len(read_in_tail)) if self.settings.prefetch_limit else None
         fill = self.window_fill(guess.layer, rows) if step and self.settings.prefetch_fill else None
+        if fill is not None and self.settings.prefetch_cap == GUESSES:  # the window counts cached guesses too
+            counted = set([e for e in guess.experts if e not in read_in_tail][:fill])
+            rest, fill = [e for e in uncached if e in counted], None
+        else:
+            rest = [e for e in uncached if e not in read_in_tail]
+        if fill is not None and self.settings.prefetch_cap == ODDS:
+            paying = self._paying(guess.layer, rows, [(rank, e) for rank, e in enumerate(uncached) if e in rest])
+            self.reader.counts.declined_prefetch += max(0, min(fill, len(rest)) - len(paying))
+            rest, fill = paying, None
         caps = [c for c in (limit, fill) if c is not None]
-        rest = [e for e in self.residency.uncached(guess.layer, guess.experts) if e not in read_in_tail]
         ahead = rest[: min(caps)] if caps else rest
         if step:
             self._read_ahead[guess.layer] = set(ahead) | read_in_tail
+            self._uncached[guess.layer] = uncached
         self.reader.prefetch(guess.layer, ahead)
+
+    def _paying(self, layer: int, rows: int, ranked: list[tuple[int, int]]) -> list[int]:
+        """The uncached guesses (rank among the uncached, expert) worth reading ahead, in order.
+
+        The n-th read ahead starts n reads into the window W, with W_n = W - n x t left (t: one expert at the
+        drives' bandwidth). Right (odds p), it saves min(t, W_n) of the next layer's reads; wrong, it holds the
+        drives for max(0, t - W_n) after the next layer asks. Read while p x min(t, W_n) > (1 - p) x
+        max(0, t - W_n), i.e. while W_n > (1 - p) x t: a full window always pays, a read that would run past
+        it only when it is likely to be used.
+        """
+        window, read_s = self.windows[rows], self._read_seconds(layer)
+        paying: list[int] = []
+        for rank, expert in ranked:
+            if window - len(paying) * read_s <= (1 - self.odds.odds(rank)) * read_s:
+                break
+            paying.append(expert)
+        return paying
 
     def window_fill(self, layer: int, rows: int) -> int | None:
         """How many of `layer`'s experts the drives can read while the model computes up to its router.
@@ -148,9 +208,12 @@ class ReadAhead:
         window = self.windows.get(rows)
         if window is None:
             return None
+        return max(1, int(window / self._read_seconds(layer)))
+
+    def _read_seconds(self, layer: int) -> float:
+        """One of `layer`'s experts read at the drives' aggregate bandwidth (a layer's reads are balanced)."""
         in_use = set(self.settings.use_drives or self.reader.manifest.drives)
-        bandwidth = self.reader.dispatcher.bandwidth(in_use)
-        return max(1, int(window * bandwidth / self.reader.layers[layer].file_bytes))
+        return self.reader.layers[layer].file_bytes / self.reader.dispatcher.bandwidth(in_use)
 
     def recall_counts(self) -> tuple[int, int, int]:
         """(experts predicted layers needed in decode steps, of them named by their guess, of them read ahead),

@@ -165,7 +165,8 @@ class ExpertReader:
         One still running lands unclaimed and is freed; should the expert be needed later, it is read anew.
         """
         for key in [k for k in self._inflight if k[0] == layer and k[1] not in used and k not in self._warming]:
-            self._cancel(self._inflight.pop(key))
+            if not self._cancel(self._inflight.pop(key)):
+                self.counts.wasted_prefetch_bytes += self.layers[layer].file_bytes
             self.counts.wasted_prefetch += 1
 
     def _place(self, layer: int, experts: list[int], source: str) -> None:

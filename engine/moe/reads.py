@@ -62,6 +62,8 @@ class ReadCounts:
     balanced_reads: int = 0  # demand reads cut in parts so that every drive ends the layer together
     fallbacks: int = 0  # replicas that failed and were passed over
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
+    wasted_prefetch_bytes: int = 0  # bytes of those already started (read, or being read, for nothing)
+    declined_prefetch: int = 0  # uncached guesses the window held that the odds left unread (`prefetch_cap` odds)
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
     cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
     tail_prefetch: int = 0  # read-aheads started by drives done with their share of a layer (hold_tail)

@@ -18,6 +18,8 @@ LEAST_COMPLETION, FIRST_REPLICA = "least_completion", "first_replica"
 DISPATCH_POLICIES = (LEAST_COMPLETION, FIRST_REPLICA)
 LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, S3FIFO = "lru", "lru-admit", "frequency", "frequency-open", "s3fifo"
 LRFU = "lrfu"
+ODDS, READS, GUESSES = "odds", "reads", "guesses"
+PREFETCH_CAPS = (ODDS, READS, GUESSES)
 CACHE_POLICIES = (LRU, LRU_ADMIT, FREQUENCY, FREQUENCY_OPEN, LRFU, S3FIFO)
 AUTO_BUDGET = -1  # cache_bytes: size the expert cache from the RAM available at open (engine/moe/budget.py)
 CHECKSUM_MODES = ("off", "first", "always")
@@ -129,6 +131,19 @@ class StreamSettings:
             "layer asks (bandwidth x window / expert bytes)"
         ),
     )
+    # Odds: side by side on the random bench model at 25 %, `reads` (c4620da's cap) read 8x the read-aheads of
+    # `guesses` (the cap before it) and reached 0.924 of the roofline against 0.944; `odds` 0.945; on bench-replay
+    # at 50 % odds 0.835, reads 0.764, guesses 0.676 (one row a side: docs/results.md, "Read-aheads that pay").
+    prefetch_cap: str = field(
+        default=ODDS,
+        metadata=option(
+            "how the fill bounds a decode step's read-ahead: odds (an uncached guess is read only while the time a "
+            "right one saves beats what a wrong one costs the next layer past the window, from how often guesses "
+            "of its rank were used), reads (as many uncached guesses as the window holds, at least one), guesses "
+            "(the window counts the most confident guesses, cached ones included)",
+            PREFETCH_CAPS,
+        ),
+    )
     prefill_prefetch: bool = field(
         default=True,
         metadata=option("read the next layer's predicted union ahead in passes of many rows, even with prefetch off"),
@@ -190,6 +205,8 @@ class StreamSettings:
             raise NightshiftError("demand and prefetch threads must be at least 1 each")
         if self.dispatch not in DISPATCH_POLICIES:
             raise NightshiftError(f"dispatch policy {self.dispatch!r}: choose one of {', '.join(DISPATCH_POLICIES)}")
+        if self.prefetch_cap not in PREFETCH_CAPS:
+            raise NightshiftError(f"prefetch cap {self.prefetch_cap!r}: choose one of {', '.join(PREFETCH_CAPS)}")
         if self.cache_policy not in CACHE_POLICIES:
             raise NightshiftError(f"cache policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}")
         if self.verify_checksums not in CHECKSUM_MODES:

@@ -1,0 +1,116 @@
+"""nightshift's own memory beside its experts, part by part (issue [22]): where a streamed process's RSS goes.
+
+    .venv/bin/python -m bench.process_memory STORE [--budget 47M] [--prompt-tokens 64] [--tokens 8]
+
+At a "same total memory" comparison every byte the process holds that is not an expert is a byte a page-cache
+peer spends on experts, so this takes one process through its stages and prints, at each, the resident set
+(VmRSS, its peak VmHWM) and MLX's own figures (active: held by live arrays; peak), then splits the decoding
+process into parts:
+
+- interpreter: Python, nightshift's engine and MLX imported (and which heavy libraries came with them);
+- trunk: MLX memory after the store is opened (the trunk file is read into MLX arrays);
+- held by MLX beyond the trunk: MLX's live arrays after decoding, less the trunk (the expert cache's arrays, the
+  KV cache, resident stacks); the cache's own count (`cache_used`, its budget) is printed beside it;
+- decode transient: MLX's peak during decoding above what it holds after (temporaries of one step: stacked
+  experts, activations, a float copy of a 16-bit weight that a mixed-dtype product promotes);
+- the rest: RSS not held by MLX (tokenizer, reader buffers, thread stacks, allocator arenas).
+
+Prompt tokens are the store's vocabulary walked in order (content does not matter to memory). Recorded in the run
+catalogue (kind `process-memory`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MB = 1 << 20
+HEAVY = ("transformers", "tokenizers", "jinja2", "torch", "scipy", "pandas", "weasyprint", "textual")
+
+
+def status(field: str) -> int:
+    """A VmRSS / VmHWM figure of this process in bytes, from /proc (Linux) or psutil (elsewhere)."""
+    try:
+        with open("/proc/self/status") as lines:
+            for line in lines:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil
+
+    info = psutil.Process().memory_info()
+    return getattr(info, "peak_wset", info.rss) if field == "VmHWM" else info.rss
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("store", type=Path, help="a store directory (nightshift model import)")
+    parser.add_argument("--budget", default="0", help="expert cache: auto, 0 or a size such as 47M (0)")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (64)")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens decoded (8)")
+    args = parser.parse_args()
+    stages = {"python": status("VmRSS")}
+
+    from nightshift.app.paths import catalogue_file  # nightshift first: it puts a real BLAS in front of MLX's
+    from nightshift.engine.errors import NightshiftError
+    from nightshift.engine.instruments.catalogue import Catalogue, Run
+    from nightshift.engine.moe.settings import StreamSettings, parse_budget
+    from nightshift.engine.runtime import open_model
+
+    stages["imports"] = status("VmRSS")
+    import mlx.core as mx  # loaded by the engine already
+
+    heavy = [name for name in HEAVY if name in sys.modules]
+    try:
+        budget = parse_budget(args.budget)
+    except NightshiftError as exc:
+        parser.error(str(exc))
+    model = open_model(args.store, stream=StreamSettings(cache_bytes=budget))
+    stages["opened"], trunk = status("VmRSS"), mx.get_active_memory()
+    mx.reset_peak_memory()
+    prompt = list(range(100, 100 + args.prompt_tokens))
+    next(iter(model.generate_tokens(prompt, max_tokens=1)))
+    stages["prefilled"], prefill_peak = status("VmRSS"), mx.get_peak_memory()
+    mx.reset_peak_memory()
+    list(model.generate_tokens([prompt[-1]], max_tokens=args.tokens))
+    figures = model.figures(settled=True)
+    stages["decoded"], decode_peak, active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
+    peak_rss = status("VmHWM")
+    model.close()
+
+    parts = {
+        "interpreter": stages["imports"],
+        "trunk": trunk,
+        "held by MLX beyond the trunk": max(active - trunk, 0),
+        "decode transient": max(decode_peak - active, 0),
+    }
+    parts["the rest"] = max(peak_rss - sum(parts.values()), 0)
+    print(f"{args.store.name}: budget {args.budget}, {args.prompt_tokens}-token prompt, {args.tokens} tokens")
+    print("RSS at each stage (MB): " + ", ".join(f"{k} {v / MB:.0f}" for k, v in stages.items()))
+    print(f"MLX (MB): after open {trunk / MB:.0f}, prefill peak {prefill_peak / MB:.0f}, "
+          f"decode peak {decode_peak / MB:.0f}, active at the end {active / MB:.0f}")  # fmt: skip
+    print(f"heavy libraries imported: {', '.join(heavy) or 'none'}")
+    print(f"expert cache: {figures.cache_used / MB:.0f} MB held of a {figures.cache_budget / MB:.0f} MB budget")
+    print(f"peak RSS {peak_rss / MB:.0f} MB, of which:")
+    for name, value in parts.items():
+        print(f"  {name:<20}{value / MB:>7.0f} MB")
+    figures_out = {"stages_mb": {k: round(v / MB, 1) for k, v in stages.items()},
+                   "cache_used_mb": round(figures.cache_used / MB, 1), "parts_mb": {k: round(v / MB, 1) for k, v in parts.items()}, "peak_rss_mb": round(peak_rss / MB, 1),
+                   "mlx_mb": {"opened": round(trunk / MB, 1), "prefill_peak": round(prefill_peak / MB, 1),
+                              "decode_peak": round(decode_peak / MB, 1), "active_end": round(active / MB, 1)},
+                   "heavy_imports": heavy, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
+    config = {"store": str(args.store), "budget": args.budget, "prompt_tokens": args.prompt_tokens,
+              "tokens": args.tokens}  # fmt: skip
+    run_id = Catalogue(catalogue_file()).record(
+        Run("process-memory", args.store.name, config, figures_out, "pass", command="python " + " ".join(sys.argv))
+    )
+    print(json.dumps(figures_out))
+    print(f"recorded as run {run_id} in {catalogue_file()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Read-ahead caps side by side: one store, one routing trace, the same decode under each `--prefetch-cap`, in turn.
+
+    nightshift rig run -- .venv/bin/python -m bench.readahead_ab --model bench --drives RIG/drives.toml \
+        --routing TRACE --tokens 12 --budgets 0.25 --caps guesses,reads,odds [--rounds 2]
+
+For each budget (a share of the store's expert bytes, the cache under the default policy) the caps are decoded
+in turn, round 1 in the order given and round 2 reversed (ABBA for two caps), each from a cold start (the
+store's routing profile removed), with the compute floor measured once at the start as `bench cache` does. Each
+row: time per token, the disk, layer and compute floors and the roofline fraction, the hit rate against the
+trace's prediction, and the decode's read-aheads per token (issued, used, wasted, their bytes; declined by the
+odds). Every row is recorded in the run catalogue (kind `readahead-ab`); the table is printed as CSV too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nightshift.engine  # noqa: F401  (the CPU BLAS before MLX)
+
+# isort: split
+from nightshift.app.models import resolve_model
+from nightshift.app.paths import catalogue_file
+from nightshift.engine.bench.cache_sim import load_trace, replay
+from nightshift.engine.bench.decode import decode_bench, in_ram_decode
+from nightshift.engine.instruments.assertions import Proof
+from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.io.drives import load_drives
+from nightshift.engine.moe.load import with_drives
+from nightshift.engine.moe.settings import PREFETCH_CAPS, StreamSettings
+from nightshift.engine.moe.warm import PROFILE_FILE
+from nightshift.engine.store.manifest import read_manifest
+
+COLUMNS = (
+    "budget", "round", "cap", "ms_per_token", "disk_floor_ms", "layer_floor_ms", "compute_floor_ms",
+    "roofline_fraction", "hit_rate", "predicted_hit_rate", "mb_read_per_token", "mb_needed_per_token",
+    "wait_ms_per_token", "read_ahead_per_token", "used_per_token", "wasted_per_token", "wasted_mb_per_token",
+    "declined_per_token", "recall_pct", "read_ahead_pct", "tokens_identical", "run",
+)  # fmt: skip
+
+
+def order(caps: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, cap) in the order run: the caps as given, then reversed, alternately (ABBA for two)."""
+    return [(r + 1, cap) for r in range(rounds) for cap in (caps if r % 2 == 0 else caps[::-1])]
+
+
+def row_of(share: float, round_: int, cap: str, result: dict, predicted: float, tokens: int) -> dict:
+    """One decode's figures and its decode-only read-ahead counts, per token."""
+    f, c = result["figures"], result["counters"]
+    return {
+        "budget": share,
+        "round": round_,
+        "cap": cap,
+        "ms_per_token": round(f["ms_per_token"], 1),
+        "disk_floor_ms": round(f["disk_floor_ms"], 1),
+        "layer_floor_ms": round(f["layer_floor_ms"], 1),
+        "compute_floor_ms": round(f["compute_floor_ms"], 1),
+        "roofline_fraction": round(f["roofline_fraction"], 3),
+        "hit_rate": round(c["cache_hits"] / max(1, c["cache_hits"] + c["cache_misses"]), 4),
+        "predicted_hit_rate": round(predicted, 4),
+        "mb_read_per_token": round(f["bytes_per_token"] / 1e6, 2),
+        "mb_needed_per_token": round(f["needed_bytes_per_token"] / 1e6, 2),
+        "wait_ms_per_token": round(f["wait_ms_per_token"], 1),
+        "read_ahead_per_token": round(c["decode_prefetch_reads"] / tokens, 2),
+        "used_per_token": round(c["decode_joined_prefetch"] / tokens, 2),
+        "wasted_per_token": round(c["decode_wasted_prefetch"] / tokens, 2),
+        "wasted_mb_per_token": round(c["decode_wasted_prefetch_bytes"] / tokens / 1e6, 2),
+        "declined_per_token": round(c["decode_declined_prefetch"] / tokens, 2),
+        "recall_pct": c["prefetch_recall_pct"],
+        "read_ahead_pct": c["read_ahead_pct"],
+        "tokens_identical": f["tokens_identical"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--drives", type=Path, default=None, help="drives.toml whose roots replace the store's")
+    parser.add_argument("--routing", type=Path, required=True, help="the trace `bench cache` recorded (prediction)")
+    parser.add_argument("--tokens", type=int, default=12)
+    parser.add_argument("--budgets", default="0.25", help="shares of the expert bytes, comma-separated")
+    parser.add_argument("--caps", default="reads,odds", help=f"caps to alternate, of {', '.join(PREFETCH_CAPS)}")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds (each after the first in reverse order)")
+    parser.add_argument("--catalogue", type=Path, default=None, help="run catalogue (default: the data dir's)")
+    args = parser.parse_args()
+    caps = args.caps.split(",")
+    if not caps or any(cap not in PREFETCH_CAPS for cap in caps):
+        raise SystemExit(f"--caps {args.caps!r}: give caps from {', '.join(PREFETCH_CAPS)}, comma-separated")
+    store = resolve_model(args.model)
+    drives = load_drives(args.drives) if args.drives else None
+    manifest = with_drives(read_manifest(store), drives)
+    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    calls = load_trace(args.routing)
+    catalogue = Catalogue(args.catalogue or catalogue_file())
+    in_ram = in_ram_decode(store, args.tokens)  # the compute floor once, for every row
+    print(f"compute floor {1000 * in_ram.seconds_per_token:.0f} ms/token", flush=True)
+    rows = []
+    for share in (float(s) for s in args.budgets.split(",")):
+        budget = int(share * manifest.expert_bytes)
+        for round_, cap in order(caps, args.rounds):
+            (store / PROFILE_FILE).unlink(missing_ok=True)  # a cold start, as the recipe's
+            settings = StreamSettings(cache_bytes=budget, prefetch_cap=cap)
+            result = decode_bench(store, settings, args.tokens, drives, compute_floor=in_ram)
+            predicted = replay(calls, sizes, budget, settings.cache_policy).hit_rate
+            row = row_of(share, round_, cap, result, predicted, args.tokens)
+            config = {**settings.as_dict(), "tokens": args.tokens, "round": round_, "trace": str(args.routing)}
+            run = Run("readahead-ab", store.name, config, {**result["figures"], **row}, "measured",
+                      drives=result["drives"], counters=result["counters"], command=" ".join(sys.argv),
+                      note=f"caps {args.caps} alternated, budget {share:g}")  # fmt: skip
+            row["run"] = catalogue.record(run, [Proof("cache", "cache_hits")])
+            rows.append(row)
+            print(", ".join(f"{k} {row[k]}" for k in COLUMNS), flush=True)
+    print(",".join(COLUMNS))
+    for row in rows:
+        print(",".join(str(row[k]) for k in COLUMNS))
+
+
+if __name__ == "__main__":
+    main()
