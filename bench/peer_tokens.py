@@ -1,5 +1,7 @@
 """The greedy tokens bench/streaming_peers.py's engines are held to: mlx-lm on each copy it can load (the 4-bit MLX
-copy nunspark packs, the float32 source fastllm and AirLLM read) and the nightshift store in RAM, on the same prompt.
+copy nunspark packs, the source fastllm and AirLLM read) and the nightshift store in RAM, on the same prompt. A copy
+with 16-bit float weights is computed in float32 (mlx[cpu]'s gather_mm, which mlx-lm's unquantized experts use,
+computes float32 only), and says so.
 
     python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16]
 """
@@ -9,7 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import nightshift.engine  # noqa: F401  (the CPU BLAS before MLX)
+
+# isort: split
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
@@ -27,8 +33,12 @@ def main() -> None:
     prompt = prompt_ids(args.store, args.prompt_tokens)[0]
     for path in args.models:
         model, _ = load(str(path))
+        half = {v.dtype for _, v in tree_flatten(model.parameters())} & {mx.bfloat16, mx.float16}
+        if half:
+            model.set_dtype(mx.float32)
         steps = generate_step(mx.array(prompt), model, max_tokens=args.tokens)
-        print(f"mlx-lm, {path}: {[int(token) for token, _ in steps]}")
+        label = f" (its {', '.join(map(str, half))} weights in float32)" if half else ""
+        print(f"mlx-lm, {path}{label}: {[int(token) for token, _ in steps]}")
     store = open_model(args.store)
     print(
         f"nightshift store in RAM, {args.store}: {[c.token for c in store.generate_tokens(prompt, max_tokens=args.tokens)]}"

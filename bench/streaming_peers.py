@@ -10,6 +10,9 @@ for the process (os.wait4: peak RSS, blocks read from storage) and the cgroup (p
 each engine's files is dropped before its run, so none starts warm; nightshift reads with O_DIRECT.
 
     python -m bench.streaming_peers STORE --ftllm HF_DIR --nunspark PACKED_DIR --airllm HF_DIR [--shares 0.1,0.25,0.5]
+        [--width 8 [--chats month-end] [--batch-share 0.25]]
+
+A share named twice is measured twice, in the order given (so `--shares 0.25,0.25,0.25` gives alternating pairs).
 
 Each run is recorded in the run catalogue (kind `streaming-peers`), a peer's failure (killed at the limit, an error)
 included with its last line. A peer whose venv is missing is skipped, with the command that builds it. Root only
@@ -80,6 +83,23 @@ def prompt_ids(store: Path, count: int, width: int = 1) -> list[list[int]]:
     return [ids[2 * i : 2 * i + count] for i in range(width)]
 
 
+def chat_prompts(store: Path, review: str, width: int) -> list[list[int]]:
+    """The first `width` finding chats of `review`'s split narrative (the batch the service decodes together), as
+    token ids by the store's tokenizer and chat template."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from bench.routing_traces import review_chats
+    from nightshift.engine.generation import chat_prompt
+
+    findings = [messages for name, messages, _ in review_chats(review) if name.split()[-1].startswith("F")]
+    if len(findings) < width:
+        raise SystemExit(
+            f"--chats {review}: its split narrative has {len(findings)} finding chats; ask --width up to that"
+        )
+    tokenizer = load_tokenizer(store)
+    return [chat_prompt(tokenizer, messages) for messages in findings[:width]]
+
+
 def model_files(model: Path) -> list[Path]:
     return [p for p in model.rglob("*") if p.is_file()]
 
@@ -120,14 +140,15 @@ def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
         group.remove()
 
 
-def rates(figures: dict, prompt: int, tokens: int) -> dict:
-    """Prompt and decode tok/s, what the prompt read and what each decoded token read, where the side finished."""
+def rates(figures: dict, prompt_tokens: int) -> dict:
+    """Prompt and decode tok/s (`prompt_tokens`: every prompt's together), what the prompts read and what each decoded
+    token read, where the side finished."""
     if "tokens" not in figures:
         return {}
     made = sum(len(t) for t in figures["tokens"])
     after_first = max(made - len(figures["tokens"]), 1)
     return {
-        "prompt_tok_s": prompt * len(figures["tokens"]) / figures["prompt_s"] if figures["prompt_s"] else 0.0,
+        "prompt_tok_s": prompt_tokens / figures["prompt_s"] if figures["prompt_s"] else 0.0,
         "decode_tok_s": after_first / figures["decode_s"] if figures["decode_s"] else 0.0,
         "aggregate_tok_s": made / (figures["prompt_s"] + figures["decode_s"]),
         "prompt_read_mb": figures["prompt_read_bytes"] / 1e6,
@@ -148,7 +169,7 @@ def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogu
     """One engine's run of `job` under `limit`: measured, recorded in the catalogue, printed as a row."""
     figures = run_side(engine, {**job, "model": str(engine.model)}, limit)
     prompt = len(job["prompts"][0])
-    figures.update(rates(figures, prompt, job["tokens"]))
+    figures.update(rates(figures, sum(map(len, job["prompts"]))))
     rate = hit_rate(engine.name, figures.get("counters", {}))
     config = {"engine": engine.name, "share": share, "budget_bytes": job["budget"], "limit_bytes": limit,
               "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"]}  # fmt: skip
@@ -181,6 +202,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
     parser.add_argument("--width", type=int, default=0, help="also decode this many prompts together (0: not)")
+    parser.add_argument("--chats", metavar="REVIEW", help="batch REVIEW's finding chats (month-end), not bench text")
+    parser.add_argument("--batch-share", type=float, help="the batched pair's budget (default: the middle share)")
+    parser.add_argument("--unlimited", action="store_true", help="peers without a memory limit (peak still measured)")
     parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
     args = parser.parse_args()
 
@@ -202,7 +226,9 @@ def main() -> None:
     print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {load[0]:.2f}")
     header = f"{'share':>6} {'w':>3} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'all t/s':>9} {'peak RSS MB':>11}"
     print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
-    shares = [float(s) for s in args.shares.split(",")]
+    shares = [float(s) for s in args.shares.split(",") if s]  # "": only the batched pair
+    if args.width > 1 and not shares and args.batch_share is None:
+        raise SystemExit("--shares '' measures only the batched pair: give its budget with --batch-share")
     for index, share in enumerate(shares):
         budget = int(share * total)
         job = {"budget": budget, "prompts": [prompt], "prompt": prompt, "tokens": args.tokens,
@@ -212,16 +238,20 @@ def main() -> None:
         for engine in [nightshift, *order]:
             trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
             figures = measure(engine, {**job, "trace": trace and str(trace)}, share, limit, catalogue, load)
-            limit = figures["group_peak_bytes"] if engine is nightshift else limit
+            limit = figures["group_peak_bytes"] if engine is nightshift and not args.unlimited else limit
     if args.width > 1:  # the batched pair: nightshift's width against nunspark's batched decode, at the middle budget
-        share = shares[len(shares) // 2]
-        prompts = prompt_ids(args.store, args.prompt_tokens, args.width)
+        share = args.batch_share if args.batch_share is not None else shares[len(shares) // 2]
+        if args.chats:
+            prompts = chat_prompts(args.store, args.chats, args.width)
+        else:
+            prompts = prompt_ids(args.store, args.prompt_tokens, args.width)
+        print(f"batched: {len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens")
         job = {"budget": int(share * total), "prompts": prompts, "prompt": prompts[0], "tokens": args.tokens,
                "threads": args.threads, "width": args.width}  # fmt: skip
         limit = None
         for engine in [nightshift, *(p for p in peers if p.name == "nunspark")]:
             figures = measure(engine, job, share, limit, catalogue, load)
-            limit = figures["group_peak_bytes"] if engine is nightshift else limit
+            limit = figures["group_peak_bytes"] if engine is nightshift and not args.unlimited else limit
     print(f"recorded in {catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -89,3 +89,22 @@ def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, pe
     else:  # held to nightshift's measured memory, and recorded whether it ran or failed (with its last line)
         assert ftllm[0].config["limit_bytes"] == ours.figures["group_peak_bytes"]
         assert ftllm[0].verdict == "measured" or ftllm[0].note
+
+
+def test_rates_count_every_prompt_of_a_batch_whatever_their_lengths():
+    figures = {"tokens": [[1, 2, 3], [4, 5, 6]], "prompt_s": 2.0, "decode_s": 4.0, "prompt_read_bytes": 10**6,
+               "decode_read_bytes": 8 * 10**6}  # fmt: skip
+    r = peers.rates(figures, prompt_tokens=30 + 10)
+    assert r["prompt_tok_s"] == 20.0 and r["decode_tok_s"] == 1.0 and r["aggregate_tok_s"] == 1.0
+    assert r["decode_read_mb_per_token"] == 2.0 and r["prompt_read_mb"] == 1.0
+
+
+@pytest.mark.slow
+def test_the_batch_is_the_month_end_reviews_finding_chats(peer_store):
+    chats = peers.chat_prompts(peer_store, "month-end", 8)
+    assert len(chats) == 8 and len({tuple(c) for c in chats}) == 8  # eight different chats
+    preamble = min(len(c) for c in chats)
+    shared = next(i for i in range(preamble) if len({c[i] for c in chats}) > 1)
+    assert 0 < shared < preamble  # the same template, then each its own finding
+    with pytest.raises(SystemExit, match="finding chats"):
+        peers.chat_prompts(peer_store, "month-end", 100)

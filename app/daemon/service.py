@@ -211,11 +211,12 @@ class Service:
             for run_id in missed_due_runs(self.queue, {name: self.schedules[name] for name in kept}):
                 log.warning("a scheduled run missing from the rebuilt queue is queued again as run %s", run_id)
         self.scheduler.resume()
-        self.control = ControlServer(self.handle)
-        self.control.start()
         self._thread(self._watchdog, "watchdog")
         if self.work:
             self.worker = self._thread(self._worker, "worker")
+        # Last: a service that answers `ping` has every thread running (a client, or SIGUSR1's stacks, sees them).
+        self.control = ControlServer(self.handle)
+        self.control.start()
         log.info("serving %d schedule(s) from %s", len(self.schedules), self.home)
 
     def _thread(self, target: Callable[[], None], name: str) -> threading.Thread:

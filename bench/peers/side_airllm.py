@@ -1,10 +1,13 @@
 """AirLLM's side of bench/streaming_peers.py (run with the AirLLM venv's python): the HF checkpoint split into its
 per-layer shards (once, into the model's folder `airllm-split`, before the clock starts; the bench drops those
-files from the page cache with the rest), run on the CPU in float32 (the checkpoint's
-precision) with its next-layer prefetch and per-expert loading; no expert cache, so `budget` has no knob here and
+files from the page cache with the rest), run on the CPU in the checkpoint's precision (config.json's `dtype` or
+`torch_dtype`; float32 where it names none) with its next-layer prefetch and per-expert loading; no expert cache, so `budget` has no knob here and
 only the process's memory limit applies. Greedy through transformers' generate, timed per token by a streamer."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from airllm import AutoModel
@@ -30,7 +33,9 @@ class Stamps(BaseStreamer):
 def main() -> None:
     job = work()
     torch.set_num_threads(job["threads"])
-    model = AutoModel.from_pretrained(job["model"], device="cpu", dtype=torch.float32,
+    config = json.loads((Path(job["model"]) / "config.json").read_text())
+    dtype = getattr(torch, config.get("dtype") or config.get("torch_dtype") or "float32")
+    model = AutoModel.from_pretrained(job["model"], device="cpu", dtype=dtype,
                                       layer_shards_saving_path=job["model"] + "/airllm-split")  # fmt: skip
     prompt = torch.tensor([job["prompt"]])
     clock = Clock()

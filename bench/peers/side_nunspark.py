@@ -2,7 +2,8 @@
 RAM budget of `budget` bytes for its expert-piece cache (the whole budget over its `expert_cache_frac`), its temporal
 expert prefetch on (its default), greedy, the prompt's token ids as given (no chat template). With a `trace` path in
 the job, its own expert trace (`--expert-trace`: per MoE layer call, the experts fired) is written there. At a width
-over 1, the job's `prompts` go through its `batched_generate` (its "8 jobs decoded together"), timed as a whole."""
+over 1, the job's `prompts` go through its `batched_generate` (its "8 jobs decoded together"), timed as a whole.
+A Mixtral copy runs through the registry entry bench/peers/nunspark_mixtral.py adds (nunspark 0.13.0 has none)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from nunspark.engine import StreamingEngine
 from nunspark.generate import batched_generate, stream_generate
 from nunspark.manifest import Manifest
+from nunspark_mixtral import register
 from side import Clock, report, work
 
 EXPERT_CACHE_FRAC = 0.9  # nunspark's default share of its budget held for expert pieces
@@ -18,6 +20,7 @@ EXPERT_CACHE_FRAC = 0.9  # nunspark's default share of its budget held for exper
 
 def main() -> None:
     job = work()
+    register()
     root = Path(job["model"])
     budget = int(job["budget"] / EXPERT_CACHE_FRAC) if job["budget"] else 1  # 0: its smallest budget
     engine = StreamingEngine(root, Manifest.load(root / "manifest.json"), budget_bytes=budget,

@@ -15,6 +15,7 @@ beside it. A pass of many rows guesses the union of its rows' top-k and is not s
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -191,6 +192,8 @@ class ReadAhead:
         it only when it is likely to be used.
         """
         window, read_s = self.windows[rows], self._read_seconds(layer)
+        if math.isinf(read_s):  # the drives deliver nothing in a window: no read ahead pays
+            return []
         paying: list[int] = []
         for rank, expert in ranked:
             if window - len(paying) * read_s <= (1 - self.odds.odds(rank)) * read_s:
@@ -213,7 +216,8 @@ class ReadAhead:
     def _read_seconds(self, layer: int) -> float:
         """One of `layer`'s experts read at the drives' aggregate bandwidth (a layer's reads are balanced)."""
         in_use = set(self.settings.use_drives or self.reader.manifest.drives)
-        return self.reader.layers[layer].file_bytes / self.reader.dispatcher.bandwidth(in_use)
+        bandwidth = self.reader.dispatcher.bandwidth(in_use)
+        return self.reader.layers[layer].file_bytes / bandwidth if bandwidth > 0 else math.inf  # delivering nothing
 
     def recall_counts(self) -> tuple[int, int, int]:
         """(experts predicted layers needed in decode steps, of them named by their guess, of them read ahead),
