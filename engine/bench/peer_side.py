@@ -80,6 +80,7 @@ def llama(gguf: str, config: dict) -> None:
     llm = Llama(
         model_path=gguf, n_ctx=len(config["prompt"]) + config["tokens"] + 8, n_threads=config["threads"],
         n_threads_batch=config["threads"], use_mmap=True, verbose=False, seed=0,
+        logits_all=True,  # without it llama-cpp-python 0.3.36 leaves `scores` at zero: every greedy token 0
     )  # fmt: skip
 
     def greedy(prompt: list[int], steps: int, at_first_token=None) -> tuple[list[int], list[float]]:
