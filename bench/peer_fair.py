@@ -40,6 +40,7 @@ from bench.streaming_peers import Engine, expert_bytes, hit_rate, model_files, p
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.peer import read_gguf
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from tests.helpers.routing_ties import first_difference
 
 KIND = "peer-fair"
 NIGHTSHIFT = "nightshift"
@@ -82,11 +83,6 @@ def findmnt(path: Path, columns: str) -> str:
 def set_read_ahead(directory: Path, kb: int) -> None:
     for file in read_ahead_files(directory):
         file.write_text(f"{kb}\n")
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first step where two greedy runs part (None: equal over the shorter)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 class Bench:

@@ -31,7 +31,7 @@ HEAVY = ("transformers", "tokenizers", "jinja2", "torch", "scipy", "pandas", "we
 
 
 def status(field: str) -> int:
-    """A VmRSS / VmHWM figure of this process in bytes, from /proc (Linux) or psutil (elsewhere)."""
+    """A VmRSS / VmHWM figure of this process in bytes, from /proc (Linux); elsewhere psutil (RSS), getrusage (peak)."""
     try:
         with open("/proc/self/status") as lines:
             for line in lines:
@@ -39,10 +39,13 @@ def status(field: str) -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    if field == "VmHWM":  # macOS: the peak from getrusage, in bytes there
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     import psutil
 
-    info = psutil.Process().memory_info()
-    return getattr(info, "peak_wset", info.rss) if field == "VmHWM" else info.rss
+    return psutil.Process().memory_info().rss
 
 
 def main() -> int:

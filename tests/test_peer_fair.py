@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from bench.peer_fair import first_difference, read_ahead_files
+from bench.peer_fair import read_ahead_files
+from tests.helpers.routing_ties import first_difference
 
 
 def test_first_difference_names_the_first_step_that_parts():
