@@ -144,6 +144,13 @@ class StreamSettings:
             PREFETCH_CAPS,
         ),
     )
+    prefetch_abort: bool = field(
+        default=False,
+        metadata=option(
+            "a read-ahead its layer did not use, still being read when the layer asks, stops at its next chunk "
+            "(512 KiB) so the drive goes to the layer's own reads"
+        ),
+    )
     prefill_prefetch: bool = field(
         default=True,
         metadata=option("read the next layer's predicted union ahead in passes of many rows, even with prefetch off"),
