@@ -43,8 +43,12 @@ class WaitSplit:
     placed_layer_floor: float
 
     def as_ms(self) -> dict[str, float]:
-        return {f"wait_{name}_ms": round(1000 * getattr(self, name), 1) for name in ("wait", *CLASSES)} | {
-            "placed_layer_floor_ms": round(1000 * self.placed_layer_floor, 1)
+        """wait_ms, wait_demand_ms ... wait_idle_ms and placed_layer_floor_ms, a token."""
+        split = {f"wait_{name}_ms": round(1000 * getattr(self, name), 1) for name in CLASSES}
+        return {
+            "wait_ms": round(1000 * self.wait, 1),
+            **split,
+            "placed_layer_floor_ms": round(1000 * self.placed_layer_floor, 1),
         }
 
 
