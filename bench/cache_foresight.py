@@ -11,7 +11,8 @@ every expert it does not (soonest first, as Belady ranks), the rest keep their `
 - each layer's next call, exact (one token of foresight), or named with recall r: r of its experts and as many
   others drawn at random (an oracle forecast of the next token, blurred to what a real one might reach);
 - a forecast learned from history alone (`Learned`): a logistic regression of "looked up at the layer's next call" on
-  recency and decayed counts, fitted on other texts and replayed on held-out ones, scoring the cache's victims.
+  recency and decayed counts, fitted on other texts and replayed on held-out ones, scoring the cache's victims;
+  with, per trace, how much of the next token's experts it names (its top k), beside the previous token's own.
 
 On held-out review runs of the trained-routing traces (laid on the bench geometry, as bench.trained_routing lays
 them) and on recorded traces of other models (`--peer-trace`, JSON lines of engine/bench/cache_sim.py). Records the
@@ -171,6 +172,23 @@ def learned_replay(calls: list[Call], budget: int, weights: np.ndarray, experts:
     return cache.hits / (cache.hits + cache.misses)
 
 
+def recall(calls: list[Call], weights: np.ndarray, experts: int) -> dict[str, float]:
+    """Over decode steps, the share of a layer's experts that its previous call chose, and that the learned
+    forecast's top k (k: the call's experts) named after the previous call: what history can say of the next token."""
+    model, before = Learned(0, weights), {}
+    named = previous = total = 0
+    for call in calls:
+        chosen = set(call.experts)
+        if call.layer in before and call.rows == 1:
+            logit, last = before[call.layer]
+            named += len(chosen & set(np.argsort(-logit)[: len(chosen)].tolist()))
+            previous += len(chosen & last)
+            total += len(chosen)
+        model.observe(call.layer, call.experts, call.shares, experts)
+        before[call.layer] = (model.logit[call.layer], chosen)
+    return {"learned top k": round(named / total, 4), "previous call's experts": round(previous / total, 4)}
+
+
 def table(calls: list[Call], experts: int, weights: np.ndarray) -> dict[str, dict[str, float]]:
     """{share: {row: hit rate as a share of Belady's}} at SHARES of the trace's layers x experts (sizes 1)."""
     sizes = {call.layer: 1 for call in calls}
@@ -189,12 +207,17 @@ def table(calls: list[Call], experts: int, weights: np.ndarray) -> dict[str, dic
 
 
 def show(label: str, rows: dict[str, dict[str, float]]) -> None:
-    names = list(next(iter(rows.values())))
+    shares = {share: row for share, row in rows.items() if share != "recall"}
+    names = list(next(iter(shares.values())))
     print(f"\n{label}: share of Belady's hits (Belady's hit rate in the first column)\n")
     print("| budget | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1))
-    for share, row in rows.items():
+    for share, row in shares.items():
         cells = [f"{row[n]:.1%}" for n in names]
         print(f"| {float(share):.0%} | " + " | ".join(cells) + " |", flush=True)
+    print(
+        "\nof the next token's experts per layer, named by: "
+        + ", ".join(f"{n} {v:.1%}" for n, v in rows["recall"].items())
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,11 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"learned forecast fitted on {', '.join(TRAIN)}: weights {np.round(weights, 3).tolist()}")
     figures: dict = {"train": list(TRAIN), "weights": weights.round(4).tolist()}
     for name in TEST:
-        figures[name] = table(routing.calls(routing.text(name), args.chunk), args.experts, weights)
+        calls = routing.calls(routing.text(name), args.chunk)
+        figures[name] = table(calls, args.experts, weights) | {"recall": recall(calls, weights, args.experts)}
         show(f"trained routing, {name}", figures[name])
     for path in args.peer_trace:
         calls = load_trace(path)
-        figures[str(path)] = table(calls, 1 + max(max(call.experts) for call in calls), weights)
+        experts = 1 + max(max(call.experts) for call in calls)
+        figures[str(path)] = table(calls, experts, weights) | {"recall": recall(calls, weights, experts)}
         show(str(path), figures[str(path)])
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
