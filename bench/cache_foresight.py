@@ -21,7 +21,6 @@ figures in the run catalogue (kind `cache-foresight`) unless --no-record.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.trained_routing import SHARES, trained
+from bench.trained_routing import SHARES, routing_arguments, trained
 from nightshift.engine.bench.cache_sim import Call, belady, load_trace, replay
 from nightshift.engine.moe.cache import ExpertCache, Key
 from nightshift.engine.moe.settings import LRFU
@@ -221,14 +220,8 @@ def show(label: str, rows: dict[str, dict[str, float]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", type=Path, help="a routing trace (bench/routing_traces.py)")
+    parser = routing_arguments(__doc__)
     parser.add_argument("--peer-trace", type=Path, nargs="*", default=[], help="recorded cache traces (JSON lines)")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--experts", type=int, default=128)
-    parser.add_argument("--chunk", type=int, default=512)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--no-record", action="store_true", help="do not record the run in the run catalogue")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     trace = routing_trace.load(args.trace)
