@@ -35,7 +35,7 @@ from nightshift.engine.moe.cache import ExpertCache, Key
 from nightshift.engine.moe.settings import LRFU
 from nightshift.engine.store import routing_trace
 
-FORESEEN = 1e9  # added to a forecast expert's score: above every lrfu score (log2 of a decayed count)
+FORESEEN = 1e9  # a forecast expert scores this less its position: above every lrfu score (log2 of a decayed count)
 TEST = ("month-end single", "month-end summary", "weekly single", "daily single")  # held-out review runs
 TRAIN = ("beancount single", "camt053 single", "mt940 single", "ofx single")  # the learned forecast's texts
 RECALLS = (0.5, 0.7, 0.9)
