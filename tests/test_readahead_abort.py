@@ -13,15 +13,10 @@ from nightshift.engine.moe import expert_files
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reads import ReadAborted
 from nightshift.engine.moe.settings import StreamSettings
-from tests.helpers.stores import streamed_tokens, tiny_store
+from tests.helpers.stores import streamed_tokens
 from tests.helpers.waits import wait_for
 
 PAGE = 4096
-
-
-@pytest.fixture(scope="module")
-def mixtral_store(tmp_path_factory):
-    return tiny_store(tmp_path_factory, "mixtral")
 
 
 class GatedReads:
