@@ -13,7 +13,9 @@ process into parts:
   KV cache, resident stacks); the cache's own count (`cache_used`, its budget) is printed beside it;
 - decode transient: MLX's peak during decoding above what it holds after (temporaries of one step: stacked
   experts, activations, a float copy of a 16-bit weight that a mixed-dtype product promotes);
-- the rest: RSS not held by MLX (tokenizer, reader buffers, thread stacks, allocator arenas).
+- the rest: RSS not held by MLX (tokenizer, reader buffers, thread stacks, allocator arenas); of it, after
+  decoding, MLX's buffer cache (freed arrays MLX keeps for reuse) and, on glibc, the heap's free bytes (`mallinfo2`:
+  memory freed but not given back, holes the cache's churn leaves) are printed apart.
 
 Prompt tokens are the store's vocabulary walked in order (content does not matter to memory). Recorded in the run
 catalogue (kind `process-memory`).
@@ -46,6 +48,22 @@ def status(field: str) -> int:
     import psutil
 
     return psutil.Process().memory_info().rss
+
+
+def malloc_figures() -> dict[str, int]:
+    """glibc's own count of its heap (`mallinfo2`, glibc 2.33+): bytes free in it, in use, and mapped apart."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+    mallinfo2 = getattr(ctypes.CDLL(None), "mallinfo2", None) if sys.platform.startswith("linux") else None
+    if mallinfo2 is None:
+        return {}
+    mallinfo2.restype = Mallinfo2
+    info = mallinfo2()
+    return {"heap free": info.fordblks, "heap in use": info.uordblks, "mapped": info.hblkhd, "mappings": info.hblks}
 
 
 def main() -> int:
@@ -82,6 +100,7 @@ def main() -> int:
     figures = model.figures(settled=True)
     stages["decoded"], decode_peak, active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     peak_rss = status("VmHWM")
+    mlx_cache, malloc = mx.get_cache_memory(), malloc_figures()
     model.close()
 
     parts = {
@@ -100,10 +119,15 @@ def main() -> int:
     print(f"peak RSS {peak_rss / MB:.0f} MB, of which:")
     for name, value in parts.items():
         print(f"  {name:<20}{value / MB:>7.0f} MB")
+    print(f"  of the rest, after decoding: MLX's buffer cache {mlx_cache / MB:.0f} MB"
+          + (f", malloc's free heap {malloc['heap free'] / MB:.0f} MB ({malloc['mappings']} mappings, "
+             f"{malloc['mapped'] / MB:.0f} MB mapped apart)" if malloc else ""))  # fmt: skip
     figures_out = {"stages_mb": {k: round(v / MB, 1) for k, v in stages.items()},
                    "cache_used_mb": round(figures.cache_used / MB, 1), "parts_mb": {k: round(v / MB, 1) for k, v in parts.items()}, "peak_rss_mb": round(peak_rss / MB, 1),
                    "mlx_mb": {"opened": round(trunk / MB, 1), "prefill_peak": round(prefill_peak / MB, 1),
                               "decode_peak": round(decode_peak / MB, 1), "active_end": round(active / MB, 1)},
+                   "mlx_cache_mb": round(mlx_cache / MB, 1),
+                   "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},
                    "heavy_imports": heavy, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
     config = {"store": str(args.store), "budget": args.budget, "prompt_tokens": args.prompt_tokens,
               "tokens": args.tokens}  # fmt: skip

@@ -18,8 +18,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
+import mlx.core as mx
+
 from nightshift.engine.instruments.trace import DEMAND, PREFETCH
-from nightshift.engine.io.arenas import cap_malloc_arenas
+from nightshift.engine.io.arenas import cap_malloc_arenas, map_expert_tensors
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.moe.dispatch import Dispatcher
 from nightshift.engine.moe.expert_files import ExpertFiles
@@ -29,6 +31,11 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.tail import Tail
 from nightshift.engine.moe.tickets import Placer
 from nightshift.engine.store.manifest import Manifest, MoeLayer
+
+# MLX's buffer cache (freed arrays kept for reuse) while expert tensors are mapped: at MLX's default 32 MiB the
+# step's stacks and reads were mapped afresh, 65 000 page faults a token on the padded trained-routing model
+# against 28 000 on the heap (40 MiB: 56 000, 48 MiB: 42 000, 64 MiB: 28 000; docs/results.md, [22] memory).
+RECYCLE_BYTES = 64 << 20
 
 
 class ExpertReader:
@@ -49,6 +56,10 @@ class ExpertReader:
         self.layers = {layer.layer: layer for layer in manifest.layers}
         drives = list(manifest.drives)
         cap_malloc_arenas()  # before the reader threads: their expert buffers must not strand freed memory
+        if map_expert_tensors(slot.nbytes for layer in manifest.layers for slot in layer.tensors) is not None:
+            previous = mx.set_cache_limit(RECYCLE_BYTES)  # nor leave holes in the heap, nor fault every step
+            if previous > RECYCLE_BYTES:
+                mx.set_cache_limit(previous)
         self._demand = {d: ThreadPoolExecutor(settings.demand_threads, f"ns-demand-{d}") for d in drives}
         self._prefetch = (
             self._demand
