@@ -29,7 +29,8 @@ def load_any(path: Path) -> list[Call]:
         if line.strip():
             d = json.loads(line)
             experts = d["experts"] if "experts" in d else d["fired"]
-            calls.append(Call(d["layer"], tuple(sorted(experts)), d.get("rows", d.get("batch_tokens", 1))))
+            counts = tuple(d["counts"]) if "counts" in d else None  # nightshift's: its lookups' weights under lrfu
+            calls.append(Call(d["layer"], tuple(sorted(experts)), d.get("rows", d.get("batch_tokens", 1)), counts))
     return calls
 
 

@@ -1,14 +1,16 @@
-"""Read-ahead caps side by side: one store, one routing trace, the same decode under each `--prefetch-cap`, in turn.
+"""Read-ahead settings side by side: one store, one routing trace, the same decode under each arm, in turn.
 
     nightshift rig run -- .venv/bin/python -m bench.readahead_ab --model bench --drives RIG/drives.toml \
-        --routing TRACE --tokens 12 --budgets 0.25 --caps guesses,reads,odds [--rounds 2]
+        --routing TRACE --tokens 12 --budgets 0.25 --caps guesses,reads,odds [--aborts off,on] [--rounds 2]
 
-For each budget (a share of the store's expert bytes, the cache under the default policy) the caps are decoded
-in turn, round 1 in the order given and round 2 reversed (ABBA for two caps), each from a cold start (the
-store's routing profile removed), with the compute floor measured once at the start as `bench cache` does. Each
-row: time per token, the disk, layer and compute floors and the roofline fraction, the hit rate against the
-trace's prediction, and the decode's read-aheads per token (issued, used, wasted, their bytes; declined by the
-odds). Every row is recorded in the run catalogue (kind `readahead-ab`); the table is printed as CSV too.
+An arm is a `--prefetch-cap` and a `--prefetch-abort` (every cap with every abort setting). For each budget (a
+share of the store's expert bytes, the cache under the default policy) the arms are decoded in turn, round 1 in
+the order given and round 2 reversed (ABBA for two arms), each from a cold start (the store's routing profile
+removed), with the compute floor measured once at the start as `bench cache` does. Each row: time per token, the
+disk, layer and compute floors and the roofline fraction, the hit rate against the trace's prediction, the
+decode's read-aheads per token (issued, used, wasted, the bytes wasted ones read; declined by the odds; aborted)
+and its waits split by what the drive each layer waited on last was reading (engine/bench/wait_split.py). Every
+row is recorded in the run catalogue (kind `readahead-ab`); the table is printed as CSV too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from nightshift.app.models import resolve_model
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.cache_sim import load_trace, replay
 from nightshift.engine.bench.decode import decode_bench, in_ram_decode
+from nightshift.engine.bench.wait_split import CLASSES
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.drives import load_drives
@@ -32,26 +35,30 @@ from nightshift.engine.moe.settings import PREFETCH_CAPS, StreamSettings
 from nightshift.engine.moe.warm import PROFILE_FILE
 from nightshift.engine.store.manifest import read_manifest
 
+ABORTS = {"off": False, "on": True}
 COLUMNS = (
-    "budget", "round", "cap", "ms_per_token", "disk_floor_ms", "layer_floor_ms", "compute_floor_ms",
+    "budget", "round", "cap", "abort", "ms_per_token", "disk_floor_ms", "layer_floor_ms", "compute_floor_ms",
     "roofline_fraction", "hit_rate", "predicted_hit_rate", "mb_read_per_token", "mb_needed_per_token",
     "wait_ms_per_token", "read_ahead_per_token", "used_per_token", "wasted_per_token", "wasted_mb_per_token",
-    "declined_per_token", "recall_pct", "read_ahead_pct", "tokens_identical", "run",
+    "declined_per_token", "aborted_per_token", "wait_ms", *(f"wait_{name}_ms" for name in CLASSES),
+    "placed_layer_floor_ms", "recall_pct", "read_ahead_pct", "tokens_identical", "run",
 )  # fmt: skip
 
 
-def order(caps: list[str], rounds: int) -> list[tuple[int, str]]:
-    """(round, cap) in the order run: the caps as given, then reversed, alternately (ABBA for two)."""
-    return [(r + 1, cap) for r in range(rounds) for cap in (caps if r % 2 == 0 else caps[::-1])]
+def order(arms: list[tuple[str, str]], rounds: int) -> list[tuple[int, tuple[str, str]]]:
+    """(round, arm) in the order run: the arms as given, then reversed, alternately (ABBA for two)."""
+    return [(r + 1, arm) for r in range(rounds) for arm in (arms if r % 2 == 0 else arms[::-1])]
 
 
-def row_of(share: float, round_: int, cap: str, result: dict, predicted: float, tokens: int) -> dict:
+def row_of(share: float, round_: int, arm: tuple[str, str], result: dict, predicted: float, tokens: int) -> dict:
     """One decode's figures and its decode-only read-ahead counts, per token."""
     f, c = result["figures"], result["counters"]
+    wasted_read = c["decode_wasted_prefetch_bytes"] - c["decode_aborted_prefetch_bytes"]
     return {
         "budget": share,
         "round": round_,
-        "cap": cap,
+        "cap": arm[0],
+        "abort": arm[1],
         "ms_per_token": round(f["ms_per_token"], 1),
         "disk_floor_ms": round(f["disk_floor_ms"], 1),
         "layer_floor_ms": round(f["layer_floor_ms"], 1),
@@ -65,8 +72,10 @@ def row_of(share: float, round_: int, cap: str, result: dict, predicted: float, 
         "read_ahead_per_token": round(c["decode_prefetch_reads"] / tokens, 2),
         "used_per_token": round(c["decode_joined_prefetch"] / tokens, 2),
         "wasted_per_token": round(c["decode_wasted_prefetch"] / tokens, 2),
-        "wasted_mb_per_token": round(c["decode_wasted_prefetch_bytes"] / tokens / 1e6, 2),
+        "wasted_mb_per_token": round(wasted_read / tokens / 1e6, 2),
         "declined_per_token": round(c["decode_declined_prefetch"] / tokens, 2),
+        "aborted_per_token": round(c["decode_aborted_prefetch"] / tokens, 2),
+        **{name: f[name] for name in COLUMNS if name.startswith("wait_") or name == "placed_layer_floor_ms"},
         "recall_pct": c["prefetch_recall_pct"],
         "read_ahead_pct": c["read_ahead_pct"],
         "tokens_identical": f["tokens_identical"],
@@ -81,12 +90,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=12)
     parser.add_argument("--budgets", default="0.25", help="shares of the expert bytes, comma-separated")
     parser.add_argument("--caps", default="reads,odds", help=f"caps to alternate, of {', '.join(PREFETCH_CAPS)}")
+    parser.add_argument("--aborts", default="off", help="prefetch_abort settings to cross with the caps: off, on")
     parser.add_argument("--rounds", type=int, default=2, help="rounds (each after the first in reverse order)")
     parser.add_argument("--catalogue", type=Path, default=None, help="run catalogue (default: the data dir's)")
     args = parser.parse_args()
-    caps = args.caps.split(",")
+    caps, aborts = args.caps.split(","), args.aborts.split(",")
     if not caps or any(cap not in PREFETCH_CAPS for cap in caps):
         raise SystemExit(f"--caps {args.caps!r}: give caps from {', '.join(PREFETCH_CAPS)}, comma-separated")
+    if any(abort not in ABORTS for abort in aborts):
+        raise SystemExit(f"--aborts {args.aborts!r}: give off, on or both, comma-separated")
+    arms = [(cap, abort) for cap in caps for abort in aborts]
     store = resolve_model(args.model)
     drives = load_drives(args.drives) if args.drives else None
     manifest = with_drives(read_manifest(store), drives)
@@ -98,17 +111,20 @@ def main() -> None:
     rows = []
     for share in (float(s) for s in args.budgets.split(",")):
         budget = int(share * manifest.expert_bytes)
-        for round_, cap in order(caps, args.rounds):
+        for round_, arm in order(arms, args.rounds):
             (store / PROFILE_FILE).unlink(missing_ok=True)  # a cold start, as the recipe's
-            settings = StreamSettings(cache_bytes=budget, prefetch_cap=cap)
+            settings = StreamSettings(cache_bytes=budget, prefetch_cap=arm[0], prefetch_abort=ABORTS[arm[1]])
             result = decode_bench(store, settings, args.tokens, drives, compute_floor=in_ram)
             predicted = replay(calls, sizes, budget, settings.cache_policy).hit_rate
-            row = row_of(share, round_, cap, result, predicted, args.tokens)
+            row = row_of(share, round_, arm, result, predicted, args.tokens)
             config = {**settings.as_dict(), "tokens": args.tokens, "round": round_, "trace": str(args.routing)}
             run = Run("readahead-ab", store.name, config, {**result["figures"], **row}, "measured",
                       drives=result["drives"], counters=result["counters"], command=" ".join(sys.argv),
-                      note=f"caps {args.caps} alternated, budget {share:g}")  # fmt: skip
-            row["run"] = catalogue.record(run, [Proof("cache", "cache_hits")])
+                      note=f"caps {args.caps} x aborts {args.aborts} alternated, budget {share:g}")  # fmt: skip
+            proofs = [Proof("cache", "cache_hits")] + [Proof("prefetch_abort", "decode_aborted_prefetch")] * (
+                settings.prefetch_abort
+            )
+            row["run"] = catalogue.record(run, proofs)
             rows.append(row)
             print(", ".join(f"{k} {row[k]}" for k in COLUMNS), flush=True)
     print(",".join(COLUMNS))

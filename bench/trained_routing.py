@@ -238,18 +238,24 @@ def report(routing: Routing, guesses: dict[str, list] | None, chunk: int) -> dic
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", type=Path)
+def routing_arguments(doc: str) -> argparse.ArgumentParser:
+    """The options of a simulation on a routing trace laid on the bench geometry (this module's, bench.cache_foresight's)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("trace", type=Path, help="a routing trace (bench/routing_traces.py)")
     parser.add_argument("--layers", type=int, default=12, help="MoE layers of the store (bench preset: 12)")
     parser.add_argument("--experts", type=int, default=128, help="experts per layer of the store (bench: 128)")
     parser.add_argument("--chunk", type=int, default=512, help="prompt rows per prefill pass (the engine's default)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--no-record", action="store_true", help="do not record the run in the run catalogue")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = routing_arguments(__doc__)
     parser.add_argument(
         "--bench-traces", type=Path, nargs=2, metavar=("TEST", "TRAIN"), default=BENCH_TRACES,
         help="two `bench cache` traces of the synthetic bench model (default: docs/runs/traces' review runs a, b)",
     )  # fmt: skip
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--no-record", action="store_true", help="do not record the run in the run catalogue")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     trace = routing_trace.load(args.trace)

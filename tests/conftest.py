@@ -40,7 +40,7 @@ from nightshift.engine.store.manifest import read_manifest, write_manifest
 from tests.helpers.clock import ZONE, Clock
 from tests.helpers.gguf_files import write_tiny_llama
 from tests.helpers.rig import RigPlace, leftovers
-from tests.helpers.stores import PROMPT, QUICK, import_tiny, tiny_checkpoint, tokens_and_stats
+from tests.helpers.stores import PROMPT, QUICK, import_tiny, tiny_checkpoint, tiny_store, tokens_and_stats
 from tests.helpers.waits import wait_for
 
 # The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere; tests only read from it.
@@ -241,6 +241,12 @@ def stores(tmp_path_factory, sources) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def in_ram(stores) -> dict[str, list[int]]:
     return {arch: tokens_and_stats(stores[arch], len(PROMPT), None)[0] for arch in QUICK}
+
+
+@pytest.fixture(scope="module")
+def mixtral_store(tmp_path_factory) -> Path:
+    """A tiny synthetic mixtral store on two drives (the read-ahead tests', which read it without a cache)."""
+    return tiny_store(tmp_path_factory, "mixtral")
 
 
 @pytest.fixture(scope="module")

@@ -88,6 +88,7 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--prefetch-limit 2", "prefetch_limit", 2),
         ("--no-prefetch-fill", "prefetch_fill", False),
         ("--prefetch-cap guesses", "prefetch_cap", "guesses"),
+        ("--no-prefetch-abort", "prefetch_abort", False),
         ("--no-prefill-prefetch", "prefill_prefetch", False),
         ("--no-prefetch-tail", "prefetch_tail", False),
         ("--no-overlap", "overlap", False),

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
@@ -17,11 +15,6 @@ from nightshift.engine.moe.settings import StreamSettings
 from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
 from tests.helpers.waits import wait_for
-
-
-@pytest.fixture(scope="module")
-def mixtral_store(tmp_path_factory):
-    return tiny_store(tmp_path_factory, "mixtral")
 
 
 def figures(store, settings):

@@ -132,38 +132,48 @@ def static_oracle(calls: list[Call], sizes: dict[int, int], budget: int, warm: b
 def belady(calls: list[Call], sizes: dict[int, int], budget: int, warm: bool = False) -> Replay:
     """Belady's optimum for the lookups of `calls` within `budget` bytes (exact when experts are one size).
 
+    A call is what the engine serves at once, as `replay` does: every one of its experts is looked up against the
+    cache as it was before the call, then the misses are offered. So the optimum chooses after each call which of the
+    residents and the call's misses to keep: those whose next call comes soonest (a miss needed again later than
+    every resident is not kept, as `lru-admit` and `frequency` may refuse one). Taken lookup by lookup instead, a
+    call's later experts would be protected from its earlier misses, a bound below what the engine's own cache
+    can reach.
+
     `warm`: the optimum may also choose what the cache holds at the start (for free, as a warm start reads it
     before it is needed): the experts first needed soonest, which is what evicting the furthest next use
     from a cache holding everything leaves."""
-    keys = [(call.layer, e) for call in calls for e in call.experts]
-    never = len(keys)
-    upcoming = [never] * len(keys)  # position of each lookup's key's next lookup
+    never = len(calls)
+    upcoming: list[dict[tuple[int, int], int]] = [{}] * len(calls)  # per call: its experts' next calls
     last: dict[tuple[int, int], int] = {}
-    for i in range(len(keys) - 1, -1, -1):
-        upcoming[i] = last.get(keys[i], never)
-        last[keys[i]] = i
-    resident: dict[tuple[int, int], int] = {}  # key -> its next lookup
-    heap: list[tuple[int, tuple[int, int]]] = []  # (-next lookup, key); stale entries skipped
+    for c in range(len(calls) - 1, -1, -1):
+        keys = [(calls[c].layer, e) for e in calls[c].experts]
+        upcoming[c] = {key: last.get(key, never) for key in keys}
+        last.update(dict.fromkeys(keys, c))
+    resident: dict[tuple[int, int], int] = {}  # key -> its next call
+    heap: list[tuple[int, tuple[int, int]]] = []  # (-next call, key); stale entries skipped
     used = hits = read = 0
     for key, first in sorted(last.items(), key=lambda item: item[1]) if warm else ():
         if used + sizes[key[0]] <= budget:
             resident[key] = first
             heapq.heappush(heap, (-first, key))
             used += sizes[key[0]]
-    for i, key in enumerate(keys):
-        size = sizes[key[0]]
-        if key in resident:
-            hits += 1
-        else:
-            read += size
-            if size > budget or upcoming[i] == never:
+    for ahead in upcoming:
+        missing = [key for key in ahead if key not in resident]
+        hits += len(ahead) - len(missing)
+        read += sum(sizes[key[0]] for key in missing)
+        for key in ahead.keys() - set(missing):
+            resident[key] = ahead[key]
+            heapq.heappush(heap, (-ahead[key], key))
+        for key in sorted(missing, key=ahead.__getitem__):
+            size = sizes[key[0]]
+            if size > budget or ahead[key] == never:
                 continue
             while used + size > budget:
                 far, victim = heap[0]
                 if resident.get(victim) != -far:
                     heapq.heappop(heap)
                     continue
-                if -far < upcoming[i]:  # every resident is needed before the newcomer: keep them
+                if -far < ahead[key]:  # every resident is needed before the newcomer: keep them
                     break
                 heapq.heappop(heap)
                 del resident[victim]
@@ -171,9 +181,9 @@ def belady(calls: list[Call], sizes: dict[int, int], budget: int, warm: bool = F
             if used + size > budget:
                 continue
             used += size
-        resident[key] = upcoming[i]
-        heapq.heappush(heap, (-upcoming[i], key))
-    return Replay(BELADY + (" + warm" if warm else ""), budget, hits, len(keys), read)
+            resident[key] = ahead[key]
+            heapq.heappush(heap, (-ahead[key], key))
+    return Replay(BELADY + (" + warm" if warm else ""), budget, hits, sum(len(call.experts) for call in calls), read)
 
 
 def sweep(

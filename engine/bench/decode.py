@@ -32,10 +32,11 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from nightshift.engine.bench.wait_split import wait_split
 from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.cpu_streams import stream_count
 from nightshift.engine.instruments.probes import ForeseenCall, Instruments
-from nightshift.engine.instruments.trace import CACHE, PassTrace
+from nightshift.engine.instruments.trace import CACHE, DriveRead, PassTrace
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive
@@ -160,6 +161,8 @@ class StreamedDecode:
     wait_s: float = 0.0
     pass_bytes: list[int] = field(default_factory=list)  # per decode pass, the bytes it took from the drives
     decode_reads: dict[str, int] = field(default_factory=dict)  # the reader's counts over the decode alone
+    passes: list[PassTrace] = field(default_factory=list)  # the decode's passes
+    drive_reads: list[DriveRead] = field(default_factory=list)  # every read the drives did, from the decode's start
 
 
 def streamed_decode(
@@ -209,7 +212,10 @@ def streamed_decode(
     pass_bytes = [needed_bytes([p], 0.0) for p in passes]
     decode_reads = {name: count - reads_before.get(name, 0) for name, count in asdict(figures.reads).items()}
     routing_log = instruments.routing or []
-    return StreamedDecode(timing, figures, trace, read, sum(pass_bytes), routing_log, wait, pass_bytes, decode_reads)
+    drive_reads = [r for r in stream.trace.drive_reads() if r.end >= decode_began[0]]
+    return StreamedDecode(
+        timing, figures, trace, read, sum(pass_bytes), routing_log, wait, pass_bytes, decode_reads, passes, drive_reads
+    )
 
 
 def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] | None = None) -> DecodeTiming:
@@ -309,6 +315,8 @@ def decode_bench(
         with_compute_floor(out, run.timing.tokens, compute_floor)
         floor = layer_floor(run.pass_bytes, bandwidth, compute_floor.seconds_per_token, tokens)
         out["layer_floor_ms"], out["layer_floor_fraction"] = 1000 * floor, floor / seconds
+        per_pass = compute_floor.seconds_per_token * tokens / max(len(run.passes), 1)
+        out.update(wait_split(run.passes, run.drive_reads, bandwidth / len(in_use), per_pass, tokens).as_ms())
     in_ram_split = compute_floor.counts if compute_floor else {}
     return {
         "figures": out,

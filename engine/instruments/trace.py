@@ -41,6 +41,7 @@ class PassTrace:
     rows: int = 1  # token rows in this call: 1 in decode, a chunk in prefill, k+1 in a speculative verify
     readback_s: float = 0.0  # router indices evaluated and copied to the host
     predict_s: float = 0.0  # next layer's router on this hidden state (prefetch prediction)
+    asked: float = 0.0  # when the wait for the pass's reads began (trace time)
     wait_s: float = 0.0  # from asking for the experts until the last one landed
     expert_s: float = 0.0  # queueing experts on MLX's stream as they landed, inside the wait (overlap; 0 when off)
     overlapped: int = 0  # experts run before the pass's last read landed
@@ -53,12 +54,28 @@ class PassTrace:
         return max(timed, key=lambda r: r.end) if timed else None
 
 
+@dataclass(frozen=True)
+class DriveRead:
+    """One read a drive carried out, whoever asked for it (a part of a cut read, an aborted read-ahead, a
+    fallback): what a layer waited behind. `nbytes`: what was read, less than asked for when aborted."""
+
+    layer: int
+    expert: int
+    source: str  # DEMAND or PREFETCH (read-aheads, tail and warm start alike)
+    drive: str
+    start: float
+    end: float
+    nbytes: int
+
+
 class Trace:
-    """The most recent passes (a ring of `keep`), appended by the streaming layer; thread-safe reads."""
+    """The most recent passes (a ring of `keep`), appended by the streaming layer, and the drives' reads (a ring
+    of `keep` too); thread-safe reads."""
 
     def __init__(self, keep: int = 100_000):
         self.origin = time.perf_counter()
         self._passes: deque[PassTrace] = deque(maxlen=keep)
+        self._drive_reads: deque[DriveRead] = deque(maxlen=keep)
         self._barriers: Counter[str] = Counter()  # kept passes whose barrier (last read) was on each drive
         self._lock = threading.Lock()
 
@@ -84,6 +101,15 @@ class Trace:
     def passes(self) -> list[PassTrace]:
         with self._lock:
             return list(self._passes)
+
+    def read_done(self, read: DriveRead) -> None:
+        """A drive finished (or stopped) a read; called by the reader threads."""
+        with self._lock:
+            self._drive_reads.append(read)
+
+    def drive_reads(self) -> list[DriveRead]:
+        with self._lock:
+            return list(self._drive_reads)
 
     def summary(self) -> dict:
         """Totals over the kept passes: where a layer's time went, and which drive held the barrier."""

@@ -4,7 +4,9 @@ Each drive has two queues with their own threads, sized separately: demand (a la
 (a prediction). Both queues share one dispatcher, so in-flight bytes per drive count every queued and running
 read. An expert already in flight is never read twice: a demand joins the prefetch read under way. A demand
 for an expert whose prefetch is still queued (not started) cancels it and reads it in the demand pool, so a
-layer never waits behind the prefetch queue.
+layer never waits behind the prefetch queue. With `prefetch_abort`, a read-ahead the layer does not use that
+has already started stops at its next chunk (engine/moe/expert_files.py), so the layer's demands do not share
+its drive with it for the rest of its read.
 
 The reader's parts, each with one job: `tickets` places a read (which replica, whole or in parts: split and
 balanced reads), `expert_files` carries a placed read out (direct I/O, fallback to other replicas,
@@ -20,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 import mlx.core as mx
 
-from nightshift.engine.instruments.trace import DEMAND, PREFETCH
+from nightshift.engine.instruments.trace import DEMAND, PREFETCH, DriveRead
 from nightshift.engine.io.arenas import cap_malloc_arenas, map_expert_tensors
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.moe.dispatch import Dispatcher
@@ -48,7 +50,9 @@ class ExpertReader:
         dispatcher: Dispatcher,
         counters: DriveReadCounters,
         clock: Callable[[], float],
+        log: Callable[[DriveRead], None] | None = None,
     ):
+        """`clock`: the trace's; `log`: told of every read a drive carried out (`Trace.read_done`)."""
         self.manifest = manifest
         self.settings = settings
         self.dispatcher = dispatcher
@@ -69,7 +73,7 @@ class ExpertReader:
         per_drive = settings.demand_threads + (0 if settings.shared_pool else settings.prefetch_threads)
         self._lock = threading.Lock()
         self.placer = Placer(manifest, settings, dispatcher)
-        self.files = ExpertFiles(self.placer, counters, clock, self.counts, self._lock, per_drive * len(drives))
+        self.files = ExpertFiles(self.placer, counters, clock, self.counts, self._lock, per_drive * len(drives), log)
         self.tail = Tail(self.placer, self.layers, self._prefetch, self.files.load, self.counts, self._lock, clock)
         self._inflight: dict[Key, Placed] = {}
         self._warming: set[Key] = set()  # warm-start reads in flight: kept even when a pass does not use them
@@ -134,7 +138,8 @@ class ExpertReader:
                 return None
             self._warming.add(key)
             spec = self.layers[key[0]]
-            self._inflight[key] = placed = self._queue(spec, key[1], PREFETCH, self.placer.one(spec, key[1]))
+            tickets = self.placer.one(spec, key[1])
+            self._inflight[key] = placed = self._queue(spec, key[1], PREFETCH, tickets, abortable=False)
             return placed.future
 
     def settle_warm(self, key: Key, future: Future[LoadedExpert]) -> None:
@@ -173,11 +178,15 @@ class ExpertReader:
     def _drop_unused(self, layer: int, used: set[int]) -> None:
         """Forget prefetches of `layer` this pass does not use; cancel those not started (caller holds the lock).
 
-        One still running lands unclaimed and is freed; should the expert be needed later, it is read anew.
+        One still running lands unclaimed and is freed (with `prefetch_abort`, stops at its next chunk); should
+        the expert be needed later, it is read anew.
         """
         for key in [k for k in self._inflight if k[0] == layer and k[1] not in used and k not in self._warming]:
-            if not self._cancel(self._inflight.pop(key)):
+            placed = self._inflight.pop(key)
+            if not self._cancel(placed):
                 self.counts.wasted_prefetch_bytes += self.layers[layer].file_bytes
+                if placed.abort is not None:
+                    placed.abort.set()
             self.counts.wasted_prefetch += 1
 
     def _place(self, layer: int, experts: list[int], source: str) -> None:
@@ -191,16 +200,20 @@ class ExpertReader:
         else:
             self._inflight.update(((layer, e), self._queue(spec, e, source, self.placer.one(spec, e))) for e in experts)
 
-    def _queue(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> Placed:
-        """Queue a placed read on its first ticket's drive (later tickets: parts read beside it)."""
+    def _queue(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abortable: bool = True) -> Placed:
+        """Queue a placed read on its first ticket's drive (later tickets: parts read beside it); a read-ahead
+        can be aborted with `prefetch_abort` unless not `abortable` (a warm-start read)."""
         pools = self._demand if source == DEMAND else self._prefetch
         if source == DEMAND:
             self.tail.demand_placed(tickets)
-        return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets), tickets)
+        abort = threading.Event() if abortable and source == PREFETCH and self.settings.prefetch_abort else None
+        return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets, abort), tickets, abort)
 
-    def _load(self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket]) -> LoadedExpert:
+    def _load(
+        self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abort: threading.Event | None
+    ) -> LoadedExpert:
         try:
-            return self.files.load(spec, expert, source, tickets)
+            return self.files.load(spec, expert, source, tickets, abort)
         finally:
             if source == DEMAND:
                 with self._lock:

@@ -6,6 +6,7 @@ read-aheads for drives done early, and `reader` keeps the reads in flight.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,11 @@ class ExpertReadError(NightshiftError):
     """No replica of an expert could be read."""
 
 
+class ReadAborted(Exception):
+    """A read-ahead stopped part way because its layer asked and did not use it (`prefetch_abort`); nobody waits
+    on it, so this only ends its future."""
+
+
 @dataclass(frozen=True)
 class Ticket:
     """One read placed by the dispatcher: drive, file, bytes, and where in the file they start (a part's)."""
@@ -38,10 +44,12 @@ class Ticket:
 
 @dataclass(frozen=True)
 class Placed:
-    """A read in flight: its future and where it was placed (released from the drives if it is cancelled)."""
+    """A read in flight: its future and where it was placed (released from the drives if it is cancelled);
+    `abort`, where the read can be aborted (a read-ahead, with `prefetch_abort`): set, it stops at its next chunk."""
 
     future: Future
     tickets: list[Ticket]
+    abort: threading.Event | None = None
 
 
 @dataclass
@@ -66,6 +74,8 @@ class ReadCounts:
     declined_prefetch: int = 0  # uncached guesses the window held that the odds left unread (`prefetch_cap` odds)
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
     cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
+    aborted_prefetch: int = 0  # started prefetches the layer did not use, stopped part way (`prefetch_abort`)
+    aborted_prefetch_bytes: int = 0  # bytes those did not read (counted in wasted_prefetch_bytes, never read)
     tail_prefetch: int = 0  # read-aheads started by drives done with their share of a layer (hold_tail)
 
 

@@ -144,6 +144,16 @@ class StreamSettings:
             PREFETCH_CAPS,
         ),
     )
+    # On: on bench-replay (trained routing) at 50 %, one replica per expert, 4 x 12 MB/s, three pairs alternated
+    # in two invocations: 2 866 / 3 195 / 2 843 ms a token against 4 143 / 4 466 / 3 139 off (-31 / -28 / -9 %),
+    # tokens identical (docs/results.md, "Aborting the read-aheads a layer did not use").
+    prefetch_abort: bool = field(
+        default=True,
+        metadata=option(
+            "a read-ahead its layer did not use, still being read when the layer asks, stops at its next chunk "
+            "(512 KiB) so the drive goes to the layer's own reads"
+        ),
+    )
     prefill_prefetch: bool = field(
         default=True,
         metadata=option("read the next layer's predicted union ahead in passes of many rows, even with prefetch off"),

@@ -73,7 +73,9 @@ class ExpertStream:
         self.counters = DriveReadCounters(drives)
         self.dispatcher = Dispatcher(estimates_from(ceilings, drives), settings.dispatch)
         self.trace = Trace(keep=100_000 if settings.trace else 4096)
-        self.reader = ExpertReader(manifest, settings, self.dispatcher, self.counters, self.trace.now)
+        self.reader = ExpertReader(
+            manifest, settings, self.dispatcher, self.counters, self.trace.now, self.trace.read_done
+        )
         self.tally = Tally(instruments.routing if instruments else None)
         self.residency = Residency(budget, self.reader, self.tally)
         self.ahead = ReadAhead(
@@ -210,6 +212,7 @@ class ExpertStream:
         end the tail (even when a read failed). Returns the next layer's experts the tail read."""
         overlap = landing.landed is not None
         landing.start = time.perf_counter()
+        landing.record.asked = landing.start - self.trace.origin
         if overlap:
             landing.run_cached(pending)
         try:

@@ -19,7 +19,7 @@ from nightshift.engine.moe.reads import Key, LoadedExpert, Placed, ReadCounts, T
 from nightshift.engine.moe.tickets import Placer
 from nightshift.engine.store.manifest import MoeLayer
 
-Load = Callable[[MoeLayer, int, str, list[Ticket]], LoadedExpert]
+Load = Callable[[MoeLayer, int, str, list[Ticket], threading.Event | None], LoadedExpert]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,10 @@ class Tail:
         in flight. Called right after the current layer's reads were placed, so the drives' queues say when it
         ends (`pump` once they are in flight)."""
         self._ends = self.clock() + self.dispatcher.drained(list(self._demand_work))
-        held = [Held(layer, expert, Placed(Future(), [])) for expert in experts]
+        abortable = self.settings.prefetch_abort
+        held = [
+            Held(layer, expert, Placed(Future(), [], threading.Event() if abortable else None)) for expert in experts
+        ]
         self._held += held
         return held
 
@@ -127,7 +130,7 @@ class Tail:
     def _run(self, held: Held, spec: MoeLayer) -> None:
         ticket = held.placed.tickets[0]
         try:
-            held.placed.future.set_result(self._load(spec, held.expert, PREFETCH, [ticket]))
+            held.placed.future.set_result(self._load(spec, held.expert, PREFETCH, [ticket], held.placed.abort))
         except BaseException as exc:  # handed to whoever joins the read, as a pool's future would be
             held.placed.future.set_exception(exc)
         finally:

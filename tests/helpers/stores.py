@@ -67,10 +67,10 @@ def delay_reads(reader: ExpertReader, drive: str, wait: Callable[[], object]) ->
     """Every read on `drive` calls `wait` first: a slow drive, or one stalled until `wait` returns."""
     read_part = reader.files._read_part
 
-    def delayed(buffer, ticket, problems):
+    def delayed(buffer, what, ticket, problems):
         if ticket.drive == drive:
             wait()
-        return read_part(buffer, ticket, problems)
+        return read_part(buffer, what, ticket, problems)
 
     reader.files._read_part = delayed
 
