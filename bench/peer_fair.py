@@ -96,7 +96,7 @@ class Bench:
         if read_ahead is not None:
             set_read_ahead(side.engine.model, read_ahead)
         figures = run_side(side.engine, {**self.job, "model": str(side.engine.model)}, limit)
-        figures.update(rates(figures, len(self.job["prompt"]), self.job["tokens"]))
+        figures.update(rates(figures, len(self.job["prompt"])))
         rate = hit_rate(side.engine.name, figures.get("counters", {}))
         config = {"engine": side.engine.name, "layout": side.layout, "share": share, "budget_bytes": self.job["budget"],
                   "limit_bytes": limit, "limit_mode": self.limit_mode, "read_ahead_kb": read_ahead, "round": round_,

@@ -1,9 +1,11 @@
 """The greedy tokens bench/streaming_peers.py's engines are held to: mlx-lm on each copy it can load (the 4-bit MLX
 copy nunspark packs, the source fastllm and AirLLM read) and the nightshift store in RAM, on the same prompt. A copy
 with 16-bit float weights is computed in float32 (mlx[cpu]'s gather_mm, which mlx-lm's unquantized experts use,
-computes float32 only), and says so.
+computes float32 only), and says so; with `--as-stored` it keeps its 16-bit weights and activations and only
+gather_mm's products and sums are float32 (as MLX computes them on a GPU), which is what nightshift computes from
+a bf16 store whose norms are bf16 too.
 
-    python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16]
+    python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16] [--as-stored]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mlx_lm.generate import generate_step
 
 from bench.streaming_peers import prompt_ids
 from nightshift.engine.runtime import open_model
+from tests.helpers.moe_families import gather_mm_as_on_a_gpu
 
 
 def main() -> None:
@@ -29,15 +32,18 @@ def main() -> None:
     parser.add_argument("models", type=Path, nargs="*", help="checkpoints mlx-lm loads")
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--as-stored", action="store_true", help="16-bit weights kept; gather_mm in float32")
     args = parser.parse_args()
+    if args.as_stored:
+        mx.gather_mm = gather_mm_as_on_a_gpu(mx.gather_mm)
     prompt = prompt_ids(args.store, args.prompt_tokens)[0]
     for path in args.models:
         model, _ = load(str(path))
         half = {v.dtype for _, v in tree_flatten(model.parameters())} & {mx.bfloat16, mx.float16}
-        if half:
+        if half and not args.as_stored:
             model.set_dtype(mx.float32)
         steps = generate_step(mx.array(prompt), model, max_tokens=args.tokens)
-        label = f" (its {', '.join(map(str, half))} weights in float32)" if half else ""
+        label = f" (its {', '.join(map(str, half))} weights in float32)" if half and not args.as_stored else ""
         print(f"mlx-lm, {path}{label}: {[int(token) for token, _ in steps]}")
     store = open_model(args.store)
     print(

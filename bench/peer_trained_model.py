@@ -1,7 +1,7 @@
 """The trained-routing model as a Mixtral checkpoint that every peer loads (llama.cpp, mlx-lm, nightshift).
 
     .venv/bin/python -m bench.peer_trained_model [--source CKPT] [--out DIR] [--epsilon 1e-6] [--dtype bfloat16]
-        [--pad-neurons N]
+        [--norm-gate-dtype DTYPE] [--pad-neurons N]
 
 The trained-routing bench model (`bench-replay`) replays recorded traces, which no other engine can load; its
 source, the MoEfied SmolLM2 (`llama_moe`: 128 experts of 12 neurons a layer, 16 active, the chosen experts summed
@@ -9,8 +9,10 @@ with weight 1; docs/moefication.md), is a family only nightshift knows. Mixtral 
 run: llama attention, top-k of a linear gate, a softmax over the chosen logits weighting the experts' outputs.
 The mapping:
 
-- every weight dequantized exactly (4-bit affine, 8-bit embeddings) and written in `--dtype`; the gate in float32
-  (llama.cpp's converter keeps `ffn_gate_inp` in float32 too), so that selection is not rounded;
+- every weight dequantized exactly (4-bit affine, 8-bit embeddings) and written in `--dtype`, the norms and the
+  gates too, as a real bf16 checkpoint stores them. `--norm-gate-dtype float32` (the first exports') keeps those
+  float32: selection is then not rounded, but float32 norms or gate scores make every activation float32, and
+  nightshift then multiplies float32 copies of the bf16 weights (the tied LM head's ~113 MB among them);
 - the gate is the router times `--epsilon`: a positive scale picks the same top k, and the softmax over k logits
   scaled that small is 1/k within epsilon x their spread; the down projections are multiplied by k (exact in
   any float format: k = 16), so the weighted sum is the weight-1 sum;
@@ -53,7 +55,7 @@ SOURCE = "smollm2-moe128-k16-checkpoint"
 EPSILON = 1e-6
 DTYPES = {"bfloat16": mx.bfloat16, "float32": mx.float32}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-TRUNK = {"input_layernorm", "post_attention_layernorm"}
+NORMS = {"input_layernorm", "post_attention_layernorm", "norm"}
 
 
 class MoeReference(DenseReference):
@@ -70,7 +72,8 @@ class MoeReference(DenseReference):
 
 @dataclass
 class Gate:
-    """One layer's bias-free gate and how often its top k is the router's on held-out text."""
+    """One layer's bias-free gate (as stored: times epsilon, rounded) and how often its top k is the router's on
+    held-out text."""
 
     weight: np.ndarray
     agreement: float
@@ -85,15 +88,17 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([len(np.intersect1d(x, y)) / len(x) for x, y in zip(a, b)]))
 
 
-def fit_gates(reference: MoeReference, k: int) -> list[Gate]:
-    """Each layer's router (weight and bias) refitted without bias, by least squares on its own MoE inputs."""
+def fit_gates(reference: MoeReference, k: int, epsilon: float, dtype: mx.Dtype) -> list[Gate]:
+    """Each layer's router (weight and bias) refitted without bias, by least squares on its own MoE inputs, times
+    `epsilon` and rounded to `dtype` as it will be stored (its agreement measured as stored)."""
     fit_inputs = reference.layer_inputs(reference.windows(CALIBRATION_TEXT.read_text()))
     held_out = reference.layer_inputs(reference.windows(EVALUATION_TEXT.read_text()))
     gates = []
     for layer, x, x_eval in zip(reference.layers, fit_inputs, held_out):
         weight, bias = np.array(layer.mlp.router.weight), np.array(layer.mlp.router.bias)
         fitted = np.linalg.lstsq(x, x @ weight.T + bias, rcond=None)[0].T
-        gates.append(Gate(fitted, agreement(top_k(x_eval @ weight.T + bias, k), top_k(x_eval @ fitted.T, k))))
+        stored = np.array(mx.array(fitted * epsilon).astype(dtype).astype(mx.float32))
+        gates.append(Gate(stored, agreement(top_k(x_eval @ weight.T + bias, k), top_k(x_eval @ stored.T, k))))
     return gates
 
 
@@ -105,21 +110,24 @@ def padded(weight: mx.array, neurons: int, axis: int) -> mx.array:
 
 
 def mixtral_weights(
-    reference: MoeReference, gates: list[Gate], epsilon: float, dtype: mx.Dtype, neurons: int | None = None
+    reference: MoeReference,
+    gates: list[Gate],
+    dtypes: tuple[mx.Dtype, mx.Dtype],
+    neurons: int | None = None,
 ) -> dict:
-    """The llama_moe model's weights under Mixtral's names (experts one by one, as Mixtral releases them), each
-    expert padded with zero neurons to `neurons` if given."""
+    """The llama_moe model's weights under Mixtral's names (experts one by one, as Mixtral releases them), the norms
+    and gates in the second of `dtypes`, every other weight in the first, each expert padded with zero neurons to `neurons` if given."""
     k = reference.config["num_experts_per_tok"]
+    dtype, small = dtypes
     flat = dict(tree_flatten(reference.model.parameters()))
     out = {}
     for name, value in flat.items():
-        parts = name.split(".")
         if ".mlp." not in name:
-            keep_float32 = value.ndim == 1 and (parts[-2] in TRUNK or parts[-2] == "norm")
-            out[name] = value.astype(mx.float32 if keep_float32 else dtype)
+            is_norm = value.ndim == 1 and name.split(".")[-2] in NORMS
+            out[name] = value.astype(small if is_norm else dtype)
     for number, gate in enumerate(gates):
         prefix = f"model.layers.{number}"
-        out[f"{prefix}.block_sparse_moe.gate.weight"] = mx.array(gate.weight * epsilon, dtype=mx.float32)
+        out[f"{prefix}.block_sparse_moe.gate.weight"] = mx.array(gate.weight, dtype=small)
         for mine, theirs, scale, axis in (
             ("gate_proj", "w1", 1, 1),
             ("down_proj", "w2", k, 2),
@@ -177,16 +185,20 @@ def distance(reference: MoeReference, exported: nn.Module) -> dict:
     return out | {"max_logit_difference": worst, "top_token_agreement": same / positions, "positions": positions}
 
 
-def write_readme(out: Path, source: Path, epsilon: float, dtype: str, gates: list[Gate], measured: dict) -> None:
+def write_readme(
+    out: Path, source: Path, epsilon: float, dtypes: tuple[str, str], gates: list[Gate], measured: dict
+) -> None:
     config = json.loads((out / "config.json").read_text())
     k, neurons = config["num_experts_per_tok"], config["intermediate_size"]
     per_layer = " ".join(f"{gate.agreement:.3f}" for gate in gates)
+    dtype, small = dtypes
     (out / "README.txt").write_text(
         f"""A Mixtral checkpoint of the trained-routing model (issue [22]), written by bench/peer_trained_model.py.
 
 Source: {source} (llama_moe: SmolLM2-135M MoEfied into 128 experts of 12 neurons a layer, 16 active, the
 chosen experts summed with weight 1; 4-bit affine g32 weights, 8-bit embeddings), dequantized exactly.
-Precision: every weight {dtype} (experts, attention, embeddings; tied LM head), the norms and the gates float32.
+Precision: every weight {dtype} (experts, attention, embeddings; tied LM head), the norms and the gates
+{small}.
 Padding: each expert is {neurons} neurons; those past the source's (12) are zero neurons (gate and up rows zero, down
 columns zero: silu(0) x 0 = 0, the same function exactly), written so that experts dominate memory.
 Gate: the router refitted without its bias (Mixtral's gate has none) by least squares on the MoE inputs over the
@@ -206,10 +218,17 @@ and the refitted gates add to it here). The model writes no good text (the MoEfi
 
 
 def export(
-    source: Path, out: Path, epsilon: float = EPSILON, dtype: str = "bfloat16", neurons: int | None = None, say=print
+    source: Path,
+    out: Path,
+    epsilon: float = EPSILON,
+    dtype: str = "bfloat16",
+    neurons: int | None = None,
+    norm_gate_dtype: str | None = None,
+    say=print,
 ) -> dict:
-    """Write `source` (llama_moe) as a Mixtral checkpoint at `out`, each expert padded to `neurons` if given; the
-    distance measured (see `distance`)."""
+    """Write `source` (llama_moe) as a Mixtral checkpoint at `out`, its norms and gates in `norm_gate_dtype` (default:
+    `dtype`), each expert padded to `neurons` if given; the distance measured (see `distance`)."""
+    small = norm_gate_dtype or dtype
     if out.exists():
         raise SystemExit(f"{out} exists: remove it or name another --out")
     reference = MoeReference(source)
@@ -217,13 +236,13 @@ def export(
     own = reference.config["intermediate_size"] // reference.config["num_experts"]
     if neurons is not None and neurons < own:
         raise SystemExit(f"--pad-neurons {neurons} is fewer than an expert's {own} neurons: give at least {own}")
-    gates = fit_gates(reference, k)
+    gates = fit_gates(reference, k, epsilon, DTYPES[small])
     for number, gate in enumerate(gates):
         say(f"layer {number}: the bias-free gate picks {100 * gate.agreement:.1f} % of the router's {k} experts")
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    weights = mixtral_weights(reference, gates, epsilon, DTYPES[dtype], neurons)
+    weights = mixtral_weights(reference, gates, (DTYPES[dtype], DTYPES[small]), neurons)
     mx.save_safetensors(str(partial / "model.safetensors"), weights, {"format": "pt"})
     config = mixtral_config(reference.config, dtype, neurons)
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -232,7 +251,7 @@ def export(
             shutil.copy2(source / name, partial / name)
     measured = distance(reference, float32_model(partial))
     say(json.dumps(measured))
-    write_readme(partial, source, epsilon, dtype, gates, measured)
+    write_readme(partial, source, epsilon, (dtype, small), gates, measured)
     partial.rename(out)
     say(f"wrote {out}")
     return measured
@@ -244,11 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where to write it (default: moe128-mixtral[-pN] in the data dir)")
     parser.add_argument("--epsilon", type=float, default=EPSILON)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument(
+        "--norm-gate-dtype",
+        choices=sorted(DTYPES),
+        help="the norms' and gates' (default: --dtype, as real checkpoints)",
+    )
     parser.add_argument("--pad-neurons", type=int, metavar="N", help="pad each expert with zero neurons to N")
     args = parser.parse_args(argv)
     name = "moe128-mixtral" + (f"-p{args.pad_neurons}" if args.pad_neurons else "")
     out = args.out or data_dir() / "models" / name
-    export(args.source, out, args.epsilon, args.dtype, args.pad_neurons)
+    export(args.source, out, args.epsilon, args.dtype, args.pad_neurons, args.norm_gate_dtype)
     return 0
 
 

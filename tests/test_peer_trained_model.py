@@ -4,8 +4,10 @@
   function, up to the epsilon of its softmax (each chosen expert's weight 1/k where the source's is 1).
 - Padding each expert with zero neurons keeps every weight and adds zeros only: logits equal up to float32 summation
   order.
-- nightshift imports the bfloat16 export (a Mixtral with float experts) and generates, streamed and in RAM, the
-  tokens mlx-lm generates from it (with float32 sums in `gather_mm`, the one operation mlx-lm lacks on a CPU).
+- The bfloat16 export stores its norms and gates in bfloat16, as a real bf16 checkpoint does
+  (`norm_gate_dtype="float32"` keeps them float32), and nightshift imports it and generates, streamed and in
+  RAM, the tokens mlx-lm generates from it (with float32 sums in `gather_mm`, the one operation mlx-lm lacks on a
+  CPU), its activations bf16.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mlx_lm.utils import load_model
 
 from bench.peer_trained_model import EVALUATION_TEXT, MoeReference, export, float32_model
 from nightshift.engine.models import get_classes
+from nightshift.engine.store.loader import load_store
 from tests.helpers.moe_families import PROMPT, STEPS, check_import, gather_mm_as_on_a_gpu, nightshift_tokens
 from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import tiny_moefy
@@ -54,6 +57,7 @@ def test_nightshift_imports_the_bfloat16_export_and_generates_mlx_lms_tokens(spa
     src = tmp_path / "mixtral"
     export(sparse_moe, src, **QUIET)
     assert (src / "README.txt").is_file() and not (tmp_path / "mixtral.partial").exists()
+    assert dtypes(src) == {"gate": {mx.bfloat16}, "norm": {mx.bfloat16}, "other": {mx.bfloat16}}
     outcome = check_import(src, tmp_path / "checked")
     assert outcome.refused is None and not outcome.differences, outcome
     with monkeypatch.context() as patch:
@@ -62,6 +66,24 @@ def test_nightshift_imports_the_bfloat16_export_and_generates_mlx_lms_tokens(spa
     for streamed in (False, True):
         tokens, stopped = nightshift_tokens(tmp_path / "checked" / "store", streamed)
         assert tokens == (expected[: len(tokens)] if stopped else expected), f"streamed={streamed}"
+    model = load_store(tmp_path / "checked" / "store")[0]
+    assert model(mx.array([PROMPT])).dtype == mx.bfloat16  # no float32 activations, so no float32 weight copies
+
+
+@pytest.mark.slow
+def test_float32_norms_and_gates_on_request(sparse_moe, tmp_path):
+    export(sparse_moe, tmp_path / "mixtral", norm_gate_dtype="float32", **QUIET)
+    assert dtypes(tmp_path / "mixtral") == {"gate": {mx.float32}, "norm": {mx.float32}, "other": {mx.bfloat16}}
+    assert "the norms and the gates float32" in (tmp_path / "mixtral" / "README.txt").read_text().replace("\n", " ")
+
+
+def dtypes(export_dir) -> dict[str, set]:
+    """The dtypes an export holds: its gates', its norms', every other tensor's."""
+    found: dict[str, set] = {"gate": set(), "norm": set(), "other": set()}
+    for name, weight in mx.load(str(export_dir / "model.safetensors")).items():
+        kind = "gate" if name.endswith("moe.gate.weight") else "norm" if "norm" in name else "other"
+        found[kind].add(weight.dtype)
+    return found
 
 
 @pytest.mark.slow
