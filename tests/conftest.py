@@ -189,9 +189,9 @@ def rig_place(tmp_path):
         assert leftovers(*place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
 
 
-# The suite runs on two pytest-xdist workers (pyproject.toml's addopts). The README's first command on the default
-# model takes minutes, most of them on one core: its test goes first, so one worker runs it while the other starts on
-# the rest. Rig tests (loop devices, mounts, cgroup read throttles) share the machine's drives and block I/O: they run
+# The suite runs on pytest-xdist workers (pyproject.toml's addopts). The README's first command on the default model
+# takes minutes, most of them on one core: its test goes first, so one worker runs it while the others start on the
+# rest. Rig tests (loop devices, mounts, cgroup read throttles) share the machine's drives and block I/O: they run
 # one at a time, in one group on one worker (`--dist loadgroup`).
 README_TEST = "test_readme_first_command_on_the_default_model"
 

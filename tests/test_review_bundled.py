@@ -49,7 +49,7 @@ def test_every_planted_discrepancy_is_found(review, planted):
 @pytest.mark.skipif(not shutil.which("pdftotext"), reason="pdftotext (poppler-utils) is not installed")
 def test_readme_first_command_on_the_default_model(sparse_store, tmp_path):
     """`nightshift review run month-end --now`: the README's first command, its experts streamed from the store.
-    It runs first (tests/conftest.py), on one worker while the other goes through the rest."""
+    It runs first (tests/conftest.py), on one worker while the others go through the rest."""
     store, _ = sparse_store
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)
