@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -191,38 +189,18 @@ def rig_place(tmp_path):
         assert leftovers(*place.markers) == {"loop devices": [], "mounts": [], "cgroups": []}
 
 
-# The README's first command on the default model takes minutes, most of them on one core: its test is moved last
-# and the command itself starts as the session begins, beside the other tests (see `readme_first_command`).
+# The suite runs on pytest-xdist workers (pyproject.toml's addopts). The README's first command on the default model
+# takes minutes, most of them on one core: its test goes first, so one worker runs it while the others start on the
+# rest. Rig tests (loop devices, mounts, cgroup read throttles) share the machine's drives and block I/O: they run
+# one at a time, in one group on one worker (`--dist loadgroup`).
 README_TEST = "test_readme_first_command_on_the_default_model"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.name == README_TEST)  # stable: everything else keeps its order
-
-
-@pytest.fixture(scope="session", autouse=True)
-def readme_first_command(request, tmp_path_factory) -> Iterator[tuple[subprocess.Popen, Path] | None]:
-    """`nightshift review run month-end --now` on the default model, streamed from the store, started now
-    when its test is selected and will run (None otherwise); its process is stopped if the session ends first."""
-    if not shutil.which("pdftotext") or not any(item.name == README_TEST for item in request.session.items):
-        yield None
-        return
-    try:
-        store, _ = request.getfixturevalue("sparse_store")
-    except pytest.skip.Exception:  # the test asks for the model itself and skips saying why
-        yield None
-        return
-    home = tmp_path_factory.mktemp("readme") / "home"
-    (home / "models").mkdir(parents=True)
-    (home / "models" / store.name).symlink_to(store)
-    command = [sys.executable, "-m", "nightshift.app.cli", "review", "run", "month-end", "--now"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "NIGHTSHIFT_HOME": str(home)})  # fmt: skip
-    try:
-        yield process, home
-    finally:
-        process.kill()
-        process.communicate()
+    items.sort(key=lambda item: item.name != README_TEST)  # stable: everything else keeps its order
+    for item in items:
+        if item.get_closest_marker("rig"):
+            item.add_marker(pytest.mark.xdist_group("rig"))
 
 
 @pytest.fixture(scope="module")

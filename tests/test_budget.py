@@ -90,7 +90,9 @@ def test_per_token_figures_leave_the_pass_in_flight_to_a_later_count(stores):
 
 
 def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
-    """A margin larger than what is available stands for another process taking the RAM: the cache shrinks."""
+    """A margin larger than what is available stands for another process taking the RAM: the cache shrinks. The
+    margin is the machine's whole RAM, so what other processes free or take meanwhile (the other test worker's)
+    cannot hide the shortfall: every byte the cache holds must go."""
     store = stores["qwen3_moe"]
     model, _, stream = load_streaming(store, StreamSettings())
     try:
@@ -99,7 +101,7 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
         tokens = greedy_tokens(model, 8)
         held = stream.residency.cache.used
         assert held > 0 and stream.residency.stacks
-        short = psutil.virtual_memory().available + held // 2  # half of what the cache holds must go
+        short = psutil.virtual_memory().total  # more than is ever available, by far more than the cache holds
         stream.residency.pressure = Pressure(
             Budget(stream.budget.bytes, True, stream.budget.expert_bytes, margin=short)
         )
@@ -107,7 +109,7 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
         figures = stream.figures()
     finally:
         stream.close()
-    assert figures.cache_budget < held and figures.cache_used <= figures.cache_budget
+    assert figures.cache_budget == 0 and figures.cache_used == 0 < held
     assert figures.resident_layers == 0 and figures.cache_evictions > 0
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -45,13 +47,19 @@ def test_every_planted_discrepancy_is_found(review, planted):
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.skipif(not shutil.which("pdftotext"), reason="pdftotext (poppler-utils) is not installed")
-def test_readme_first_command_on_the_default_model(readme_first_command, sparse_store):
+def test_readme_first_command_on_the_default_model(sparse_store, tmp_path):
     """`nightshift review run month-end --now`: the README's first command, its experts streamed from the store.
-    It runs beside the other tests from the session's start (tests/conftest.py); this test, run last, waits for it."""
-    process, home = readme_first_command
-    stdout, stderr = process.communicate(timeout=900)
-    assert process.returncode == 0, stderr
-    report = Path(stdout.strip())
+    It runs first (tests/conftest.py), on one worker while the others go through the rest."""
+    store, _ = sparse_store
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / store.name).symlink_to(store)
+    command = [sys.executable, "-m", "nightshift.app.cli", "review", "run", "month-end", "--now"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, env={**os.environ, "NIGHTSHIFT_HOME": str(home)}
+    )
+    assert done.returncode == 0, done.stderr
+    report = Path(done.stdout.strip())
     assert report.is_file() and report.parent == home / "reports" / "month-end"
     text = subprocess.run(["pdftotext", "-layout", str(report), "-"], capture_output=True, text=True).stdout
     for _, title, _ in MONTH_END:

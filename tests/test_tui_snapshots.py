@@ -11,6 +11,7 @@ Every rendering must show the keys for help and quit.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from pathlib import Path
 
@@ -46,6 +47,23 @@ def sections(path: Path) -> dict[str, str]:
     return {heading: "\n".join(lines).rstrip("\n") for heading, lines in parts.items()}
 
 
+def stored_with(path: Path, shown: dict[str, str]) -> dict[str, str]:
+    """`path`'s renderings with `shown` written in. A state's sizes are separate tests, possibly on two xdist
+    workers at once: its file is read and rewritten under a lock on its folder, and replaced whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        stored = {**sections(path), **shown}
+        order = [f"=== {screen} {w}x{h} ===" for w, h in SIZES for screen in SCREENS]
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(f"{h}\n{stored[h]}\n\n" for h in sorted(stored, key=order.index)))
+        partial.replace(path)
+    finally:
+        os.close(folder)  # and the lock with it
+    return stored
+
+
 def keys_shown(text: str) -> bool:
     """The last line (the key bar) offers help and quit."""
     bar = text.splitlines()[-1]
@@ -66,10 +84,7 @@ def test_every_screen_in_every_state_and_size(state, size, user_zone, request):
     path = SNAPSHOTS / f"{state}.txt"
     stored = sections(path)
     if request.config.getoption("--snapshot-update", default=False) or not all(h in stored for h in shown):
-        stored.update(shown)
-        order = [f"=== {screen} {w}x{h} ===" for w, h in SIZES for screen in SCREENS]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(f"{h}\n{stored[h]}\n\n" for h in sorted(stored, key=order.index)))
+        stored = stored_with(path, shown)
     for heading, text in shown.items():
         assert text.splitlines() == stored[heading].splitlines(), f"{state}: {heading} differs from {path}"
 

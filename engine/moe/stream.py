@@ -163,11 +163,11 @@ class ExpertStream:
             drives=drives,
             reads=replace(self.reader.counts),
             replica_choices=self.dispatcher.choices,
-            cache_hits=cache.hits if cache else 0,
-            cache_misses=cache.misses if cache else 0,
-            cache_budget=cache.budget if cache else 0,
-            cache_used=cache.used if cache else 0,
-            cache_evictions=cache.evictions if cache else 0,
+            cache_hits=cache.hits if cache is not None else 0,
+            cache_misses=cache.misses if cache is not None else 0,
+            cache_budget=cache.budget if cache is not None else 0,
+            cache_used=cache.used if cache is not None else 0,
+            cache_evictions=cache.evictions if cache is not None else 0,
             resident_layers=len(self.residency.stacks),
             distinct_experts_read=len(self.tally.read),
             prefetch_recall=hits / needed if needed else 0.0,
@@ -177,7 +177,7 @@ class ExpertStream:
             recall_hits=hits,
             recall_read_ahead=read_ahead,
             warm=replace(warm.counts) if warm else WarmCounts(),
-            warm_hits=cache.warm_hits if cache else 0,
+            warm_hits=cache.warm_hits if cache is not None else 0,
         )
 
     def close(self) -> None:
