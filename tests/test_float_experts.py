@@ -109,9 +109,9 @@ def test_16bit_switch_layer_sums_as_gather_mm_does(step, monkeypatch):
     """nightshift's switch layer on bfloat16 experts gives, bit for bit, mlx-lm's `SwitchLinear` with `gather_mm` on
     float32 copies (the rule of the tokens above): a decode step's row through 4 experts, and a prefill's 160
     (row, expert) pairs sorted by expert as `SwitchGLU` sorts them. A grouped float32 GEMM sums in BLAS's order,
-    which at 192 inputs differs from gather_mm's in the last float32 bits, and rounding to bfloat16 turns some of
-    those into a whole bfloat16 step: on a 192-neuron export that parted the tokens from mlx-lm's at the second
-    token (docs/results.md)."""
+    which at 192 inputs differs from gather_mm's in the last float32 bits (the prefill case fails with it), and
+    rounding to bfloat16 turns some of those into a whole bfloat16 step: on a 192-neuron export one such step in a
+    decode step's expert product parted the tokens from mlx-lm's at the second token (docs/results.md)."""
     mx.random.seed(3)
     layer = SwitchLinear(192, 576, num_experts=8, bias=False)
     layer.set_dtype(mx.bfloat16)
