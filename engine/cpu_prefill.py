@@ -21,9 +21,13 @@ dequantized once and its rows go through one GEMM, and the outputs are put back 
 those kernels and spread the experts over the CPU streams (`cpu_streams`). Float experts in 16 bits (bf16 and FP8
 releases, DeepSeek V3 and MiniMax M2 as published) have no CPU kernel in MLX ("[GatherMM::eval] Currently only
 supports float32"): their products are computed as MLX computes them on a GPU, inputs upcast to float32, float32
-sums, the output rounded to the promoted dtype of the input and the weight, at any number of rows. The in-RAM
-store, the streamed layers and the resident ones all use these classes, so they take the same math and the same
-threads.
+sums, the output rounded to the promoted dtype of the input and the weight, at any number of rows: through MLX's own
+`gather_mm` on float32 copies of the experts a call uses, so the sums are in gather_mm's order (row by row), which
+is how the project reproduces mlx-lm on such a checkpoint. A grouped GEMM over many rows sums in BLAS's order
+instead: the last float32 bits differ, rounding to 16 bits turns some of those into a whole 16-bit step, and on a
+nearly flat model that changed the tokens (docs/results.md, 192 neurons); it is taken for them only with
+`float32_prefill`. The in-RAM store, the streamed layers and the resident ones all use these classes, so they take
+the same math and the same threads.
 """
 
 from __future__ import annotations
@@ -142,18 +146,38 @@ class PrefillQuantizedSwitchLinear(QuantizedSwitchLinear):
         return _grouped_gemm(self, x, indices, weight_of, x.dtype)
 
 
+def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_indices: bool) -> mx.array:
+    """MLX's own `gather_mm` on float32 copies of `x` and of the experts `indices` names, rounded to the promoted
+    dtype (the GPU's upcast rule, module docstring): row by row, as `gather_mm` sums, each used expert upcast once."""
+    weight = layer["weight"]
+    used, slots = np.unique(np.array(indices), return_inverse=True)  # evaluates the router
+    experts = weight[mx.array(used.astype(np.uint32))].astype(mx.float32)
+    y = mx.gather_mm(
+        x.astype(mx.float32),
+        experts.swapaxes(-1, -2),
+        rhs_indices=mx.array(slots.reshape(indices.shape).astype(np.uint32)),
+        sorted_indices=sorted_indices,  # the remap keeps the order
+    ).astype(mx.result_type(x, weight))
+    return y + mx.expand_dims(layer["bias"][indices], -2) if "bias" in layer else y
+
+
 class PrefillSwitchLinear(SwitchLinear):
-    """`SwitchLinear` with a grouped GEMM path for many rows, and for any number of rows where its weight is not
-    float32 (MLX has no CPU kernel for that: the GPU's upcast rule, module docstring)."""
+    """`SwitchLinear` with a grouped GEMM path for many rows where its weight and input are float32 (or where
+    `float32_prefill` asks for it); 16-bit weights or inputs, which MLX has no CPU kernel for, go through
+    `gather_mm` on float32 copies otherwise (module docstring)."""
 
     instruments: Instruments | None = None  # where its GEMM and split calls are counted, if handed any
+    float32_prefill = False  # as PrefillQuantizedLinear's
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        if not _many_rows(x, indices) and self["weight"].dtype == x.dtype == mx.float32:
+        weight = self["weight"]
+        if weight.dtype != mx.float32 or x.dtype != mx.float32:
+            if not (self.float32_prefill and _many_rows(x, indices)):
+                return _float32_gather(self, x, indices, sorted_indices)
+        elif not _many_rows(x, indices):
             return _kernel(self, SwitchLinear, x, indices, sorted_indices)
         if self.instruments is not None:
             self.instruments.expert_gemm_calls += 1
-        weight = self["weight"]
         return _grouped_gemm(self, x, indices, lambda e: weight[e].astype(mx.float32), mx.result_type(x, weight))
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.switch_layers import SwitchLinear
 from mlx_lm.utils import load_model
 
+from nightshift.engine.cpu_prefill import PrefillSwitchLinear, use_gemm_prefill
 from nightshift.engine.models import get_classes
 from nightshift.engine.runtime import open_model
 from tests.helpers.moe_families import (
@@ -100,3 +102,28 @@ def _check_against_float32(reference, model, family: str, tokens: list[int]) -> 
         shift = logprob_shift(chosen, forced, step)
         assert shift < BF16_ROUNDING, f"step {step}, the reference's routing forced"
         assert pick == want or final_gap(chosen, step) < shift, f"step {step}, the reference's routing forced"
+
+
+@pytest.mark.parametrize("step", ["decode", "prefill"])
+def test_16bit_switch_layer_sums_as_gather_mm_does(step, monkeypatch):
+    """nightshift's switch layer on bfloat16 experts gives, bit for bit, mlx-lm's `SwitchLinear` with `gather_mm` on
+    float32 copies (the rule of the tokens above): a decode step's row through 4 experts, and a prefill's 160
+    (row, expert) pairs sorted by expert as `SwitchGLU` sorts them. A grouped float32 GEMM sums in BLAS's order,
+    which at 192 inputs differs from gather_mm's in the last float32 bits (the prefill case fails with it), and
+    rounding to bfloat16 turns some of those into a whole bfloat16 step: on a 192-neuron export one such step in a
+    decode step's expert product parted the tokens from mlx-lm's at the second token (docs/results.md)."""
+    mx.random.seed(3)
+    layer = SwitchLinear(192, 576, num_experts=8, bias=False)
+    layer.set_dtype(mx.bfloat16)
+    if step == "decode":
+        x, indices, ordered = mx.random.normal((1, 1, 1, 1, 192)), mx.array([[[5, 0, 2, 7]]]), False
+    else:
+        x, indices, ordered = mx.random.normal((160, 1, 192)), mx.sort(mx.random.randint(0, 8, (160,))), True
+    x = x.astype(mx.bfloat16)
+    with monkeypatch.context() as patch:
+        patch.setattr(mx, "gather_mm", gather_mm_as_on_a_gpu(mx.gather_mm))
+        expected = layer(x, indices, sorted_indices=ordered)
+    use_gemm_prefill(layer)
+    assert isinstance(layer, PrefillSwitchLinear)
+    got = layer(x, indices, sorted_indices=ordered)
+    assert got.dtype == mx.bfloat16 and mx.array_equal(got, expected)
