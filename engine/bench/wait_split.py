@@ -97,8 +97,9 @@ def wait_split(
         per_drive: dict[str, int] = defaultdict(int)
         for r in p.reads:
             if r.source != CACHE:
-                for drive in r.drive.split("+"):
-                    per_drive[drive] += r.nbytes // len(r.drive.split("+"))
+                drives = r.drive.split("+")  # a read cut in parts: its bytes shared out over its drives
+                for drive in drives:
+                    per_drive[drive] += r.nbytes // len(drives)
         placed += max(max(per_drive.values(), default=0) / drive_bandwidth, compute_per_pass)
         last = p.last
         if last is None or p.wait_s <= 0:
