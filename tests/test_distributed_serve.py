@@ -29,25 +29,22 @@ from nightshift.engine.store.synth import synthesize
 from tests.helpers.hosts import hosts_file, place_by_hosts
 from tests.helpers.service import serve as serve_with
 from tests.helpers.service import states, user_schedule
-from tests.helpers.shared import built_once
 from tests.helpers.waits import wait_for
 
 
-def served_store(root: Path) -> None:
-    """`root`/q: a tiny qwen3_moe store placed over two local hosts (hosts.json next to it), its context widened so
-    a review's prompt fits."""
+@pytest.fixture(scope="module")
+def hosts_store(tmp_path_factory) -> Path:
+    """A tiny qwen3_moe store placed over two local hosts (hosts.json next to it), its context widened so a
+    review's prompt fits. Each worker builds its own (not `built_once`): a test finds leftover ranks anywhere on
+    the machine by the store's path, and the other worker's ranks must not be among them."""
+    root = tmp_path_factory.mktemp("served")
     src = synthesize("qwen3_moe", "tiny", root / "src", seed=1, layers=4)
     drives = [Drive(f"d{i}", root / f"import{i}") for i in range(2)]
     import_checkpoint(src, root / "q", drives, ImportOptions(trunk_bits=16))
     config = json.loads((root / "q" / "config.json").read_text())
     (root / "q" / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
     place_by_hosts(root / "q", hosts_file(root, root / "q", 2))
-
-
-@pytest.fixture(scope="session")
-def hosts_store(tmp_path_factory) -> Path:
-    """`served_store`, built once per session (its tests only read it)."""
-    return built_once(tmp_path_factory, "hosts-store", served_store) / "q"
+    return root / "q"
 
 
 def serve(home: Path, hosts: Path) -> subprocess.Popen:
