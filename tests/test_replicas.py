@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from nightshift.app.cli import main
 from nightshift.engine.bench.layout import new_replicas, replicate_everywhere
 from nightshift.engine.errors import SettingError
 from nightshift.engine.moe.load import load_streaming
@@ -56,10 +57,10 @@ def test_two_replicas_then_every_drive(tmp_path) -> None:
         assert streamed_tokens(store, StreamSettings(cache_bytes=0, use_drives=[drive])) == reference
 
 
-def test_more_replicas_than_drives_is_refused(tmp_path) -> None:
+def test_more_replicas_than_drives_is_refused(tmp_path, home, capsys) -> None:
     store = import_tiny(tmp_path, tiny_checkpoint(tmp_path, "kimi_k3"), "kimi", drives=2)
     with pytest.raises(SettingError, match="give 1 to 2"):
-        replicate_everywhere(store, 3)
-    with pytest.raises(SettingError, match="give 1 to 2"):
         replicate_everywhere(store, 0)
+    assert main(["bench", "replicate", "--model", str(store), "--replicas", "3"]) != 0
+    assert "--replicas 3: the store has 2 drives; give 1 to 2" in capsys.readouterr().err
     assert all(len(entry["replicas"]) == 1 for row in read_manifest(store).experts.values() for entry in row)
