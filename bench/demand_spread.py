@@ -6,10 +6,13 @@
 For each store, one streamed greedy decode (default settings, the cache at `--budget` of the expert bytes), then
 over the timed tokens' passes that read anything on demand, per token: the demand MB, the busiest drive's share
 of each pass's demand bytes at `--mbps` (`max_drive_s`) against the same bytes shared evenly over every drive
-(`even_s`), the drives a pass's demand reads used, from asking to the last demand read's end, the spread of the
-drives' last demand-read ends, how late the last demand read started, and the drives busy with a read-ahead when
-the pass asked. Where `max_drive_s` exceeds `even_s`, the reads were not shared out; where the time from asking
-exceeds `max_drive_s`, something besides the drive's bandwidth held them. Printed, not recorded: a diagnosis.
+(`even_s`), the drives a pass's demand reads used, from the first demand read's start to the last one's end, the
+spread of the drives' last demand-read ends, how much later than the first the last demand read started, and the
+drives busy with a read-ahead when the first started. A pass's demand reads are the drive reads of its layer
+asked on demand that started after the pass began (they are placed before the pass's wait is marked, so the
+wait's start would miss the first). Where `max_drive_s` exceeds `even_s`, the reads were not shared out; where
+the time from first start to last end exceeds `max_drive_s`, something besides the drive's bandwidth held them.
+Printed, not recorded: a diagnosis.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def spread(passes: list[PassTrace], reads: list[DriveRead], drives: int, drive_b
     out: dict[str, float] = defaultdict(float)
     for p in passes:
         end = p.asked + p.wait_s
-        mine = [r for r in reads if r.layer == p.layer and r.source == DEMAND and p.asked <= r.start <= end]
+        mine = [r for r in reads if r.layer == p.layer and r.source == DEMAND and p.began <= r.start <= end]
         if not mine:
             continue
+        first = min(r.start for r in mine)
         per_drive: dict[str, int] = defaultdict(int)
         last_end: dict[str, float] = defaultdict(float)
         for r in mine:
@@ -48,7 +52,7 @@ def spread(passes: list[PassTrace], reads: list[DriveRead], drives: int, drive_b
         out["max_drive_s"] += max(per_drive.values()) / drive_bandwidth
         out["even_s"] += total / drive_bandwidth / drives
         out["drives_used"] += len(per_drive)
-        out["asked_to_last_end_s"] += max(last_end.values()) - p.asked
+        out["first_start_to_last_end_s"] += max(last_end.values()) - first
         out["drive_end_spread_s"] += max(last_end.values()) - min(last_end.values())
         out["last_start_delay_s"] += max(r.start for r in mine) - p.asked
         out["read_ahead_drives_at_ask"] += len(
