@@ -7,8 +7,8 @@ For each store, one streamed greedy decode (default settings, the cache at `--bu
 over the timed tokens' passes that read anything on demand, per token: the demand MB, the busiest drive's share
 of each pass's demand bytes at `--mbps` (`max_drive_s`) against the same bytes shared evenly over every drive
 (`even_s`), the drives a pass's demand reads used, from the first demand read's start to the last one's end, the
-spread of the drives' last demand-read ends, how much later than the first the last demand read started, and the
-drives busy with a read-ahead when the first started. A pass's demand reads are the drive reads of its layer
+spread of the drives' last demand-read ends, when the last demand read started against the pass's ask (the start of
+its wait; negative: before it), and the drives busy with a read-ahead at the ask. A pass's demand reads are the drive reads of its layer
 asked on demand that started after the pass began (they are placed before the pass's wait is marked, so the
 wait's start would miss the first). Where `max_drive_s` exceeds `even_s`, the reads were not shared out; where
 the time from first start to last end exceeds `max_drive_s`, something besides the drive's bandwidth held them.
