@@ -38,9 +38,9 @@ from pathlib import Path
 
 from bench.streaming_peers import Engine, expert_bytes, hit_rate, model_files, prompt_ids, rates, run_side
 from nightshift.app.paths import catalogue_file
+from nightshift.engine.bench.decode import first_difference
 from nightshift.engine.bench.peer import read_gguf
 from nightshift.engine.instruments.catalogue import Catalogue, Run
-from tests.helpers.routing_ties import first_difference
 
 KIND = "peer-fair"
 NIGHTSHIFT = "nightshift"

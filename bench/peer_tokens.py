@@ -21,9 +21,9 @@ from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
+from bench.gpu_gather_mm import gather_mm_as_on_a_gpu
 from bench.streaming_peers import prompt_ids
 from nightshift.engine.runtime import open_model
-from tests.helpers.moe_families import gather_mm_as_on_a_gpu
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from nightshift.engine.bench.decode import first_difference
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
@@ -32,7 +33,6 @@ from tests.helpers.routing_ties import (
     ROUTER_LOGITS,
     Run,
     final_gap,
-    first_difference,
     flips,
     logprob_shift,
     position_of,

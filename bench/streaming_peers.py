@@ -13,6 +13,11 @@ each engine's files is dropped before its run, so none starts warm; nightshift r
         [--width 8 [--chats month-end] [--batch-share 0.25]]
 
 A share named twice is measured twice, in the order given (so `--shares 0.25,0.25,0.25` gives alternating pairs).
+With `--fill`, nightshift runs once more at each share after the peers, held to the same limit, its cache grown by
+what its first run left of that limit (the limit less its peak RSS, less `--fill-margin-mb`): the memory used as a
+page-cache engine uses it, where the share alone leaves the rest of the limit (its trunk file's page cache, mostly)
+to the peer. Each `--variant KEY=VALUE[,KEY=VALUE]` (nightshift's stream settings by field name, values as JSON,
+e.g. `prefetch=false`) adds one more nightshift run at each share, its budget and limit the share's.
 
 Each run is recorded in the run catalogue (kind `streaming-peers`), a peer's failure (killed at the limit, an error)
 included with its last line. A peer whose venv is missing is skipped, with the command that builds it. Root only
@@ -100,6 +105,31 @@ def chat_prompts(store: Path, review: str, width: int) -> list[list[int]]:
     return [chat_prompt(tokenizer, messages) for messages in findings[:width]]
 
 
+def filled_budget(budget: int, limit: int, peak_rss: int, margin: int, total: int) -> int:
+    """`--fill`'s cache: the budget grown by what a run with it left of `limit` (less `margin`), at most every
+    expert's bytes (`total`), never below the budget."""
+    return max(budget, min(total, budget + limit - peak_rss - margin))
+
+
+def settings_of(text: str) -> dict:
+    """`--variant`'s KEY=VALUE[,KEY=VALUE] as stream settings (values as JSON: false, 2, "odds"), checked by name."""
+    from dataclasses import fields
+
+    from nightshift.engine.moe.settings import StreamSettings
+
+    names = {f.name for f in fields(StreamSettings)}
+    settings = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in names or not value:
+            raise argparse.ArgumentTypeError(f"{item!r}: give KEY=VALUE with KEY one of nightshift's stream settings")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    return settings
+
+
 def model_files(model: Path) -> list[Path]:
     return [p for p in model.rglob("*") if p.is_file()]
 
@@ -172,7 +202,8 @@ def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogu
     figures.update(rates(figures, sum(map(len, job["prompts"]))))
     rate = hit_rate(engine.name, figures.get("counters", {}))
     config = {"engine": engine.name, "share": share, "budget_bytes": job["budget"], "limit_bytes": limit,
-              "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"]}  # fmt: skip
+              "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"],
+              "fill": bool(job.get("fill")), "settings": job.get("settings", {})}  # fmt: skip
     verdict = "fail" if "error" in figures else "measured"
     run = Run("streaming-peers", engine.model.name, config, {**figures, "hit_rate": rate, "load": load},
               verdict, command=" ".join(sys.argv), note=figures.get("error", ""))  # fmt: skip
@@ -206,6 +237,10 @@ def main() -> None:
     parser.add_argument("--batch-share", type=float, help="the batched pair's budget (default: the middle share)")
     parser.add_argument("--unlimited", action="store_true", help="peers without a memory limit (peak still measured)")
     parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
+    parser.add_argument("--fill", action="store_true", help="also nightshift at each limit, its cache grown to fill it")
+    parser.add_argument("--fill-margin-mb", type=float, default=24, help="what --fill leaves of the limit")
+    parser.add_argument("--variant", action="append", type=settings_of, default=[], metavar="KEY=VALUE[,...]",
+                        help="one more nightshift run at each share with these stream settings")  # fmt: skip
     args = parser.parse_args()
 
     nightshift = Engine("nightshift", Path(sys.executable), args.store)
@@ -234,11 +269,23 @@ def main() -> None:
         job = {"budget": budget, "prompts": [prompt], "prompt": prompt, "tokens": args.tokens,
                "threads": args.threads, "width": 1}  # fmt: skip
         order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
-        limit = None
+        limit, first = None, {}
         for engine in [nightshift, *order]:
             trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
             figures = measure(engine, {**job, "trace": trace and str(trace)}, share, limit, catalogue, load)
-            limit = figures["group_peak_bytes"] if engine is nightshift and not args.unlimited else limit
+            if engine is nightshift:
+                first = figures
+                limit = figures["group_peak_bytes"] if not args.unlimited else limit
+        if args.fill and limit and "error" not in first:
+            grown = filled_budget(budget, limit, first["peak_rss_bytes"], int(args.fill_margin_mb * 1e6), total)
+            if grown > budget:
+                print(f"{'':>6} fill: nightshift's cache {budget / 1e6:.1f} -> {grown / 1e6:.1f} MB in the same limit")
+                measure(
+                    nightshift, {**job, "budget": grown, "trace": None, "fill": True}, share, limit, catalogue, load
+                )
+        for settings in args.variant if limit else []:
+            print(f"{'':>6} variant: nightshift with {settings}")
+            measure(nightshift, {**job, "trace": None, "settings": settings}, share, limit, catalogue, load)
     if args.width > 1:  # the batched pair: nightshift's width against nunspark's batched decode, at the middle budget
         share = args.batch_share if args.batch_share is not None else shares[len(shares) // 2]
         if args.chats:

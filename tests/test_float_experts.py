@@ -21,6 +21,8 @@ import pytest
 from mlx_lm.models.switch_layers import SwitchLinear
 from mlx_lm.utils import load_model
 
+from bench.gpu_gather_mm import gather_mm_as_on_a_gpu
+from nightshift.engine.bench.decode import first_difference
 from nightshift.engine.cpu_prefill import PrefillSwitchLinear, use_gemm_prefill
 from nightshift.engine.models import get_classes
 from nightshift.engine.runtime import open_model
@@ -29,13 +31,11 @@ from tests.helpers.moe_families import (
     STEPS,
     check_import,
     float32_reference,
-    gather_mm_as_on_a_gpu,
     nightshift_tokens,
 )
 from tests.helpers.reference import greedy_tokens
 from tests.helpers.routing_ties import (
     final_gap,
-    first_difference,
     flips,
     logprob_shift,
     position_of,

@@ -7,11 +7,12 @@ import sys
 import pytest
 
 from bench.peer_fair import read_ahead_files
-from tests.helpers.routing_ties import first_difference
+from nightshift.engine.bench.decode import first_difference
 
 
 def test_first_difference_names_the_first_step_that_parts():
-    assert first_difference([5, 6, 7], [5, 6, 7, 8]) is None
+    assert first_difference([5, 6, 7], [5, 6, 7]) is None
+    assert first_difference([5, 6, 7], [5, 6, 7, 8]) == 3  # one that ends early parts where it ends
     assert first_difference([5, 6, 7], [5, 9, 7]) == 1
     assert first_difference([1], [2]) == 0
 

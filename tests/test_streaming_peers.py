@@ -4,6 +4,7 @@ peer whose venv is built (slow; root for the memory cgroups)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -53,6 +54,20 @@ def test_hit_rates_come_from_each_engines_own_counters():
     assert peers.hit_rate("airllm", {"expert_streaming": True}) is None
 
 
+def test_fill_grows_the_cache_by_what_the_limit_left_and_no_further():
+    mb = 10**6
+    assert peers.filled_budget(50 * mb, limit=500 * mb, peak_rss=400 * mb, margin=20 * mb, total=200 * mb) == 130 * mb
+    assert peers.filled_budget(50 * mb, limit=500 * mb, peak_rss=300 * mb, margin=20 * mb, total=200 * mb) == 200 * mb
+    assert peers.filled_budget(50 * mb, limit=410 * mb, peak_rss=400 * mb, margin=20 * mb, total=200 * mb) == 50 * mb
+
+
+def test_a_variant_names_stream_settings_by_field_with_json_values():
+    assert peers.settings_of("prefetch=false,cache_policy=lrfu") == {"prefetch": False, "cache_policy": "lrfu"}
+    for wrong in ("prefetch", "no_such_setting=1", "prefetch="):
+        with pytest.raises(argparse.ArgumentTypeError, match="stream settings"):
+            peers.settings_of(wrong)
+
+
 def test_nightshift_and_nunspark_traces_replay_as_the_same_calls(tmp_path):
     ours = tmp_path / "nightshift.jsonl"
     ours.write_text('{"layer": 0, "experts": [3, 1], "rows": 4}\n{"layer": 1, "experts": [2], "rows": 1}\n')
@@ -73,13 +88,20 @@ def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, pe
     catalogue = tmp_path / "runs.sqlite"
     argv = [sys.executable, "-m", "bench.streaming_peers", str(peer_store), "--ftllm", str(src),
             "--shares", "0.5", "--tokens", "3", "--prompt-tokens", "6", "--threads", "1",
-            "--catalogue", str(catalogue), "--traces", str(tmp_path / "traces")]  # fmt: skip
+            "--catalogue", str(catalogue), "--traces", str(tmp_path / "traces"), "--fill", "--fill-margin-mb", "0",
+            "--variant", "prefetch=false"]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr
     from nightshift.engine.instruments.catalogue import Catalogue
 
-    runs = Catalogue(catalogue).runs("streaming-peers")
-    ours = next(r for r in runs if r.config["engine"] == "nightshift")
+    runs = Catalogue(catalogue).runs("streaming-peers")[::-1]  # in the order run
+    ours, *more = [r for r in runs if r.config["engine"] == "nightshift"]
+    variant = next(r for r in more if r.config["settings"])
+    assert variant.config["settings"] == {"prefetch": False} and variant.config["limit_bytes"] > 0
+    for other in more:  # --fill's run only where the first run left room under its limit
+        assert other.config["limit_bytes"] == ours.figures["group_peak_bytes"]
+        assert other.config["fill"] == (not other.config["settings"])
+        assert other.verdict == "measured" or other.note
     assert ours.verdict == "measured" and len(ours.figures["tokens"][0]) == 3 and ours.figures["decode_tok_s"] > 0
     assert ours.figures["group_peak_bytes"] > 0 and 0 <= ours.figures["hit_rate"] <= 1
     assert (tmp_path / "traces" / "nightshift-0.5.jsonl").read_text().count("\n") >= 3

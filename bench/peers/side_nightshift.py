@@ -1,5 +1,6 @@
 """nightshift's side of bench/streaming_peers.py (run with the project's python): the store streamed through the
-public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise), greedy, the prompt's token ids;
+public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise or the job's `settings`: stream
+settings by field name, e.g. {"prefetch": false}), greedy, the prompt's token ids;
 at a width over 1, the job's `prompts` decoded together (engine/batch.py, as the service batches reviews).
 With a `trace` path in the job, every streaming layer call's (layer, experts, rows) is written there as JSON lines,
 in the order the cache was asked (the format `nightshift bench cache --routing` and bench/peer_traces.py replay)."""
@@ -20,7 +21,11 @@ from nightshift.engine.runtime import Model, open_model
 def main() -> None:
     job = work()
     instruments = Instruments(routing=[] if job.get("trace") else None)
-    model = open_model(Path(job["model"]), StreamSettings(cache_bytes=job["budget"]), instruments=instruments)
+    model = open_model(
+        Path(job["model"]),
+        StreamSettings(cache_bytes=job["budget"], **job.get("settings", {})),
+        instruments=instruments,
+    )
     try:
         if job["width"] > 1:
             return batch(model, job)

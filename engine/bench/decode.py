@@ -370,7 +370,10 @@ def greedy_of_record(
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where `a` and `b` differ (or one ends early); None when identical."""
+    """Index of the first token where `a` and `b` differ (or one ends early); None when identical.
+
+    The one rule for every comparison of greedy token lists (`nightshift verify`, the peer benches, the tests):
+    a list that stops short of the other parts from it where it stops."""
     if a == b:
         return None
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

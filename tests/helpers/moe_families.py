@@ -970,15 +970,3 @@ def greedy_steps(model, steps: int = STEPS) -> list[tuple[int, mx.array]]:
     """mlx-lm's greedy tokens after PROMPT with the log-probabilities each was picked from."""
     tokens = generate_step(mx.array(PROMPT), model, max_tokens=steps, sampler=lambda logits: mx.argmax(logits, -1))
     return [(int(token), logprobs) for token, logprobs in tokens]
-
-
-def gather_mm_as_on_a_gpu(gather_mm):
-    """`gather_mm` for any float dtype: float32 products and sums, the output in the inputs' promoted dtype."""
-
-    def upcast(a, b, lhs_indices=None, rhs_indices=None, *, sorted_indices=False):
-        out = gather_mm(
-            a.astype(mx.float32), b.astype(mx.float32), lhs_indices, rhs_indices, sorted_indices=sorted_indices
-        )
-        return out.astype(mx.result_type(a, b))
-
-    return upcast

@@ -232,11 +232,6 @@ def logprob_shift(reference: Run, other: Run, step: int) -> float:
     return float(np.abs(other.logprobs[step] - reference.logprobs[step]).max())
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first step where two token lists differ (over the shorter), or None."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
 def shift_before(reference: Run, other: Run, position: int) -> float:
     """The largest score shift between the two runs at any MoE layer over the positions before `position`."""
     return max(
