@@ -161,6 +161,20 @@ def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_ind
     return y + mx.expand_dims(layer["bias"][indices], -2) if "bias" in layer else y
 
 
+def sums_per_pair(switch: nn.Module, expert_dtypes: set[mx.Dtype]) -> bool:
+    """Whether every expert projection of `switch`, given experts of `expert_dtypes`, multiplies each (row, expert)
+    pair alone whatever rows a call holds: 16-bit float experts on the CPU (`_float32_gather`: one float32 product
+    per pair, as `gather_mm` does, the output rounded per element), unless `float32_prefill` groups a pass's rows.
+    A call on any subset of the pairs then gives each pair the bits the whole call would, so the experts can run
+    one by one as they land."""
+    projections = [c for c in switch.children().values() if isinstance(c, (SwitchLinear, QuantizedSwitchLinear))]
+    return (
+        bool(projections)
+        and expert_dtypes <= {mx.bfloat16, mx.float16}
+        and all(isinstance(p, PrefillSwitchLinear) and not p.float32_prefill for p in projections)
+    )
+
+
 class PrefillSwitchLinear(SwitchLinear):
     """`SwitchLinear` with a grouped GEMM path for many rows where its weight and input are float32 (or where
     `float32_prefill` asks for it); 16-bit weights or inputs, which MLX has no CPU kernel for, go through
