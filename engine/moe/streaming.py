@@ -21,7 +21,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from nightshift.engine.cpu_prefill import MIN_ROWS, sums_per_pair, use_gemm_prefill
+from nightshift.engine.cpu_prefill import MIN_ROWS, SORTED_PAIRS, rows_as_sorted, sums_per_pair, use_gemm_prefill
 from nightshift.engine.cpu_streams import cpu_streams, part_bounds, worth_spreading
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream, decode_step
@@ -105,7 +105,7 @@ class StreamingSwitch(nn.Module):
         blocks: list[tuple[list[int], mx.array]] = []  # (expert places, their outputs: each one's rows in turn)
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
         # A stacked call takes the quantized kernel below MIN_ROWS (row, expert) products, as a one-row call does.
-        most = (MIN_ROWS - 1) // rows.shape[0]
+        most = max((MIN_ROWS - 1) // rows.shape[0], 1)  # 1: a prompt pass of MIN_ROWS rows or more, none together
 
         def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
@@ -126,7 +126,8 @@ class StreamingSwitch(nn.Module):
                 )
 
         try:
-            unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
+            with rows_as_sorted(self._switch, self.per_pair and indices.size >= SORTED_PAIRS):
+                unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
         finally:
             self._switch.update(self._empty)
         return in_slot_order(blocks, picked, unique, host, indices.shape)
