@@ -1,16 +1,19 @@
-"""Read-ahead settings side by side: one store, one routing trace, the same decode under each arm, in turn.
+"""Read-ahead settings side by side: one routing trace, the same decode under each arm, in turn.
 
     nightshift rig run -- .venv/bin/python -m bench.readahead_ab --model bench --drives RIG/drives.toml \
         --routing TRACE --tokens 12 --budgets 0.25 --caps guesses,reads,odds [--aborts off,on] [--rounds 2]
 
-An arm is a `--prefetch-cap` and a `--prefetch-abort` (every cap with every abort setting). For each budget (a
-share of the store's expert bytes, the cache under the default policy) the arms are decoded in turn, round 1 in
+An arm is a store, a `--prefetch-cap` and a `--prefetch-abort` (every store with every cap and abort setting):
+`--model` may name several stores of one model laid out differently (`bench replicate` on a copy of the store
+directory: one replica per expert against one on every drive), so layouts alternate like settings. For each budget
+(a share of the store's expert bytes, the cache under the default policy) the arms are decoded in turn, round 1 in
 the order given and round 2 reversed (ABBA for two arms), each from a cold start (the store's routing profile
-removed), with the compute floor measured once at the start as `bench cache` does. Each row: time per token, the
-disk, layer and compute floors and the roofline fraction, the hit rate against the trace's prediction, the
-decode's read-aheads per token (issued, used, wasted, the bytes wasted ones read; declined by the odds; aborted)
-and its waits split by what the drive each layer waited on last was reading (engine/bench/wait_split.py). Every
-row is recorded in the run catalogue (kind `readahead-ab`); the table is printed as CSV too.
+removed), with the compute floor measured once at the start (on the first store) as `bench cache` does. Each row:
+time per token, the disk, layer and compute floors and the roofline fraction, the hit rate against the trace's
+prediction, the decode's read-aheads per token (issued, used, wasted, the bytes wasted ones read; declined by the
+odds; aborted) and its waits split by what the drive each layer waited on last was reading
+(engine/bench/wait_split.py). Every row is recorded in the run catalogue (kind `readahead-ab`); the table is
+printed as CSV too.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from nightshift.engine.store.manifest import read_manifest
 
 ABORTS = {"off": False, "on": True}
 COLUMNS = (
-    "budget", "round", "cap", "abort", "ms_per_token", "disk_floor_ms", "layer_floor_ms", "compute_floor_ms",
+    "model", "budget", "round", "cap", "abort", "ms_per_token", "disk_floor_ms", "layer_floor_ms", "compute_floor_ms",
     "roofline_fraction", "hit_rate", "predicted_hit_rate", "mb_read_per_token", "mb_needed_per_token",
     "wait_ms_per_token", "read_ahead_per_token", "used_per_token", "wasted_per_token", "wasted_mb_per_token",
     "declined_per_token", "aborted_per_token", "wait_ms", *(f"wait_{name}_ms" for name in CLASSES),
@@ -45,20 +48,24 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def order(arms: list[tuple[str, str]], rounds: int) -> list[tuple[int, tuple[str, str]]]:
+Arm = tuple[str, str, str]  # (store, cap, abort)
+
+
+def order(arms: list[Arm], rounds: int) -> list[tuple[int, Arm]]:
     """(round, arm) in the order run: the arms as given, then reversed, alternately (ABBA for two)."""
     return [(r + 1, arm) for r in range(rounds) for arm in (arms if r % 2 == 0 else arms[::-1])]
 
 
-def row_of(share: float, round_: int, arm: tuple[str, str], result: dict, predicted: float, tokens: int) -> dict:
+def row_of(share: float, round_: int, arm: Arm, result: dict, predicted: float, tokens: int) -> dict:
     """One decode's figures and its decode-only read-ahead counts, per token."""
     f, c = result["figures"], result["counters"]
     wasted_read = c["decode_wasted_prefetch_bytes"] - c["decode_aborted_prefetch_bytes"]
     return {
+        "model": arm[0],
         "budget": share,
         "round": round_,
-        "cap": arm[0],
-        "abort": arm[1],
+        "cap": arm[1],
+        "abort": arm[2],
         "ms_per_token": round(f["ms_per_token"], 1),
         "disk_floor_ms": round(f["disk_floor_ms"], 1),
         "layer_floor_ms": round(f["layer_floor_ms"], 1),
@@ -84,7 +91,7 @@ def row_of(share: float, round_: int, arm: tuple[str, str], result: dict, predic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", required=True, help="stores to alternate (one model's layouts), comma-separated")
     parser.add_argument("--drives", type=Path, default=None, help="drives.toml whose roots replace the store's")
     parser.add_argument("--routing", type=Path, required=True, help="the trace `bench cache` recorded (prediction)")
     parser.add_argument("--tokens", type=int, default=12)
@@ -99,28 +106,31 @@ def main() -> None:
         raise SystemExit(f"--caps {args.caps!r}: give caps from {', '.join(PREFETCH_CAPS)}, comma-separated")
     if any(abort not in ABORTS for abort in aborts):
         raise SystemExit(f"--aborts {args.aborts!r}: give off, on or both, comma-separated")
-    arms = [(cap, abort) for cap in caps for abort in aborts]
-    store = resolve_model(args.model)
+    stores = {name: resolve_model(name) for name in args.model.split(",")}
+    arms = [(name, cap, abort) for name in stores for cap in caps for abort in aborts]
     drives = load_drives(args.drives) if args.drives else None
-    manifest = with_drives(read_manifest(store), drives)
+    manifest = with_drives(read_manifest(next(iter(stores.values()))), drives)
+    if any(read_manifest(store).expert_bytes != manifest.expert_bytes for store in stores.values()):
+        raise SystemExit(f"--model {args.model!r}: the stores hold different experts; give layouts of one model")
     sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
     calls = load_trace(args.routing)
     catalogue = Catalogue(args.catalogue or catalogue_file())
-    in_ram = in_ram_decode(store, args.tokens)  # the compute floor once, for every row
+    in_ram = in_ram_decode(next(iter(stores.values())), args.tokens)  # the compute floor once, for every row
     print(f"compute floor {1000 * in_ram.seconds_per_token:.0f} ms/token", flush=True)
     rows = []
     for share in (float(s) for s in args.budgets.split(",")):
         budget = int(share * manifest.expert_bytes)
         for round_, arm in order(arms, args.rounds):
+            store = stores[arm[0]]
             (store / PROFILE_FILE).unlink(missing_ok=True)  # a cold start, as the recipe's
-            settings = StreamSettings(cache_bytes=budget, prefetch_cap=arm[0], prefetch_abort=ABORTS[arm[1]])
+            settings = StreamSettings(cache_bytes=budget, prefetch_cap=arm[1], prefetch_abort=ABORTS[arm[2]])
             result = decode_bench(store, settings, args.tokens, drives, compute_floor=in_ram)
             predicted = replay(calls, sizes, budget, settings.cache_policy).hit_rate
             row = row_of(share, round_, arm, result, predicted, args.tokens)
             config = {**settings.as_dict(), "tokens": args.tokens, "round": round_, "trace": str(args.routing)}
             run = Run("readahead-ab", store.name, config, {**result["figures"], **row}, "measured",
                       drives=result["drives"], counters=result["counters"], command=" ".join(sys.argv),
-                      note=f"caps {args.caps} x aborts {args.aborts} alternated, budget {share:g}")  # fmt: skip
+                      note=f"stores {args.model} x caps {args.caps} x aborts {args.aborts} alternated, budget {share:g}")  # fmt: skip
             proofs = [Proof("cache", "cache_hits")] + [Proof("prefetch_abort", "decode_aborted_prefetch")] * (
                 settings.prefetch_abort
             )

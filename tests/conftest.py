@@ -3,7 +3,6 @@ data dir: never in the user's)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -38,7 +37,8 @@ from nightshift.engine.store.manifest import read_manifest, write_manifest
 from tests.helpers.clock import ZONE, Clock
 from tests.helpers.gguf_files import write_tiny_llama
 from tests.helpers.rig import RigPlace, leftovers
-from tests.helpers.stores import PROMPT, QUICK, import_tiny, tiny_checkpoint, tiny_store, tokens_and_stats
+from tests.helpers.shared import built_once, locked
+from tests.helpers.stores import PROMPT, QUICK, import_tiny, tiny_checkpoint, tiny_store_in, tokens_and_stats
 from tests.helpers.waits import wait_for
 
 # The user's real data dir, read before any test points NIGHTSHIFT_HOME elsewhere; tests only read from it.
@@ -102,9 +102,7 @@ def seed_models(real: Path, home: Path) -> None:
 @contextmanager
 def preparing_at(home: Path) -> Iterator[None]:
     """NIGHTSHIFT_HOME at `home`, holding its lock so two test runs do not prepare a model there at once."""
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock, data_dir_at(home):
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(home), data_dir_at(home):
         yield
 
 
@@ -159,15 +157,18 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path / "home"
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A tiny random llama model (real, just small); its context widened so a review's prompt fits."""
-    folder = tmp_path_factory.mktemp("tiny")
+def widened_tiny_model(folder: Path) -> None:
+    """`folder`/model: the tiny llama, its context widened so a review's prompt fits."""
     model = convert_gguf(write_tiny_llama(folder / "tiny.gguf"), folder / "model")
     config = json.loads((model / "config.json").read_text())
     config["max_position_embeddings"] = 8192
     (model / "config.json").write_text(json.dumps(config))
-    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random llama model (real, just small), built once per session (tests only read it)."""
+    return built_once(tmp_path_factory, "tiny-model", widened_tiny_model) / "model"
 
 
 @pytest.fixture
@@ -203,35 +204,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("rig"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sources(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {arch: tiny_checkpoint(root, arch) for arch in QUICK}
+    """Tiny synthetic checkpoints of the quick families, built once per session (tests only read them)."""
+    root = built_once(tmp_path_factory, "checkpoints", lambda folder: [tiny_checkpoint(folder, a) for a in QUICK])
+    return {arch: root / f"{arch}-src" for arch in QUICK}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stores(tmp_path_factory, sources) -> dict[str, Path]:
-    """Stores the tests only read from; a test that damages files imports its own."""
-    root = tmp_path_factory.mktemp("stores")
-    return {arch: import_tiny(root, src, f"{arch}-store") for arch, src in sources.items()}
+    """Stores the tests only read from, imported once per session; a test that damages files imports its own."""
+    root = built_once(
+        tmp_path_factory, "stores", lambda folder: [import_tiny(folder, sources[a], f"{a}-store") for a in QUICK]
+    )
+    return {arch: root / f"{arch}-store" for arch in QUICK}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def in_ram(stores) -> dict[str, list[int]]:
+    """Each quick family's tokens from its store held in RAM: what the streamed runs must reproduce."""
     return {arch: tokens_and_stats(stores[arch], len(PROMPT), None)[0] for arch in QUICK}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mixtral_store(tmp_path_factory) -> Path:
     """A tiny synthetic mixtral store on two drives (the read-ahead tests', which read it without a cache)."""
-    return tiny_store(tmp_path_factory, "mixtral")
+    return built_once(tmp_path_factory, "mixtral", lambda folder: tiny_store_in(folder, "mixtral")) / "store"
 
 
-@pytest.fixture(scope="module")
-def tiny_dense(tmp_path_factory):
-    """A tiny dense llama model directory (Q4_1 linears, like the default model)."""
-    root = tmp_path_factory.mktemp("tiny")
-    return convert_gguf(write_tiny_llama(root / "tiny.gguf"), root / "dense")
+@pytest.fixture(scope="session")
+def tiny_dense(tmp_path_factory) -> Path:
+    """A tiny dense llama model directory (Q4_1 linears, like the default model), built once per session."""
+    root = built_once(
+        tmp_path_factory,
+        "tiny-dense",
+        lambda folder: convert_gguf(write_tiny_llama(folder / "tiny.gguf"), folder / "dense"),
+    )
+    return root / "dense"
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ pressure, and the simulator's replay of a recorded trace equal to what the engin
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import psutil
@@ -15,7 +16,7 @@ from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.budget import Budget, Pressure, size_budget
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
-from nightshift.engine.moe.warm import PROFILE_FILE, load_profile
+from nightshift.engine.moe.warm import PROFILE_FILE, RoutingProfile, load_profile, save_profile
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
 from tests.helpers.stores import PROMPT
@@ -229,6 +230,27 @@ def test_an_unreadable_profile_is_ignored_and_rewritten(tmp_path_factory, caplog
     finally:
         model.close()
     assert load_profile(store).runs == 1
+
+
+def test_runs_closing_on_one_store_at_once_each_save_a_whole_profile(tmp_path, caplog):
+    """Two runs of one store (two workers, or the service beside a foreground run) closing together: each writes
+    the profile through its own temporary file, so neither's write is lost or mixed into the other's."""
+    experts = {layer: 64 for layer in range(1, 9)}
+    profiles = [RoutingProfile({(layer, e): float(writer + 1) for layer in experts for e in range(64)}, 1)
+                for writer in range(2)]  # fmt: skip
+
+    def save(profile: RoutingProfile) -> None:
+        for _ in range(40):
+            save_profile(tmp_path, profile, experts)
+
+    writers = [threading.Thread(target=save, args=(profile,)) for profile in profiles]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert "not saved" not in caplog.text
+    assert load_profile(tmp_path).counts in [p.counts for p in profiles]
+    assert [p.name for p in tmp_path.iterdir()] == [PROFILE_FILE]
 
 
 def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):

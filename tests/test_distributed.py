@@ -31,18 +31,24 @@ from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.manifest import read_manifest, write_manifest
 from nightshift.engine.store.synth import synthesize
 from tests.helpers.hosts import LAYERS, PROMPT, TOKENS, hosts_file, place_by_hosts, single_process
+from tests.helpers.shared import built_once
+
+PIPELINED = ("qwen3_moe", "kimi_k3")
 
 
-@pytest.fixture(scope="module")
-def pipeline_stores(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("pipelined")
-    out = {}
-    for arch in ("qwen3_moe", "kimi_k3"):
+def pipelined_stores(root: Path) -> None:
+    """`root`/<family>: a tiny store of each PIPELINED family, on two drives."""
+    for arch in PIPELINED:
         src = synthesize(arch, "tiny", root / f"{arch}-src", seed=1, layers=LAYERS)
         drives = [Drive(f"d{i}", root / f"{arch}-import{i}") for i in range(2)]
         import_checkpoint(src, root / arch, drives, ImportOptions(trunk_bits=16))
-        out[arch] = root / arch
-    return out
+
+
+@pytest.fixture(scope="session")
+def pipeline_stores(tmp_path_factory) -> dict[str, Path]:
+    """`pipelined_stores`, built once per session: tests read them, and place copies (`copy_store`)."""
+    root = built_once(tmp_path_factory, "pipelined", pipelined_stores)
+    return {arch: root / arch for arch in PIPELINED}
 
 
 def copy_store(src: Path, dst: Path) -> Path:

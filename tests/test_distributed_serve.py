@@ -35,7 +35,8 @@ from tests.helpers.waits import wait_for
 @pytest.fixture(scope="module")
 def hosts_store(tmp_path_factory) -> Path:
     """A tiny qwen3_moe store placed over two local hosts (hosts.json next to it), its context widened so a
-    review's prompt fits."""
+    review's prompt fits. Each worker builds its own (not `built_once`): a test finds leftover ranks anywhere on
+    the machine by the store's path, and the other worker's ranks must not be among them."""
     root = tmp_path_factory.mktemp("served")
     src = synthesize("qwen3_moe", "tiny", root / "src", seed=1, layers=4)
     drives = [Drive(f"d{i}", root / f"import{i}") for i in range(2)]

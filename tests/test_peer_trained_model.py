@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -23,15 +24,19 @@ from nightshift.engine.models import get_classes
 from nightshift.engine.store.loader import load_store
 from tests.helpers.moe_families import PROMPT, STEPS, check_import, gather_mm_as_on_a_gpu, nightshift_tokens
 from tests.helpers.reference import greedy_tokens
+from tests.helpers.shared import built_once
 from tests.helpers.stores import tiny_moefy
 
 QUIET = {"say": lambda message: None}
 
 
-@pytest.fixture(scope="module")
-def sparse_moe(tiny_dense, tmp_path_factory):
-    """A tiny MoEfied llama at 2 of 8 experts (sparse: its routers decide)."""
-    return tiny_moefy(tiny_dense, tmp_path_factory.mktemp("moe") / "moe", experts=8, k=2)
+@pytest.fixture(scope="session")
+def sparse_moe(tiny_dense, tmp_path_factory) -> Path:
+    """A tiny MoEfied llama at 2 of 8 experts (sparse: its routers decide), built once per session: tests read it,
+    and copy it to change it."""
+    return (
+        built_once(tmp_path_factory, "sparse-moe", lambda f: tiny_moefy(tiny_dense, f / "moe", experts=8, k=2)) / "moe"
+    )
 
 
 @pytest.mark.slow

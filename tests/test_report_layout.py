@@ -17,6 +17,7 @@ The quick run checks month-end; the other six reviews are `slow`.
 
 from __future__ import annotations
 
+import pickle
 import re
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from nightshift.app.review.schedule import load_schedules
 from nightshift.engine.batch import BatchStats, BatchText, ChatBatch
 from nightshift.engine.generation import AnswerFigures, GenerationStats
 from tests.helpers.reviews import report_context
+from tests.helpers.shared import built_once
 
 pytestmark = pytest.mark.skipif(not shutil.which("pdftoppm"), reason="poppler-utils (pdftoppm, pdftotext) missing")
 
@@ -140,9 +142,17 @@ CASES = [(name, "batch") for name in sorted(load_schedules()[0])] + [("weekly", 
     for case in CASES
 ])  # fmt: skip
 def laid(request, tmp_path_factory) -> Laid:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NIGHTSHIFT_HOME", str(tmp_path_factory.mktemp("home")))
-        return lay_out(*request.param)
+    """The case's report laid out once per session (its PDF in the session's shared folder): each xdist worker
+    that runs one of its tests reads what the first one laid out (tests only read it)."""
+
+    def keep(folder: Path) -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("NIGHTSHIFT_HOME", str(folder / "home"))
+            (folder / "laid.pickle").write_bytes(pickle.dumps(lay_out(*request.param)))
+
+    return pickle.loads(
+        (built_once(tmp_path_factory, "layout-" + "-".join(request.param), keep) / "laid.pickle").read_bytes()
+    )
 
 
 def test_no_unit_starts_a_line(laid):

@@ -33,14 +33,19 @@ class StallingFeed:
 
     def __init__(self) -> None:
         self.collected = 0
+        self.fresh_at = 0.0  # when the newest snapshot was taken
         self.stalled = threading.Event()
         self.released = threading.Event()
+
+    def age(self) -> float:
+        """How old the newest snapshot really is: no age the screen shows can be more (rounded, +1 s)."""
+        return time.time() - self.fresh_at
 
     def collect(self, with_service: bool, service_pid: int | None) -> Snapshot:
         if self.stalled.is_set():
             self.released.wait()
         self.collected += 1
-        now = time.time()
+        now = self.fresh_at = time.time()
         reviews = {"beancount": None, "daily": None, "month-end": None}
         service = ServiceState(True, 4242, Jobs([RUN], reviews), []) if with_service else None
         return Snapshot([DriveRow("vda", "vda", 12.5, None, "experts of smollm2")], Memory(GiB, 24 * GiB, 16 * GiB),
@@ -62,7 +67,10 @@ def subtitle(app: Dashboard, panel: str) -> str:
 
 
 def test_a_stalled_feed_is_marked_stale_with_its_age_and_live_again_after():
-    async def scenario() -> tuple[str, str, str, str]:
+    """The ages shown are checked against the feed's real age when they were read, not against a time: how soon the
+    marker comes depends on how busy the machine is (a loaded one runs the app's timer late)."""
+
+    async def scenario() -> tuple[tuple[str, float], tuple[str, str, float], str]:
         feed = StallingFeed()
         app = Dashboard(feed=feed)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -72,20 +80,20 @@ def test_a_stalled_feed_is_marked_stale_with_its_age_and_live_again_after():
             assert "STALE" not in banner(app) and app.screen.query_one("#drives").border_subtitle == "live"
             feed.stalled.set()
             await until(pilot, lambda: "STALE" in banner(app), WAIT_S, "the stale marker")
-            stale = banner(app)  # the queue (read less often) may turn stale a moment before the drives
+            stale = banner(app), feed.age()  # the queue (read less often) may turn stale a moment before the drives
             await until(pilot, lambda: all(subtitle(app, panel).startswith("STALE") for panel in ("#drives", "#job")),
                         WAIT_S, "each panel's own marker")  # fmt: skip
-            drives, job = subtitle(app, "#drives"), subtitle(app, "#job")
+            panels = subtitle(app, "#drives"), subtitle(app, "#job"), feed.age()
             feed.stalled.clear()
             feed.released.set()
             await until(pilot, lambda: "STALE" not in banner(app), WAIT_S, "the feed to be live again")
-            return stale, drives, job, banner(app)
+            return stale, panels, banner(app)
 
-    stale, drives, job, after = asyncio.run(scenario())
+    (stale, stale_age), (drives, job, panels_age), after = asyncio.run(scenario())
     shown_age = int(re.search(r"nothing fresh for (\d+) s", stale).group(1))
-    assert STALE_AFTER_S - 1 <= shown_age <= 5  # marked within 5 s of the last fresh figure
+    assert STALE_AFTER_S - 1 <= shown_age <= stale_age + 1  # stale once old, and never older than it is
     for label in (drives, job):
-        assert STALE_AFTER_S - 1 <= int(re.match(r"STALE: (\d+) s old", label).group(1)) <= 5
+        assert STALE_AFTER_S - 1 <= int(re.match(r"STALE: (\d+) s old", label).group(1)) <= panels_age + 1
     assert after.startswith("service running")
 
 

@@ -11,7 +11,6 @@ Every rendering must show the keys for help and quit.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests.helpers.clock import ZONE
 from tests.helpers.dashboard import STATES, frozen_app, settled
+from tests.helpers.shared import locked
 
 SNAPSHOTS = Path(__file__).parent / "__snapshots__" / "test_tui_snapshots"
 SIZES = [(60, 20), (80, 24), (160, 50)]
@@ -50,17 +50,12 @@ def sections(path: Path) -> dict[str, str]:
 def stored_with(path: Path, shown: dict[str, str]) -> dict[str, str]:
     """`path`'s renderings with `shown` written in. A state's sizes are separate tests, possibly on two xdist
     workers at once: its file is read and rewritten under a lock on its folder, and replaced whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
+    with locked(path.parent):
         stored = {**sections(path), **shown}
         order = [f"=== {screen} {w}x{h} ===" for w, h in SIZES for screen in SCREENS]
         partial = path.with_name(path.name + ".partial")
         partial.write_text("".join(f"{h}\n{stored[h]}\n\n" for h in sorted(stored, key=order.index)))
         partial.replace(path)
-    finally:
-        os.close(folder)  # and the lock with it
     return stored
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.service import user_schedule
+from tests.helpers.shared import built_once
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +45,11 @@ def package_folders() -> list[str]:
     return sorted(".".join(("nightshift", *init.parent.relative_to(REPO).parts)) for init in inits)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """`pip wheel .` of a copy of the checkout (an in-tree build would leave build/ in the repo)."""
-    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+def build_wheel(folder: Path) -> None:
+    """`pip wheel .` of a copy of the checkout into `folder`/wheel (an in-tree build would leave build/ in the
+    repo)."""
+    source, out = folder / "source", folder / "wheel"
+    source.mkdir()
     for name in SOURCES:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -57,14 +59,17 @@ def wheel(tmp_path_factory) -> Path:
     build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(source)]
     done = subprocess.run(build, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    (built,) = out.glob("nightshift-*.whl")
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The checkout's wheel, built once per session."""
+    (built,) = (built_once(tmp_path_factory, "wheel", build_wheel) / "wheel").glob("nightshift-*.whl")
     return built
 
 
-@pytest.fixture(scope="module")
-def venv(wheel, tmp_path_factory) -> Path:
-    """A fresh venv with the wheel installed and the test venv's dependencies visible; its root."""
-    root = tmp_path_factory.mktemp("venv")
+def install_wheel(wheel: Path, root: Path) -> None:
+    """A fresh venv at `root` with `wheel` installed and the test venv's dependencies visible."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     python = root / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -75,7 +80,12 @@ def venv(wheel, tmp_path_factory) -> Path:
                "--no-deps", "--no-index", str(wheel)]  # fmt: skip
     done = subprocess.run(install, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    return root
+
+
+@pytest.fixture(scope="session")
+def venv(wheel, tmp_path_factory) -> Path:
+    """`install_wheel`'s venv, made once per session (tests only run it); its root."""
+    return built_once(tmp_path_factory, "venv", lambda folder: install_wheel(wheel, folder / "venv")) / "venv"
 
 
 def run_in(cwd: Path, *args: str | Path) -> subprocess.CompletedProcess:

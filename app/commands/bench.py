@@ -438,8 +438,9 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     from nightshift.app.models import resolve_model
     from nightshift.engine.bench.layout import replicate_everywhere
 
-    copied = replicate_everywhere(resolve_model(args.model))
-    say(f"copied {copied / 1e6:.1f} MB: every expert now has a replica on every drive of the store")
+    copied = replicate_everywhere(resolve_model(args.model), args.replicas)
+    where = "every drive of the store" if args.replicas is None else f"{args.replicas} drives"
+    say(f"copied {copied / 1e6:.1f} MB: every expert now has a replica on {where}")
     return 0
 
 
@@ -514,6 +515,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     peer.set_defaults(run=cmd_peer)
     replicate = sub.add_parser("replicate", help="copy every expert to every drive of the store (for the ladder)")
     replicate.add_argument("--model", required=True, help="a store (name from `model list`, or directory)")
+    replicate.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="replicas per expert: copies to the drives after its first, in the store's order (default: every drive)",
+    )
     replicate.set_defaults(run=cmd_replicate)
     for parser in (decode, ab, ladder):
         parser.add_argument(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,8 +132,9 @@ class Manifest:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary file, sync it and rename it over `path`."""
-    tmp = path.with_name(path.name + ".partial")
+    """Write JSON to a temporary file, sync it and rename it over `path`. The temporary file is the writer's own
+    (process and thread): two runs closing on one store at once (a routing profile) must not write into one file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
         f.flush()

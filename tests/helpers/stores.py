@@ -38,10 +38,14 @@ def import_tiny(root: Path, src: Path, name: str, trunk_bits: int = 16, drives: 
     return store
 
 
+def tiny_store_in(root: Path, arch: str) -> Path:
+    """`root`/store: a two-drive store of a tiny synthetic `arch` checkpoint (written in `root` too)."""
+    return import_tiny(root, tiny_checkpoint(root, arch), "store")
+
+
 def tiny_store(tmp_path_factory, arch: str) -> Path:
     """A two-drive store of a tiny synthetic `arch` checkpoint, in a new temporary directory."""
-    root = tmp_path_factory.mktemp(arch)
-    return import_tiny(root, tiny_checkpoint(root, arch), "store")
+    return tiny_store_in(tmp_path_factory.mktemp(arch), arch)
 
 
 def streamed(
