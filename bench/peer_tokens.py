@@ -5,7 +5,10 @@ computes float32 only), and says so; with `--as-stored` it keeps its 16-bit weig
 gather_mm's products and sums are float32 (as MLX computes them on a GPU), which is what nightshift computes from
 a bf16 store whose norms are bf16 too.
 
-    python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16] [--as-stored]
+    python -m bench.peer_tokens STORE MODEL_DIR... [--tokens 8] [--prompt-tokens 16] [--as-stored] [--streamed B]...
+
+`--streamed B` also streams the store with an expert cache of B (0, 25 % of the experts as 637M, ...): its prompt
+pass and its decode steps take the streaming layer's paths, which must give the in-RAM store's tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from mlx_lm.generate import generate_step
 
 from bench.gpu_gather_mm import gather_mm_as_on_a_gpu
 from bench.streaming_peers import prompt_ids
+from nightshift.engine.moe.settings import StreamSettings, parse_budget
 from nightshift.engine.runtime import open_model
 
 
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--as-stored", action="store_true", help="16-bit weights kept; gather_mm in float32")
+    parser.add_argument("--streamed", action="append", default=[], help="also streamed, this expert cache (0, 637M)")
     args = parser.parse_args()
     if args.as_stored:
         mx.gather_mm = gather_mm_as_on_a_gpu(mx.gather_mm)
@@ -49,6 +54,14 @@ def main() -> None:
     print(
         f"nightshift store in RAM, {args.store}: {[c.token for c in store.generate_tokens(prompt, max_tokens=args.tokens)]}"
     )
+    store.close()
+    for budget in args.streamed:
+        streamed = open_model(args.store, stream=StreamSettings(cache_bytes=parse_budget(budget)))
+        try:
+            tokens = [c.token for c in streamed.generate_tokens(prompt, max_tokens=args.tokens)]
+        finally:
+            streamed.close()
+        print(f"nightshift streamed, expert cache {budget}: {tokens}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ process into parts:
   KV cache, resident stacks); the cache's own count (`cache_used`, its budget) is printed beside it;
 - decode transient: MLX's peak during decoding above what it holds after (temporaries of one step: stacked
   experts, activations, a float copy of a 16-bit weight that a mixed-dtype product promotes);
+- prompt transient: MLX's peak during the prompt pass above what it holds after it (a pass's experts read and not
+  kept, stacked, their float32 copies). Where the process's peak RSS came during the prompt (VmHWM after it), the
+  parts split that peak: the trunk, what MLX held after the prompt beyond it, the prompt transient, the rest;
 - the rest: RSS not held by MLX (tokenizer, reader buffers, thread stacks, allocator arenas); of it, after
   decoding, MLX's buffer cache (freed arrays MLX keeps for reuse) and, on glibc, the heap's free bytes (`mallinfo2`:
   memory freed but not given back, holes the cache's churn leaves) are printed apart.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 MB = 1 << 20
@@ -66,12 +70,27 @@ def malloc_figures() -> dict[str, int]:
     return {"heap free": info.fordblks, "heap in use": info.uordblks, "mapped": info.hblkhd, "mappings": info.hblks}
 
 
+def stacked_prompts(model) -> None:
+    """Every streaming layer of `model` runs a prompt pass's experts stacked in one call (the code before they ran
+    as they land), for the side-by-side run."""
+    from nightshift.engine.moe.streaming import StreamingSwitch
+
+    for _, module in model.named_modules():
+        if isinstance(module, StreamingSwitch):
+            module.per_pair = False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("store", type=Path, help="a store directory (nightshift model import)")
     parser.add_argument("--budget", default="0", help="expert cache: auto, 0 or a size such as 47M (0)")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (64)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens decoded (8)")
+    parser.add_argument(
+        "--stacked-prompt",
+        action="store_true",
+        help="a prompt pass's 16-bit experts stacked and run in one call, as before they ran as they land (the A/B)",
+    )
     args = parser.parse_args()
     stages = {"python": status("VmRSS")}
 
@@ -90,11 +109,16 @@ def main() -> int:
     except NightshiftError as exc:
         parser.error(str(exc))
     model = open_model(args.store, stream=StreamSettings(cache_bytes=budget))
+    if args.stacked_prompt:
+        stacked_prompts(model.model)
     stages["opened"], trunk = status("VmRSS"), mx.get_active_memory()
     mx.reset_peak_memory()
     prompt = list(range(100, 100 + args.prompt_tokens))
-    next(iter(model.generate_tokens(prompt, max_tokens=1)))
-    stages["prefilled"], prefill_peak = status("VmRSS"), mx.get_peak_memory()
+    began = time.perf_counter()
+    first = next(iter(model.generate_tokens(prompt, max_tokens=1)))
+    prefill_s = time.perf_counter() - began
+    stages["prefilled"], prefill_peak, prefill_active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
+    prompt_peak_rss = status("VmHWM")
     mx.reset_peak_memory()
     list(model.generate_tokens([prompt[-1]], max_tokens=args.tokens))
     figures = model.figures(settled=True)
@@ -110,11 +134,20 @@ def main() -> int:
         "decode transient": max(decode_peak - active, 0),
     }
     parts["the rest"] = max(peak_rss - sum(parts.values()), 0)
+    prompt_parts = {
+        "trunk": trunk,
+        "held by MLX beyond the trunk": max(prefill_active - trunk, 0),
+        "prompt transient": max(prefill_peak - prefill_active, 0),
+    }
+    prompt_parts["the rest"] = max(prompt_peak_rss - sum(prompt_parts.values()) - stages["imports"], 0)
     print(f"{args.store.name}: budget {args.budget}, {args.prompt_tokens}-token prompt, {args.tokens} tokens")
     print("RSS at each stage (MB): " + ", ".join(f"{k} {v / MB:.0f}" for k, v in stages.items()))
     print(f"MLX (MB): after open {trunk / MB:.0f}, prefill peak {prefill_peak / MB:.0f}, "
           f"decode peak {decode_peak / MB:.0f}, active at the end {active / MB:.0f}")  # fmt: skip
     print(f"heavy libraries imported: {', '.join(heavy) or 'none'}")
+    print(f"prompt pass ({'stacked' if args.stacked_prompt else 'as the experts land'}): {prefill_s:.2f} s to the "
+          f"first token ({first.token}); peak RSS by its end {prompt_peak_rss / MB:.0f} MB, of which beyond the "
+          "interpreter: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in prompt_parts.items()) + " MB")  # fmt: skip
     print(f"expert cache: {figures.cache_used / MB:.0f} MB held of a {figures.cache_budget / MB:.0f} MB budget")
     print(f"peak RSS {peak_rss / MB:.0f} MB, of which:")
     for name, value in parts.items():
@@ -125,12 +158,15 @@ def main() -> int:
     figures_out = {"stages_mb": {k: round(v / MB, 1) for k, v in stages.items()},
                    "cache_used_mb": round(figures.cache_used / MB, 1), "parts_mb": {k: round(v / MB, 1) for k, v in parts.items()}, "peak_rss_mb": round(peak_rss / MB, 1),
                    "mlx_mb": {"opened": round(trunk / MB, 1), "prefill_peak": round(prefill_peak / MB, 1),
+                              "prefill_active": round(prefill_active / MB, 1),
                               "decode_peak": round(decode_peak / MB, 1), "active_end": round(active / MB, 1)},
-                   "mlx_cache_mb": round(mlx_cache / MB, 1),
+                   "mlx_cache_mb": round(mlx_cache / MB, 1), "prefill_s": round(prefill_s, 3), "first_token": first.token,
+                   "prompt_peak_rss_mb": round(prompt_peak_rss / MB, 1),
+                   "prompt_parts_mb": {k: round(v / MB, 1) for k, v in prompt_parts.items()},
                    "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},
                    "heavy_imports": heavy, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
     config = {"store": str(args.store), "budget": args.budget, "prompt_tokens": args.prompt_tokens,
-              "tokens": args.tokens}  # fmt: skip
+              "tokens": args.tokens, "stacked_prompt": args.stacked_prompt}  # fmt: skip
     run_id = Catalogue(catalogue_file()).record(
         Run("process-memory", args.store.name, config, figures_out, "pass", command="python " + " ".join(sys.argv))
     )

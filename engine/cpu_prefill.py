@@ -32,6 +32,8 @@ the same math and the same threads.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import mlx.core as mx
@@ -44,6 +46,11 @@ from nightshift.engine.instruments.probes import Instruments
 
 # Below this many rows the quantized kernel wins (measured on this machine's 2 cores).
 MIN_ROWS = 32
+# mlx-lm's SwitchGLU / SwitchMLP sort a call of this many (row, expert) pairs or more by expert, gathering the rows
+# into a new array; a smaller call hands gather_mm its rows as expanded views, which MLX's CPU gather_mm reads as
+# transposed one-row matrices: another BLAS path, other float32 bits for the same product (measured here). A part of
+# a sorted call therefore lays its rows out as the sorted call would (`rows_as_sorted`).
+SORTED_PAIRS = 64
 
 
 def _float32_kernel(layer: nn.Module, x: mx.array) -> bool:
@@ -151,14 +158,47 @@ def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_ind
     dtype (the GPU's upcast rule, module docstring): row by row, as `gather_mm` sums, each used expert upcast once."""
     weight = layer["weight"]
     used, slots = np.unique(np.array(indices), return_inverse=True)  # evaluates the router
-    experts = weight[mx.array(used.astype(np.uint32))].astype(mx.float32)
+    # The stack a streamed call brings holds exactly the experts it uses: upcast whole, not gathered first.
+    experts = weight if len(used) == weight.shape[0] else weight[mx.array(used.astype(np.uint32))]
+    rows = x.astype(mx.float32)
+    if layer.rows_sorted:  # standard strides: a row's size-1 axes no longer read as a transposed matrix
+        rows = rows.flatten().reshape(rows.shape)
     y = mx.gather_mm(
-        x.astype(mx.float32),
-        experts.swapaxes(-1, -2),
+        rows,
+        experts.astype(mx.float32).swapaxes(-1, -2),
         rhs_indices=mx.array(slots.reshape(indices.shape).astype(np.uint32)),
         sorted_indices=sorted_indices,  # the remap keeps the order
     ).astype(mx.result_type(x, weight))
     return y + mx.expand_dims(layer["bias"][indices], -2) if "bias" in layer else y
+
+
+def sums_per_pair(switch: nn.Module, expert_dtypes: set[mx.Dtype]) -> bool:
+    """Whether every expert projection of `switch`, given experts of `expert_dtypes`, multiplies each (row, expert)
+    pair alone whatever rows a call holds: 16-bit float experts on the CPU (`_float32_gather`: one float32 product
+    per pair, as `gather_mm` does, the output rounded per element), unless `float32_prefill` groups a pass's rows.
+    A call on a subset of the pairs, its rows laid out as the whole call's (`rows_as_sorted`), then gives each pair
+    the bits the whole call would, so the experts can run as they land."""
+    projections = [c for c in switch.children().values() if isinstance(c, (SwitchLinear, QuantizedSwitchLinear))]
+    return (
+        bool(projections)
+        and expert_dtypes <= {mx.bfloat16, mx.float16}
+        and all(isinstance(p, PrefillSwitchLinear) and not p.float32_prefill for p in projections)
+    )
+
+
+@contextmanager
+def rows_as_sorted(switch: nn.Module, sorted_call: bool) -> Iterator[None]:
+    """Within it, the 16-bit projections of `switch` lay their rows out as the rows of a sorted call (row-major,
+    gathered), whatever view they come as, when `sorted_call`: calls on parts of a call of SORTED_PAIRS pairs or
+    more, which mlx-lm's switch would have sorted whole, get that call's bits."""
+    projections = [p for p in switch.children().values() if isinstance(p, PrefillSwitchLinear)]
+    for projection in projections:
+        projection.rows_sorted = sorted_call
+    try:
+        yield
+    finally:
+        for projection in projections:
+            projection.rows_sorted = False
 
 
 class PrefillSwitchLinear(SwitchLinear):
@@ -168,6 +208,7 @@ class PrefillSwitchLinear(SwitchLinear):
 
     instruments: Instruments | None = None  # where its GEMM and split calls are counted, if handed any
     float32_prefill = False  # as PrefillQuantizedLinear's
+    rows_sorted = False  # rows laid out as a sorted call's (`rows_as_sorted`)
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         weight = self["weight"]

@@ -165,7 +165,10 @@ class StreamSettings:
         metadata=option("in decode, drives done with a layer's reads start on the next layer's guesses"),
     )
     overlap: bool = field(
-        default=True, metadata=option("in decode, run each expert as it lands while the rest are still read")
+        default=True,
+        metadata=option(
+            "in decode (and prompts on 16-bit float experts), run each expert as it lands while the rest are read"
+        ),
     )
     cache_bytes: int = field(
         default=AUTO_BUDGET,

@@ -7,6 +7,9 @@ mlx-lm's `gather_qmm` / `gather_mm` (and bias, activation) unchanged: greedy out
 is token-identical to the model held fully in RAM. A one-row (decode) call instead
 runs each expert alone, through the same switch module, as soon as it lands
 (`overlap`): per slot the result is the same, and the compute hides behind the reads.
+So does a prompt pass whose experts are 16-bit floats on the CPU, where every (row, expert)
+product is computed alone whatever the call holds (`sums_per_pair`): no stack of the pass's
+experts and no float32 copy of it is made, which set the peak memory of a prompt pass.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from nightshift.engine.cpu_prefill import MIN_ROWS, use_gemm_prefill
+from nightshift.engine.cpu_prefill import MIN_ROWS, SORTED_PAIRS, rows_as_sorted, sums_per_pair, use_gemm_prefill
 from nightshift.engine.cpu_streams import cpu_streams, part_bounds, worth_spreading
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
 from nightshift.engine.store.manifest import Manifest, MoeLayer
+from nightshift.engine.store.safetensors_io import DTYPES
 
 
 class StreamingSwitch(nn.Module):
@@ -36,6 +40,9 @@ class StreamingSwitch(nn.Module):
         object.__setattr__(self, "_stream", stream)
         object.__setattr__(self, "_empty", {n: switch[n].parameters() for n in expert_projections(switch)})
         object.__setattr__(self, "_holding", None)  # the resident stack the switch holds, if any
+        # A prompt pass's experts run as they land too, one by one, where that gives the stacked call's bits; the
+        # stack and its float32 copies were what set the peak of a prompt pass on 16-bit experts.
+        self.per_pair = sums_per_pair(switch, {DTYPES[slot.dtype][0] for slot in layer.tensors})
         self.layer_index = layer.layer
         self.tensor_names = [slot.name for slot in layer.tensors]
         self.expert_bytes = sum(slot.nbytes for slot in layer.tensors)
@@ -55,7 +62,7 @@ class StreamingSwitch(nn.Module):
                 self._switch.update(tree_unflatten(list(resident.items())))
                 object.__setattr__(self, "_holding", resident)
             return self._switch(x, indices)
-        if self._stream.settings.overlap and decode_step(indices.shape):
+        if self._stream.settings.overlap and (self.per_pair or decode_step(indices.shape)):
             return self._overlapped(x, indices)
         unique, host, experts = self._stream.experts(self.layer_index, x, indices)
         stacked = [(name, mx.stack([e[name] for e in experts])) for name in self.tensor_names]
@@ -98,7 +105,7 @@ class StreamingSwitch(nn.Module):
         blocks: list[tuple[list[int], mx.array]] = []  # (expert places, their outputs: each one's rows in turn)
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
         # A stacked call takes the quantized kernel below MIN_ROWS (row, expert) products, as a one-row call does.
-        most = (MIN_ROWS - 1) // rows.shape[0]
+        most = max((MIN_ROWS - 1) // rows.shape[0], 1)  # 1: a prompt pass of MIN_ROWS rows or more, none together
 
         def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
@@ -119,7 +126,8 @@ class StreamingSwitch(nn.Module):
                 )
 
         try:
-            unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
+            with rows_as_sorted(self._switch, self.per_pair and indices.size >= SORTED_PAIRS):
+                unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
         finally:
             self._switch.update(self._empty)
         return in_slot_order(blocks, picked, unique, host, indices.shape)
