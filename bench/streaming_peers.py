@@ -288,7 +288,7 @@ def main() -> None:
             own = {"budget": AUTO_BUDGET} if engine is nightshift and args.auto else {}
             figures = measure(engine, {**job, "trace": trace and str(trace), **own}, share, limit, catalogue, load)
             if own and "counters" in figures:
-                print(f"{'':>6} auto: nightshift's cache {figures['counters']['cache_budget'] / 1e6:.1f} MB")
+                print(f"{'':>6} auto: nightshift's cache {figures['counters']['budget']['bytes'] / 1e6:.1f} MB")
             if engine is nightshift:
                 first = figures
                 limit = figures["group_peak_bytes"] if not (args.unlimited or limits) else limit

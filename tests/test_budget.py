@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.budget import (
     CONTEXT_TOKENS,
     KV_STEP,
+    LIMIT_FLOOR,
     LIMIT_MARGIN_MIN,
     Budget,
     Memory,
@@ -98,6 +100,21 @@ def test_a_cgroup_v2_takes_the_tightest_group_and_max_is_no_limit(tmp_path):
     machine = psutil.virtual_memory()
     assert memory_now(tmp_path, proc).total == machine.total and not memory_now(tmp_path, proc).limited
     assert cgroup_memory(tmp_path, tmp_path / "no-such-file") is None  # not Linux: no /proc/self/cgroup
+
+
+def test_inside_a_limit_pressure_keeps_only_a_floor_free_once_the_process_has_grown_into_its_margin(tmp_path):
+    """At open the margin is left for the process's growth; once grown, the cache gives back only what would leave
+    less than `LIMIT_FLOOR` free. Outside a limit the margin stays free (the machine's other processes)."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    memory = partial(memory_now, tmp_path, proc)
+    sized = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN, limited=True)
+    for free, expected in ((60 * MB, 100 * MB), (20 * MB, 80 * MB + 20 * MB - LIMIT_FLOOR), (0, 80 * MB - LIMIT_FLOOR)):
+        write_group(tmp_path / "job", str(500 * MB), 500 * MB - free, 0, "inactive_file", V2_FILES)
+        assert Pressure(sized, memory).budget_now(used=80 * MB) == expected
+    machine = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN)
+    write_group(tmp_path / "job", str(500 * MB), 500 * MB - 60 * MB, 0, "inactive_file", V2_FILES)
+    assert Pressure(machine, memory).budget_now(used=80 * MB) == 80 * MB + 60 * MB - LIMIT_MARGIN_MIN
 
 
 def test_inside_a_limit_auto_keeps_a_small_margin_and_the_kv_cache_of_the_run_it_is_told(stores):

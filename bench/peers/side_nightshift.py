@@ -9,6 +9,7 @@ in the order the cache was asked (the format `nightshift bench cache --routing` 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from side import Clock, report, work
@@ -49,7 +50,7 @@ def main() -> None:
             Path(job["trace"]).write_text("".join(json.dumps(call) + "\n" for call in calls))
         report(clock, [tokens], {"hits": stats.cache_hits, "misses": stats.cache_misses,
                                  "read_bytes": sum(stats.drive_bytes.values()), "cache_used": stats.cache_used,
-                                 "cache_budget": model.stream.budget.bytes,
+                                 "budget": asdict(model.stream.budget),
                                  "prefetch_recall": stats.prefetch_recall})  # fmt: skip
     finally:
         model.close()

@@ -19,19 +19,22 @@ layer: each expert it selects as read (a miss is not in the cache) and once more
 and the next layer's top k read ahead).
 margin: what is left free. Outside a cgroup limit it is for the rest of the machine: a tenth of its RAM, at least
 `MARGIN_MIN` and at most `MARGIN_MAX`. Inside one, nothing outside the group is charged to it, so the margin is
-only for the process's own growth past what is reserved: `LIMIT_MARGIN_FRACTION` of the limit, at least
-`LIMIT_MARGIN_MIN` (docs/results.md, "`--memory-budget auto` inside a memory limit": measured there).
+only for the process's own growth past what is reserved and the floor `Pressure` keeps: `LIMIT_FRACTION` of
+the limit, at least `LIMIT_MARGIN_MIN` (docs/results.md, "`--memory-budget auto` inside a memory limit").
 
 An auto budget also gives RAM back: `Pressure` looks at available memory now and then while the model
-runs, and when another process (or the run's own KV cache past its bound) has taken so much that less than the
+runs, and when another process (or the run's own growth past its estimate) has taken so much that less than the
 margin is left, the cache shrinks by the shortfall (the engine evicts down to it), rather than the machine
-swapping or the group's processes being killed at its limit.
+swapping or the group's processes being killed at its limit. Inside a cgroup limit the margin is the process's
+own growth, spent once it has grown: there `Pressure` keeps only `LIMIT_FLOOR` free (the cache never grows past
+the headroom the last check saw, so between checks only the process's other growth takes from it).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +51,11 @@ FLOAT_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 MARGIN_FRACTION = 0.10
 MARGIN_MIN = 1 << 30
 MARGIN_MAX = 8 << 30
-LIMIT_MARGIN_FRACTION = 0.05
-LIMIT_MARGIN_MIN = 64 << 20
+LIMIT_FRACTION = 0.05
+LIMIT_FLOOR = 16 << 20  # what `Pressure` keeps free inside a cgroup limit
+# Inside a limit: the process's growth past what is reserved (the tokenizer, mlx-lm's model code: 40 MB on the
+# Mixtral bench export, 54-66 MB on its 4-bit copy, docs/results.md) and the floor.
+LIMIT_MARGIN_MIN = (64 << 20) + LIMIT_FLOOR
 CHECK_EVERY_S = 0.5  # how often a running model looks at available memory (/proc and cgroup files: ~1-2 ms)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -64,8 +70,14 @@ class Budget:
     expert_bytes: int  # every expert of the store, one copy
     available: int = 0  # memory available when the budget was sized (auto only)
     reserved: int = 0  # trunk + KV cache + read buffers + working set (auto only)
-    margin: int = 0  # left free (auto only)
+    margin: int = 0  # left free at open (auto only)
     limited: bool = False  # sized inside a memory cgroup's limit (auto only)
+
+    @property
+    def floor(self) -> int:
+        """What `Pressure` keeps free while the model runs: the margin, which is the machine's other processes' where
+        no cgroup limit binds; inside one, once the process has grown into its margin, only `LIMIT_FLOOR`."""
+        return min(self.margin, LIMIT_FLOOR) if self.limited else self.margin
 
     @property
     def share(self) -> float:
@@ -150,7 +162,7 @@ def _group_memory(group: Path, files: tuple[str, str, str]) -> Memory | None:
 def margin_for(memory: Memory) -> int:
     """What auto leaves free: for the rest of the machine, or, inside a cgroup limit, for the process's own growth."""
     if memory.limited:
-        return min(max(int(memory.total * LIMIT_MARGIN_FRACTION), LIMIT_MARGIN_MIN), MARGIN_MAX)
+        return min(max(int(memory.total * LIMIT_FRACTION), LIMIT_MARGIN_MIN), MARGIN_MAX)
     return min(max(int(memory.total * MARGIN_FRACTION), MARGIN_MIN), MARGIN_MAX)
 
 
@@ -240,13 +252,15 @@ class Pressure:
     """Watches available memory for an auto budget, at most every `CHECK_EVERY_S`.
 
     `budget_now(used)`: the budget the cache should have now: what it holds plus what is available beyond
-    the margin, never more than it was sized at open. Below `used` when another process, or the run's own growth
+    the budget's floor, never more than it was sized at open. Below `used` when another process, or the run's own growth
     inside a cgroup limit, has taken memory (the cache gives back the shortfall); back up to the sized budget once
     that memory is free again. None between checks.
     """
 
-    def __init__(self, budget: Budget):
+    def __init__(self, budget: Budget, memory: Callable[[], Memory] = memory_now):
+        """`memory`: where the memory available now is read (a test's own cgroup tree)."""
         self.budget = budget
+        self.memory = memory
         self._next = 0.0
 
     def budget_now(self, used: int) -> int | None:
@@ -254,5 +268,5 @@ class Pressure:
         if now < self._next:
             return None
         self._next = now + CHECK_EVERY_S
-        headroom = memory_now().available - self.budget.margin
+        headroom = self.memory().available - self.budget.floor
         return min(self.budget.bytes, max(0, used + headroom))
