@@ -10,8 +10,8 @@ usage plus its inactive page cache, as container runtimes count it.
 trunk: the store's trunk file (resident), and the copy of the output projection a pass multiplies where the
 activations are wider than it (`trunk_bytes`). KV cache: every layer's keys and values for the run's context, prompt
 and answer (`context_tokens`, in mlx-lm's steps of `KV_STEP` tokens) where the caller knows it, else for
-`CONTEXT_TOKENS` (the service, batches); in the trunk's widest float dtype, which the activations promote to
-(the Mixtral bench export's bf16 weights with float32 norms keep float32 keys). Read buffers: one per reader
+`CONTEXT_TOKENS` (the service, batches); in the trunk's widest float dtype, a bound of the activations' (the
+Mixtral bench export's bf16 weights with float32 norms keep float32 keys). Read buffers: one per reader
 thread, each the largest expert file. Working set: what one layer call holds besides the cache, in the largest
 layer: each expert it selects as read (a miss is not in the cache) and once more as the copy its compute makes
 (a stack, or a 16-bit expert's float32 copy: twice its bytes), so three times the experts a pass can select
@@ -180,7 +180,9 @@ def kv_cache_bytes(config: dict, tokens: int = CONTEXT_TOKENS, itemsize: int = 4
 def trunk_bytes(trunk: Path) -> tuple[int, int]:
     """What the trunk holds while the model runs, and the bytes of the activations' dtype (so of the KV cache's).
 
-    The activations take the trunk's widest float (4 where it holds none: quantized with float32 scales). An output
+    The activations are at most the trunk's widest float (4 where it holds none: quantized with float32 scales),
+    and are that where a norm or gate holds it (the Mixtral bench export's float32 norms: float32 keys, checked);
+    a wide tensor the activations never meet (a float32 routing bias) makes this a bound that errs high. An output
     projection stored narrower (a tied bf16 embedding under float32 activations, as in the Mixtral bench export) is
     multiplied as a copy in the activations' dtype, held while a pass is in flight, so always while decoding: 113 MB
     on that export, counted with the file."""
