@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from nightshift.engine.moe.held import held_expert_bytes
 from nightshift.engine.moe.settings import AUTO_BUDGET
 from nightshift.engine.store.manifest import Manifest
 
@@ -40,7 +41,7 @@ class Budget:
 
     bytes: int
     auto: bool
-    expert_bytes: int  # every expert of the store, one copy
+    expert_bytes: int  # every expert of the store, one copy, as held in RAM (engine/moe/held.py)
     available: int = 0  # RAM available when the budget was sized (auto only)
     reserved: int = 0  # trunk + KV cache + read buffers + working set (auto only)
     margin: int = 0  # left for the rest of the system (auto only)
@@ -137,13 +138,14 @@ def reserved_bytes(manifest: Manifest, store: Path, reader_threads: int) -> int:
 
 def size_budget(cache_bytes: int, manifest: Manifest, store: Path, reader_threads: int) -> Budget:
     """The budget for `cache_bytes` (AUTO_BUDGET or bytes); auto is sized from RAM available now (call before loading)."""
+    every = held_expert_bytes(manifest)
     if cache_bytes != AUTO_BUDGET:
-        return Budget(cache_bytes, False, manifest.expert_bytes)
+        return Budget(cache_bytes, False, every)
     memory = memory_now()
     reserved = reserved_bytes(manifest, store, reader_threads)
     margin = margin_for(memory.total)
     spare = max(0, memory.available - reserved - margin)
-    return Budget(min(manifest.expert_bytes, spare), True, manifest.expert_bytes, memory.available, reserved, margin)
+    return Budget(min(every, spare), True, every, memory.available, reserved, margin)
 
 
 class Pressure:
