@@ -42,46 +42,16 @@ def padded_stores(tmp_path_factory) -> dict[str, Path]:
     return stores
 
 
-# A child process (a fresh heap, so its RSS grows by what it keeps): COPIES copies of each expert file of the first
-# layer decoded as the reader does (`decode`, then `as_stored`) and kept in an ExpertCache, counted by `held_bytes`.
-FILL = """
-import json, os, sys
-from pathlib import Path
-import nightshift.engine
-import mlx.core as mx
-import psutil
-from nightshift.engine.moe.cache import ExpertCache
-from nightshift.engine.moe.held import held_bytes
-from nightshift.engine.moe.reads import as_stored, decode
-from nightshift.engine.store.manifest import read_manifest
-store, copies = Path(sys.argv[1]), int(sys.argv[2])
-manifest = read_manifest(store)
-spec = manifest.layers[0]
-files = [manifest.replica_paths(spec.layer, e)[0][1].read_bytes() for e in range(spec.num_experts)]
-cache = ExpertCache(1 << 40)
-mx.eval(mx.zeros(1))
-rss, active = psutil.Process().memory_info().rss, mx.get_active_memory()
-for copy in range(copies):
-    for expert, data in enumerate(files):
-        tensors = as_stored(decode(bytearray(data), spec), spec)
-        mx.eval(tensors)
-        cache.put((copy, expert), tensors, held_bytes(spec))
-print(json.dumps({"experts": len(cache), "counted": cache.used, "file_bytes": spec.file_bytes,
-                  "tensor_bytes": sum(slot.nbytes for slot in spec.tensors), "tensors": len(spec.tensors),
-                  "rss": psutil.Process().memory_info().rss - rss, "active": mx.get_active_memory() - active}))
-"""
-
-
 @pytest.mark.parametrize("name", ["bf16", "4bit"])
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TENSOR_OVERHEAD is measured on Linux's allocator")
 def test_the_cache_counts_the_memory_its_experts_take(padded_stores, name):
     """Filled with 768 experts, the process's MLX memory grows by their tensors' bytes exactly and its RSS by what
     the cache counted, within 10 %; the files' padding is not held."""
-    out = subprocess.run([sys.executable, "-c", FILL, str(padded_stores[name]), "48"], cwd=ROOT,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "bench.cache_held", str(padded_stores[name]), "--experts", "768"],
+                         cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
     f = json.loads(out.stdout)
-    assert f["active"] == f["experts"] * f["tensor_bytes"]  # the tensors alone, copied out of the read buffer
-    assert f["counted"] == f["experts"] * (f["tensor_bytes"] + f["tensors"] * TENSOR_OVERHEAD)
+    assert f["experts"] == 768 and f["active"] == f["tensor_bytes"]  # the tensors alone, out of the read buffer
+    assert f["counted"] == f["tensor_bytes"] + f["tensors"] * TENSOR_OVERHEAD
     assert abs(f["rss"] - f["counted"]) <= 0.1 * f["counted"], f
     assert f["file_bytes"] >= 1.15 * f["tensor_bytes"]  # had the cache counted files, it would hold this much less
 
