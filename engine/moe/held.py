@@ -2,8 +2,8 @@
 
 The reader copies each tensor out of the 4 KiB-aligned read buffer (engine/moe/reads.py `decode`), so the file's
 padding is not kept: a cached expert holds its tensors' bytes, and per tensor an MLX array and the allocation
-around it. Counting the file instead held 18.5 % fewer experts than the budget had room for on moe128-mixtral's
-bf16 experts and 58 % fewer on its 4-bit copy (docs/results.md, "The expert cache counts what it holds").
+around it. Counting the file instead (18.5 % over the tensors' bytes on moe128-mixtral's bf16 experts, 58 % on its
+4-bit copy) left 11 % and 26 % of the budget unused (docs/results.md, "The expert cache counts what it holds").
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from nightshift.engine.store.manifest import Manifest, MoeLayer
 
-# RSS per cached expert less its tensors' bytes, per tensor, measured on Linux: 781 B on moe128-mixtral's bf16
-# experts (3 tensors of 13.8 KB), 722 B on its 4-bit copy (9 tensors of 2.3-9.2 KB); tests/test_cache_memory.py.
+# RSS per cached expert less its tensors' bytes, per tensor, measured on Linux (`bench.cache_held`): 781-821 B on
+# moe128-mixtral's bf16 experts (3 tensors of 13.8 KB), 702-722 B on its 4-bit copy (9 of 2.3-9.2 KB).
 TENSOR_OVERHEAD = 768
 
 
