@@ -31,6 +31,7 @@ from nightshift.engine.moe.budget import (
     trunk_bytes,
     working_set_bytes,
 )
+from nightshift.engine.moe.held import held_expert_bytes, held_sizes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
 from nightshift.engine.moe.warm import PROFILE_FILE, RoutingProfile, load_profile, save_profile
@@ -58,7 +59,7 @@ def test_auto_leaves_room_for_the_model_and_the_system_and_never_exceeds_the_exp
     store = stores["qwen3_moe"]
     manifest = read_manifest(store)
     budget = size_budget(AUTO_BUDGET, manifest, store, reader_threads=12)
-    assert budget.auto and budget.bytes == manifest.expert_bytes  # a tiny store fits on any machine
+    assert budget.auto and budget.bytes == held_expert_bytes(manifest)  # a tiny store fits on any machine
     assert budget.reserved > 0 and budget.margin == margin_for(memory_now())
     given = size_budget(1000, manifest, store, reader_threads=12)
     assert not given.auto and given.bytes == 1000
@@ -219,7 +220,7 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
 def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):
     store = stores["kimi_k3"]
     manifest = read_manifest(store)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     budget = manifest.expert_bytes // 3
     for policy in CACHE_POLICIES:
         settings = StreamSettings(cache_bytes=budget, cache_policy=policy, warm_start=False)  # a cold cache
@@ -269,7 +270,7 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
 
     store = tiny_store(tmp_path_factory, "kimi_k3")
     manifest = read_manifest(store)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     budget = manifest.expert_bytes // 3
     settings = StreamSettings(cache_bytes=budget, cache_policy=FREQUENCY, warm_start=True)
     assert load_profile(store) is None
@@ -421,7 +422,7 @@ def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_
     assert done.returncode == 0 and kills == 0, done.stderr[-2000:]
     said = json.loads(done.stdout.splitlines()[-1])
     assert said["limited"] and said["margin"] == margin_for(Memory(0, LIMIT, True)) < 1 << 30
-    assert said["budget"] == read_manifest(stores["qwen3_moe"]).expert_bytes  # a tiny store's experts all fit
+    assert said["budget"] == held_expert_bytes(read_manifest(stores["qwen3_moe"]))  # a tiny store's experts all fit
     assert 0 < said["used"] <= said["budget"] and 0 < peak <= LIMIT
     assert said["tokens"] == in_ram["qwen3_moe"]
 

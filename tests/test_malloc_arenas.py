@@ -120,6 +120,7 @@ STREAMED = """
 import json, sys
 from pathlib import Path
 from bench.process_memory import malloc_figures
+from nightshift.engine.moe.held import held_bytes
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
@@ -128,7 +129,7 @@ store = Path(sys.argv[1])
 manifest = read_manifest(store)
 model = open_model(store, stream=StreamSettings(cache_bytes=manifest.expert_bytes // 4))
 tokens = [chunk.token for chunk in model.generate_tokens(list(range(100, 116)), max_tokens=16)]
-cached = model.figures(settled=True).cache_used // manifest.layers[0].file_bytes
+cached = model.figures(settled=True).cache_used // held_bytes(manifest.layers[0])
 print(json.dumps({"tokens": tokens, "cached": cached, "mappings": malloc_figures()["mappings"],
                   "mlx_cache_limit": mx.set_cache_limit(0)}))
 """

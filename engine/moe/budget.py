@@ -40,6 +40,7 @@ from pathlib import Path
 
 import psutil
 
+from nightshift.engine.moe.held import held_expert_bytes
 from nightshift.engine.moe.settings import AUTO_BUDGET
 from nightshift.engine.store.manifest import Manifest
 from nightshift.engine.store.safetensors_io import read_header
@@ -67,7 +68,7 @@ class Budget:
 
     bytes: int
     auto: bool
-    expert_bytes: int  # every expert of the store, one copy
+    expert_bytes: int  # every expert of the store, one copy, as held in RAM (engine/moe/held.py)
     available: int = 0  # memory available when the budget was sized (auto only)
     reserved: int = 0  # trunk + KV cache + read buffers + working set (auto only)
     margin: int = 0  # left free at open (auto only)
@@ -233,16 +234,17 @@ def size_budget(
 ) -> Budget:
     """The budget for `cache_bytes` (AUTO_BUDGET or bytes); auto is sized from `memory` (default: what is available
     now; call before loading), for a run of at most `context_tokens` tokens (0: not known)."""
+    every = held_expert_bytes(manifest)
     if cache_bytes != AUTO_BUDGET:
-        return Budget(cache_bytes, False, manifest.expert_bytes)
+        return Budget(cache_bytes, False, every)
     memory = memory or memory_now()
     reserved = reserved_bytes(manifest, store, reader_threads, context_tokens)
     margin = margin_for(memory)
     spare = max(0, memory.available - reserved - margin)
     return Budget(
-        min(manifest.expert_bytes, spare),
+        min(every, spare),
         True,
-        manifest.expert_bytes,
+        every,
         memory.available,
         reserved,
         margin,
