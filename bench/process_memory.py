@@ -18,7 +18,9 @@ process into parts:
   parts split that peak: the trunk, what MLX held after the prompt beyond it, the prompt transient, the rest;
 - the rest: RSS not held by MLX (tokenizer, reader buffers, thread stacks, allocator arenas); of it, after
   decoding, MLX's buffer cache (freed arrays MLX keeps for reuse) and, on glibc, the heap's free bytes (`mallinfo2`:
-  memory freed but not given back, holes the cache's churn leaves) are printed apart.
+  memory freed but not given back, holes the cache's churn leaves) are printed apart, and the resident set after
+  decoding is split as the kernel counts it: anonymous memory and file pages (the shared libraries' code and data
+  the process touched: MLX, Python, the tokenizer's and numpy's libraries), RssAnon and RssFile on Linux.
 
 `--mlx-cache` sets MLX's buffer cache limit after the store is opened (the engine's own is engine/moe/reader.py
 `RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its page faults (minor, from
@@ -138,6 +140,7 @@ def main() -> int:
     stages["decoded"], decode_peak, active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     peak_rss = status("VmHWM")
     mlx_cache, malloc = mx.get_cache_memory(), malloc_figures()
+    kinds = {"anonymous": status("RssAnon"), "files": status("RssFile")} if sys.platform.startswith("linux") else {}
     model.close()
 
     parts = {
@@ -170,6 +173,8 @@ def main() -> int:
     print(f"  of the rest, after decoding: MLX's buffer cache {mlx_cache / MB:.0f} MB"
           + (f", malloc's free heap {malloc['heap free'] / MB:.0f} MB ({malloc['mappings']} mappings, "
              f"{malloc['mapped'] / MB:.0f} MB mapped apart)" if malloc else ""))  # fmt: skip
+    if kinds:
+        print("RSS after decoding, by kind: " + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in kinds.items()))
     figures_out = {"stages_mb": {k: round(v / MB, 1) for k, v in stages.items()},
                    "cache_used_mb": round(figures.cache_used / MB, 1), "parts_mb": {k: round(v / MB, 1) for k, v in parts.items()}, "peak_rss_mb": round(peak_rss / MB, 1),
                    "mlx_mb": {"opened": round(trunk / MB, 1), "prefill_peak": round(prefill_peak / MB, 1),
@@ -181,7 +186,7 @@ def main() -> int:
                    "prompt_peak_rss_mb": round(prompt_peak_rss / MB, 1),
                    "prompt_parts_mb": {k: round(v / MB, 1) for k, v in prompt_parts.items()},
                    "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},
-                   "heavy_imports": heavy, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
+                   "heavy_imports": heavy, "rss_kinds_mb": {k: round(v / MB, 1) for k, v in kinds.items()}, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
     config = {"store": str(args.store), "budget": args.budget, "prompt_tokens": args.prompt_tokens,
               "tokens": args.tokens, "stacked_prompt": args.stacked_prompt, "mlx_cache_mib": args.mlx_cache}  # fmt: skip
     run_id = Catalogue(catalogue_file()).record(
