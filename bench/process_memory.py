@@ -23,7 +23,7 @@ process into parts:
   the process touched: MLX, Python, the tokenizer's and numpy's libraries), RssAnon and RssFile on Linux.
 
 `--mlx-cache` sets MLX's buffer cache limit after the store is opened (the engine's own is engine/moe/reader.py
-`RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its page faults (minor, from
+`RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults (minor; from
 getrusage) and its tokens are printed with the parts.
 
 Prompt tokens are the store's vocabulary walked in order (content does not matter to memory). Recorded in the run
@@ -132,10 +132,12 @@ def main() -> int:
     stages["prefilled"], prefill_peak, prefill_active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     prompt_peak_rss = status("VmHWM")
     mx.reset_peak_memory()
-    faults, began = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    usage, began = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     tokens = [chunk.token for chunk in model.generate_tokens([prompt[-1]], max_tokens=args.tokens)]
     decode_s = time.perf_counter() - began
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    faults = after.ru_minflt - usage.ru_minflt
+    cpu_s = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
     figures = model.figures(settled=True)
     stages["decoded"], decode_peak, active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     peak_rss = status("VmHWM")
@@ -165,7 +167,7 @@ def main() -> int:
           f"first token ({first.token}); peak RSS by its end {prompt_peak_rss / MB:.0f} MB, of which beyond the "
           "interpreter: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in prompt_parts.items()) + " MB")  # fmt: skip
     print(f"decode: {len(tokens)} tokens in {decode_s:.2f} s ({len(tokens) / decode_s:.3f} tok/s), "
-          f"{faults / len(tokens):.0f} page faults a token; tokens {tokens}")  # fmt: skip
+          f"CPU {cpu_s / len(tokens):.3f} s a token, {faults / len(tokens):.0f} page faults a token; tokens {tokens}")  # fmt: skip
     print(f"expert cache: {figures.cache_used / MB:.0f} MB held of a {figures.cache_budget / MB:.0f} MB budget")
     print(f"peak RSS {peak_rss / MB:.0f} MB, of which:")
     for name, value in parts.items():
@@ -183,6 +185,7 @@ def main() -> int:
                    "mlx_cache_mb": round(mlx_cache / MB, 1), "prefill_s": round(prefill_s, 3), "first_token": first.token,
                    "decode_s": round(decode_s, 3), "tok_s": round(len(tokens) / decode_s, 4), "tokens": tokens,
                    "faults_per_token": round(faults / len(tokens)),
+                   "cpu_s_per_token": round(cpu_s / len(tokens), 4),
                    "prompt_peak_rss_mb": round(prompt_peak_rss / MB, 1),
                    "prompt_parts_mb": {k: round(v / MB, 1) for k, v in prompt_parts.items()},
                    "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},
