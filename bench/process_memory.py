@@ -23,8 +23,8 @@ process into parts:
   the process touched: MLX, Python, the tokenizer's and numpy's libraries), RssAnon and RssFile on Linux.
 
 `--mlx-cache` sets MLX's buffer cache limit after the store is opened (the engine's own is engine/moe/reader.py
-`RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults (minor; from
-getrusage) and its tokens are printed with the parts.
+`RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults
+(minor; from getrusage) and its tokens are printed with the parts.
 
 Prompt tokens are the store's vocabulary walked in order (content does not matter to memory). Recorded in the run
 catalogue (kind `process-memory`).
