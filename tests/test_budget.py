@@ -15,6 +15,7 @@ import pytest
 from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracle
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.probes import Instruments
+from nightshift.engine.io.arenas import map_expert_tensors
 from nightshift.engine.moe.budget import (
     CONTEXT_TOKENS,
     KV_STEP,
@@ -33,6 +34,7 @@ from nightshift.engine.moe.budget import (
 )
 from nightshift.engine.moe.held import held_expert_bytes, held_sizes
 from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.reader import RECYCLE_BYTES
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
 from nightshift.engine.moe.warm import PROFILE_FILE, RoutingProfile, load_profile, save_profile
 from nightshift.engine.runtime import open_model
@@ -451,12 +453,15 @@ def test_mlx_keeps_no_more_freed_buffers_than_the_working_set_the_budget_reserve
 
     store = stores["qwen3_moe"]
     working_set = working_set_bytes(read_manifest(store))
+    # Once an earlier store in this process fixed glibc's mmap threshold (process-wide), every buffer that large is
+    # mapped, and the reader keeps RECYCLE_BYTES of them for reuse rather than fault them in every step.
+    recycled = RECYCLE_BYTES if map_expert_tensors([]) is not None else 0
     default = mx.set_cache_limit(1 << 40)  # as MLX's default on a GPU: its memory limit
     try:
         load_streaming(store, StreamSettings())[2].close()
-        assert mx.set_cache_limit(working_set // 2) == working_set
+        assert mx.set_cache_limit(working_set // 2) == max(working_set, recycled)
         load_streaming(store, StreamSettings())[2].close()  # a lower limit the process set is kept
-        assert mx.set_cache_limit(default) == working_set // 2
+        assert mx.set_cache_limit(default) == max(working_set // 2, recycled)
     finally:
         mx.set_cache_limit(default)
 
