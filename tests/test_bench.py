@@ -89,6 +89,8 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--no-prefetch-fill", "prefetch_fill", False),
         ("--prefetch-cap guesses", "prefetch_cap", "guesses"),
         ("--no-prefetch-abort", "prefetch_abort", False),
+        ("--load-left", "load_left", True),
+        ("--spare-demand-drives", "spare_demand_drives", True),
         ("--no-prefill-prefetch", "prefill_prefetch", False),
         ("--no-prefetch-tail", "prefetch_tail", False),
         ("--no-overlap", "overlap", False),

@@ -154,6 +154,21 @@ class StreamSettings:
             "(512 KiB) so the drive goes to the layer's own reads"
         ),
     )
+    load_left: bool = field(
+        default=False,
+        metadata=option(
+            "a drive's load (what reads are placed and the tail timed by) counts what is left of its reads: an "
+            "abortable read-ahead's chunks as they land, an aborted one's rest at once, and a layer's unused "
+            "read-aheads leave before its demand reads are placed"
+        ),
+    )
+    spare_demand_drives: bool = field(
+        default=False,
+        metadata=option(
+            "in decode, a read-ahead is read on a drive that likely holds one of the next layer's demand reads (an "
+            "uncached guess not read ahead) only if that drive is expected to finish it before the next layer asks"
+        ),
+    )
     prefill_prefetch: bool = field(
         default=True,
         metadata=option("read the next layer's predicted union ahead in passes of many rows, even with prefetch off"),
