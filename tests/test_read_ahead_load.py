@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from nightshift.engine.moe import expert_files
 from nightshift.engine.moe.dispatch import Booking, Dispatcher, DriveEstimate
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.readahead import Guess
 from nightshift.engine.moe.settings import StreamSettings
 from tests.helpers.gated_reads import GatedReads
-from tests.helpers.stores import streamed_tokens
 from tests.helpers.waits import wait_for
 
 MB = 1_000_000
@@ -56,15 +54,6 @@ def test_an_aborted_read_ahead_weighs_only_its_chunk_under_way(mixtral_store, mo
     finally:
         gate.go.set()
         stream.close()
-
-
-def test_tokens_are_the_same_with_the_load_left_and_demand_drives_spared(mixtral_store, monkeypatch):
-    monkeypatch.setattr(expert_files, "ABORT_CHUNK", PAGE)  # every read-ahead is booked page by page
-    base, _ = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0), steps=8)
-    settings = StreamSettings(cache_bytes=0, load_left=True, spare_demand_drives=True)
-    tokens, stream = streamed_tokens(mixtral_store, settings, steps=8)
-    assert tokens == base
-    assert stream.reads.prefetch_reads > 0
 
 
 def read_ahead(store, window: float, used_of_10: int, spare: bool) -> tuple[list[int], int]:

@@ -51,10 +51,18 @@ def test_an_unused_read_ahead_stops_part_way_only_with_prefetch_abort(mixtral_st
         stream.close()
 
 
-def test_tokens_are_the_same_with_read_aheads_aborted(mixtral_store, monkeypatch):
+@pytest.mark.parametrize(
+    "settings",
+    [
+        StreamSettings(cache_bytes=0, prefetch_abort=True),
+        # and booked page by page, read-aheads kept off the next layer's demand drives (tests/test_read_ahead_load.py)
+        StreamSettings(cache_bytes=0, prefetch_abort=True, load_left=True, spare_demand_drives=True),
+    ],
+)
+def test_tokens_are_the_same_with_read_aheads_aborted(mixtral_store, monkeypatch, settings):
     monkeypatch.setattr(expert_files, "ABORT_CHUNK", PAGE)  # every read-ahead can stop after any page
-    base, _ = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0), steps=8)
-    tokens, stream = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0, prefetch_abort=True), steps=8)
+    base, _ = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0, prefetch_abort=False), steps=8)
+    tokens, stream = streamed_tokens(mixtral_store, settings, steps=8)
     assert tokens == base
     assert stream.reads.prefetch_reads > 0
 

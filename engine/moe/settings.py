@@ -154,6 +154,9 @@ class StreamSettings:
             "(512 KiB) so the drive goes to the layer's own reads"
         ),
     )
+    # Off, both: on bench-replay at 50 % (4 x 12 MB/s) the two together against neither measured 0.62 / 0.85 / 1.18 a
+    # token on one replica per expert and 0.67 / 1.04 / 1.06 on four, in alternated pairs under load 2-15, and 1.53 at
+    # 25 % (one pair): no direction (docs/results.md, "What is left of a read").
     load_left: bool = field(
         default=False,
         metadata=option(
