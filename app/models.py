@@ -47,9 +47,11 @@ def open_for_generation(
     drafter: Path | None = None,
     memory_budget: str = "auto",
     float32_prefill: bool = False,
+    context_tokens: int = 0,
 ) -> Model:
     """Open `path` to generate: a store streams its experts from its drives unless `in_ram`, keeping what
-    `memory_budget` allows in RAM (auto: sized from the RAM available; 0: none; or a size such as 12G);
+    `memory_budget` allows in RAM (auto: sized from the RAM available, for a run of at most `context_tokens`
+    tokens where the caller knows it; 0: none; or a size such as 12G);
     `drafter` (a model directory sharing its tokenizer) drafts tokens for speculative decoding;
     `float32_prefill`: prompts of 16-bit checkpoints through float32 BLAS (faster, not mlx-lm's tokens)."""
     from nightshift.engine.moe.settings import StreamSettings, parse_budget
@@ -57,7 +59,11 @@ def open_for_generation(
     from nightshift.engine.runtime import open_model  # MLX and mlx-lm: only when a model is opened
 
     budget = parse_budget(memory_budget)
-    streamed = StreamSettings(verify_checksums="first", cache_bytes=budget) if is_store(path) and not in_ram else None
+    streamed = (
+        StreamSettings(verify_checksums="first", cache_bytes=budget, context_tokens=context_tokens)
+        if is_store(path) and not in_ram
+        else None
+    )
     if streamed is not None:
         streamed = apply_tuning(path, streamed)
     return open_model(path, stream=streamed, drafter=drafter, float32_prefill=float32_prefill)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from nightshift.engine.bench.cache_sim import BELADY, Call, load_trace, save_trace, sweep
 from nightshift.engine.instruments.probes import Instruments
+from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.warm import RoutingProfile, counts_of
 from nightshift.engine.runtime import open_model
@@ -78,7 +79,7 @@ def show_bounds(args: argparse.Namespace, argv: list[str]) -> int:
     from nightshift.engine.store.manifest import read_manifest
 
     manifest = read_manifest(args.store)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     profile = RoutingProfile()
     for path in args.train:
         profile = profile.merged(counts_of((call.layer, call.experts) for call in load_trace(path)))

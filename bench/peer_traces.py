@@ -19,6 +19,7 @@ from pathlib import Path
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.cache_sim import Call, sweep
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.store.manifest import read_manifest
 
 
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--catalogue", type=Path)
     args = parser.parse_args()
     manifest = read_manifest(args.store)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     shares = tuple(float(s) for s in args.shares.split(","))
     catalogue = Catalogue(args.catalogue or catalogue_file())
     for path in args.traces:

@@ -1,6 +1,6 @@
 """nightshift's own memory beside its experts, part by part (issue [22]): where a streamed process's RSS goes.
 
-    .venv/bin/python -m bench.process_memory STORE [--budget 47M] [--prompt-tokens 64] [--tokens 8]
+    .venv/bin/python -m bench.process_memory STORE [--budget 47M] [--prompt-tokens 64] [--tokens 8] [--mlx-cache MIB]
 
 At a "same total memory" comparison every byte the process holds that is not an expert is a byte a page-cache
 peer spends on experts, so this takes one process through its stages and prints, at each, the resident set
@@ -18,7 +18,13 @@ process into parts:
   parts split that peak: the trunk, what MLX held after the prompt beyond it, the prompt transient, the rest;
 - the rest: RSS not held by MLX (tokenizer, reader buffers, thread stacks, allocator arenas); of it, after
   decoding, MLX's buffer cache (freed arrays MLX keeps for reuse) and, on glibc, the heap's free bytes (`mallinfo2`:
-  memory freed but not given back, holes the cache's churn leaves) are printed apart.
+  memory freed but not given back, holes the cache's churn leaves) are printed apart, and the resident set after
+  decoding is split as the kernel counts it: anonymous memory and file pages (the shared libraries' code and data
+  the process touched: MLX, Python, the tokenizer's and numpy's libraries), RssAnon and RssFile on Linux.
+
+`--mlx-cache` sets MLX's buffer cache limit after the store is opened (the engine's own is engine/moe/reader.py
+`RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults
+(minor; from getrusage) and its tokens are printed with the parts.
 
 Prompt tokens are the store's vocabulary walked in order (content does not matter to memory). Recorded in the run
 catalogue (kind `process-memory`).
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -87,6 +94,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (64)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens decoded (8)")
     parser.add_argument(
+        "--mlx-cache", type=float, default=None, help="MLX's buffer cache limit in MiB, set after open (the engine's)"
+    )
+    parser.add_argument(
         "--stacked-prompt",
         action="store_true",
         help="a prompt pass's 16-bit experts stacked and run in one call, as before they ran as they land (the A/B)",
@@ -111,6 +121,8 @@ def main() -> int:
     model = open_model(args.store, stream=StreamSettings(cache_bytes=budget))
     if args.stacked_prompt:
         stacked_prompts(model.model)
+    if args.mlx_cache is not None:
+        mx.set_cache_limit(int(args.mlx_cache * MB))
     stages["opened"], trunk = status("VmRSS"), mx.get_active_memory()
     mx.reset_peak_memory()
     prompt = list(range(100, 100 + args.prompt_tokens))
@@ -120,11 +132,17 @@ def main() -> int:
     stages["prefilled"], prefill_peak, prefill_active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     prompt_peak_rss = status("VmHWM")
     mx.reset_peak_memory()
-    list(model.generate_tokens([prompt[-1]], max_tokens=args.tokens))
+    usage, began = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    tokens = [chunk.token for chunk in model.generate_tokens([prompt[-1]], max_tokens=args.tokens)]
+    decode_s = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    faults = after.ru_minflt - usage.ru_minflt
+    cpu_s = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
     figures = model.figures(settled=True)
     stages["decoded"], decode_peak, active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     peak_rss = status("VmHWM")
     mlx_cache, malloc = mx.get_cache_memory(), malloc_figures()
+    kinds = {"anonymous": status("RssAnon"), "files": status("RssFile")} if sys.platform.startswith("linux") else {}
     model.close()
 
     parts = {
@@ -148,6 +166,8 @@ def main() -> int:
     print(f"prompt pass ({'stacked' if args.stacked_prompt else 'as the experts land'}): {prefill_s:.2f} s to the "
           f"first token ({first.token}); peak RSS by its end {prompt_peak_rss / MB:.0f} MB, of which beyond the "
           "interpreter: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in prompt_parts.items()) + " MB")  # fmt: skip
+    print(f"decode: {len(tokens)} tokens in {decode_s:.2f} s ({len(tokens) / decode_s:.3f} tok/s), "
+          f"CPU {cpu_s / len(tokens):.3f} s a token, {faults / len(tokens):.0f} page faults a token; tokens {tokens}")  # fmt: skip
     print(f"expert cache: {figures.cache_used / MB:.0f} MB held of a {figures.cache_budget / MB:.0f} MB budget")
     print(f"peak RSS {peak_rss / MB:.0f} MB, of which:")
     for name, value in parts.items():
@@ -155,18 +175,23 @@ def main() -> int:
     print(f"  of the rest, after decoding: MLX's buffer cache {mlx_cache / MB:.0f} MB"
           + (f", malloc's free heap {malloc['heap free'] / MB:.0f} MB ({malloc['mappings']} mappings, "
              f"{malloc['mapped'] / MB:.0f} MB mapped apart)" if malloc else ""))  # fmt: skip
+    if kinds:
+        print("RSS after decoding, by kind: " + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in kinds.items()))
     figures_out = {"stages_mb": {k: round(v / MB, 1) for k, v in stages.items()},
                    "cache_used_mb": round(figures.cache_used / MB, 1), "parts_mb": {k: round(v / MB, 1) for k, v in parts.items()}, "peak_rss_mb": round(peak_rss / MB, 1),
                    "mlx_mb": {"opened": round(trunk / MB, 1), "prefill_peak": round(prefill_peak / MB, 1),
                               "prefill_active": round(prefill_active / MB, 1),
                               "decode_peak": round(decode_peak / MB, 1), "active_end": round(active / MB, 1)},
                    "mlx_cache_mb": round(mlx_cache / MB, 1), "prefill_s": round(prefill_s, 3), "first_token": first.token,
+                   "decode_s": round(decode_s, 3), "tok_s": round(len(tokens) / decode_s, 4), "tokens": tokens,
+                   "faults_per_token": round(faults / len(tokens)),
+                   "cpu_s_per_token": round(cpu_s / len(tokens), 4),
                    "prompt_peak_rss_mb": round(prompt_peak_rss / MB, 1),
                    "prompt_parts_mb": {k: round(v / MB, 1) for k, v in prompt_parts.items()},
                    "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},
-                   "heavy_imports": heavy, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
+                   "heavy_imports": heavy, "rss_kinds_mb": {k: round(v / MB, 1) for k, v in kinds.items()}, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
     config = {"store": str(args.store), "budget": args.budget, "prompt_tokens": args.prompt_tokens,
-              "tokens": args.tokens, "stacked_prompt": args.stacked_prompt}  # fmt: skip
+              "tokens": args.tokens, "stacked_prompt": args.stacked_prompt, "mlx_cache_mib": args.mlx_cache}  # fmt: skip
     run_id = Catalogue(catalogue_file()).record(
         Run("process-memory", args.store.name, config, figures_out, "pass", command="python " + " ".join(sys.argv))
     )

@@ -36,6 +36,7 @@ from nightshift.engine.bench.wait_split import CLASSES
 from nightshift.engine.instruments.assertions import Proof
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.io.drives import load_drives
+from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.moe.load import with_drives
 from nightshift.engine.moe.settings import PREFETCH_CAPS, StreamSettings
 from nightshift.engine.moe.warm import PROFILE_FILE
@@ -141,7 +142,7 @@ def main() -> None:
     manifest = with_drives(read_manifest(next(iter(stores.values()))), drives)
     if any(read_manifest(store).expert_bytes != manifest.expert_bytes for store in stores.values()):
         raise SystemExit(f"--model {args.model!r}: the stores hold different experts; give layouts of one model")
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     calls = load_trace(args.routing)
     catalogue = Catalogue(args.catalogue or catalogue_file())
     in_ram = in_ram_decode(next(iter(stores.values())), args.tokens)  # the compute floor once, for every row

@@ -19,6 +19,11 @@ page-cache engine uses it, where the share alone leaves the rest of the limit (i
 to the peer. Each `--variant KEY=VALUE[,KEY=VALUE]` (nightshift's stream settings by field name, values as JSON,
 e.g. `prefetch=false`) adds one more nightshift run at each share, its budget and limit the share's.
 
+With `--limits MB,...` (one per share) every side at a share, nightshift's first run included, is held to the limit
+given instead of nightshift's measured peak; with `--auto` nightshift's first run uses `--memory-budget auto` (sized
+inside that limit, for the prompt and tokens asked) instead of the share: "the same total memory" as a user of
+`auto` gets it, the peers' caches still the share.
+
 Each run is recorded in the run catalogue (kind `streaming-peers`), a peer's failure (killed at the limit, an error)
 included with its last line. A peer whose venv is missing is skipped, with the command that builds it. Root only
 (memory cgroups).
@@ -41,6 +46,7 @@ from tokenizers import Tokenizer
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.peer import drop_page_cache
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.moe.settings import AUTO_BUDGET
 from nightshift.engine.rig.cgroups import MemoryGroup, command_in
 
 SIDES = Path(__file__).with_name("peers")
@@ -239,6 +245,8 @@ def main() -> None:
     parser.add_argument("--traces", type=Path, help="a folder for each run's routing trace (nightshift, nunspark)")
     parser.add_argument("--fill", action="store_true", help="also nightshift at each limit, its cache grown to fill it")
     parser.add_argument("--fill-margin-mb", type=float, default=24, help="what --fill leaves of the limit")
+    parser.add_argument("--limits", help="each share's memory limit in MB, comma-separated (default: ns's peak)")
+    parser.add_argument("--auto", action="store_true", help="nightshift's first run with the auto memory budget")
     parser.add_argument("--variant", action="append", type=settings_of, default=[], metavar="KEY=VALUE[,...]",
                         help="one more nightshift run at each share with these stream settings")  # fmt: skip
     args = parser.parse_args()
@@ -262,6 +270,11 @@ def main() -> None:
     header = f"{'share':>6} {'w':>3} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'all t/s':>9} {'peak RSS MB':>11}"
     print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
     shares = [float(s) for s in args.shares.split(",") if s]  # "": only the batched pair
+    limits = [int(float(mb) * 1e6) for mb in args.limits.split(",")] if args.limits else []
+    if args.auto and args.fill:
+        raise SystemExit("--fill grows the share's cache into the limit, --auto sizes it there: give one of them")
+    if limits and len(limits) != len(shares):
+        raise SystemExit(f"--limits gives {len(limits)} limits for {len(shares)} shares: give one per share")
     if args.width > 1 and not shares and args.batch_share is None:
         raise SystemExit("--shares '' measures only the batched pair: give its budget with --batch-share")
     for index, share in enumerate(shares):
@@ -269,13 +282,16 @@ def main() -> None:
         job = {"budget": budget, "prompts": [prompt], "prompt": prompt, "tokens": args.tokens,
                "threads": args.threads, "width": 1}  # fmt: skip
         order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
-        limit, first = None, {}
+        limit, first = (limits[index] if limits else None), {}
         for engine in [nightshift, *order]:
             trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
-            figures = measure(engine, {**job, "trace": trace and str(trace)}, share, limit, catalogue, load)
+            own = {"budget": AUTO_BUDGET} if engine is nightshift and args.auto else {}
+            figures = measure(engine, {**job, "trace": trace and str(trace), **own}, share, limit, catalogue, load)
+            if own and "counters" in figures:
+                print(f"{'':>6} auto: nightshift's cache {figures['counters']['budget']['bytes'] / 1e6:.1f} MB")
             if engine is nightshift:
                 first = figures
-                limit = figures["group_peak_bytes"] if not args.unlimited else limit
+                limit = figures["group_peak_bytes"] if not (args.unlimited or limits) else limit
         if args.fill and limit and "error" not in first:
             grown = filled_budget(budget, limit, first["peak_rss_bytes"], int(args.fill_margin_mb * 1e6), total)
             if grown > budget:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -13,7 +15,23 @@ import pytest
 from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracle
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.probes import Instruments
-from nightshift.engine.moe.budget import Budget, Pressure, size_budget
+from nightshift.engine.moe.budget import (
+    CONTEXT_TOKENS,
+    KV_STEP,
+    LIMIT_FLOOR,
+    LIMIT_MARGIN_MIN,
+    Budget,
+    Memory,
+    Pressure,
+    cgroup_memory,
+    kv_cache_bytes,
+    margin_for,
+    memory_now,
+    size_budget,
+    trunk_bytes,
+    working_set_bytes,
+)
+from nightshift.engine.moe.held import held_expert_bytes, held_sizes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
 from nightshift.engine.moe.warm import PROFILE_FILE, RoutingProfile, load_profile, save_profile
@@ -41,11 +59,96 @@ def test_auto_leaves_room_for_the_model_and_the_system_and_never_exceeds_the_exp
     store = stores["qwen3_moe"]
     manifest = read_manifest(store)
     budget = size_budget(AUTO_BUDGET, manifest, store, reader_threads=12)
-    assert budget.auto and budget.bytes == manifest.expert_bytes  # a tiny store fits on any machine
-    assert budget.reserved > 0 and budget.margin >= 1 << 30
-    assert budget.available + budget.reserved <= psutil.virtual_memory().total + budget.reserved
+    assert budget.auto and budget.bytes == held_expert_bytes(manifest)  # a tiny store fits on any machine
+    assert budget.reserved > 0 and budget.margin == margin_for(memory_now())
     given = size_budget(1000, manifest, store, reader_threads=12)
     assert not given.auto and given.bytes == 1000
+
+
+def write_group(group: Path, limit: str, usage: int, inactive: int, stat_key: str, files: tuple[str, str]) -> None:
+    group.mkdir(parents=True, exist_ok=True)
+    (group / files[0]).write_text(limit + "\n")
+    (group / files[1]).write_text(f"{usage}\n")
+    (group / "memory.stat").write_text(f"cache 0\n{stat_key} {inactive}\n")
+
+
+V1_FILES, V2_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes"), ("memory.max", "memory.current")
+MB = 1_000_000
+
+
+def test_a_cgroup_v1_limit_above_the_process_group_binds_and_counts_its_inactive_page_cache(tmp_path):
+    """A container runtime limits the container's group; the process may sit in an unlimited group below it."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("9:pids:/\n4:memory:/docker/abc/job\n0::/\n")
+    unlimited = str(9223372036854771712)  # v1's "no limit", page-rounded 2^63
+    write_group(tmp_path / "memory", unlimited, 9000 * MB, 0, "total_inactive_file", V1_FILES)
+    write_group(tmp_path / "memory/docker/abc", str(600 * MB), 400 * MB, 50 * MB, "total_inactive_file", V1_FILES)
+    write_group(tmp_path / "memory/docker/abc/job", unlimited, 380 * MB, 40 * MB, "total_inactive_file", V1_FILES)
+    assert cgroup_memory(tmp_path, proc) == Memory(250 * MB, 600 * MB, True)
+    assert memory_now(tmp_path, proc) == Memory(min(250 * MB, psutil.virtual_memory().available), 600 * MB, True)
+
+
+def test_a_cgroup_v2_takes_the_tightest_group_and_max_is_no_limit(tmp_path):
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/svc/job\n")
+    write_group(tmp_path / "svc", str(2000 * MB), 900 * MB, 100 * MB, "inactive_file", V2_FILES)  # 1200 MB free
+    write_group(tmp_path / "svc/job", str(1000 * MB), 500 * MB, 0, "inactive_file", V2_FILES)  # 500 MB free
+    assert cgroup_memory(tmp_path, proc) == Memory(500 * MB, 1000 * MB, True)
+    write_group(tmp_path / "svc/job", "max", 500 * MB, 0, "inactive_file", V2_FILES)
+    assert cgroup_memory(tmp_path, proc) == Memory(1200 * MB, 2000 * MB, True)
+    write_group(tmp_path / "svc", "max", 900 * MB, 0, "inactive_file", V2_FILES)
+    assert cgroup_memory(tmp_path, proc) is None
+    machine = psutil.virtual_memory()
+    assert memory_now(tmp_path, proc).total == machine.total and not memory_now(tmp_path, proc).limited
+    assert cgroup_memory(tmp_path, tmp_path / "no-such-file") is None  # not Linux: no /proc/self/cgroup
+
+
+def test_inside_a_limit_pressure_keeps_only_a_floor_free_once_the_process_has_grown_into_its_margin(tmp_path):
+    """At open the margin is left for the process's growth; once grown, the cache gives back only what would leave
+    less than `LIMIT_FLOOR` free. Outside a limit the margin stays free (the machine's other processes)."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    memory = partial(memory_now, tmp_path, proc)
+    sized = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN, limited=True)
+    for free, expected in ((60 * MB, 100 * MB), (20 * MB, 80 * MB + 20 * MB - LIMIT_FLOOR), (0, 80 * MB - LIMIT_FLOOR)):
+        write_group(tmp_path / "job", str(500 * MB), 500 * MB - free, 0, "inactive_file", V2_FILES)
+        assert Pressure(sized, memory).budget_now(used=80 * MB) == expected
+    machine = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN)
+    write_group(tmp_path / "job", str(500 * MB), 500 * MB - 60 * MB, 0, "inactive_file", V2_FILES)
+    assert Pressure(machine, memory).budget_now(used=80 * MB) == 80 * MB + 60 * MB - LIMIT_MARGIN_MIN
+
+
+def test_inside_a_limit_auto_keeps_a_small_margin_and_the_kv_cache_of_the_run_it_is_told(stores):
+    """The margin is a share of the limit, not the 1 GiB a machine's other processes need; the KV reserve follows
+    the run's context (in mlx-lm's 256-token steps) and the trunk's float width; the cache takes what is left."""
+    store = stores["qwen3_moe"]
+    manifest = read_manifest(store)
+    _, width = trunk_bytes(store / manifest.trunk["file"])
+    limit = Memory(600 * MB, 700 * MB, True)
+    short = size_budget(AUTO_BUDGET, manifest, store, 6, context_tokens=100, memory=limit)
+    bound = size_budget(AUTO_BUDGET, manifest, store, 6, memory=limit)  # context not known: the 8192-token bound
+    assert short.limited and short.margin == LIMIT_MARGIN_MIN < 1 << 30
+    kv = kv_cache_bytes(manifest.config, 1, width)  # one step of 256 tokens
+    assert kv == kv_cache_bytes(manifest.config, KV_STEP, width) < kv_cache_bytes(manifest.config, KV_STEP + 1, width)
+    assert bound.reserved - short.reserved == kv_cache_bytes(manifest.config, CONTEXT_TOKENS, width) - kv + (
+        working_set_bytes(manifest) - working_set_bytes(manifest, 100)
+    )
+    tight = Memory(short.reserved + short.margin + manifest.expert_bytes // 3, 700 * MB, True)
+    assert size_budget(AUTO_BUDGET, manifest, store, 6, 100, tight).bytes == manifest.expert_bytes // 3
+    machine = Memory(600 * MB, 24 << 30, False)  # the same memory free on a machine: its other processes' margin
+    assert size_budget(AUTO_BUDGET, manifest, store, 6, 100, machine).bytes == 0
+
+
+def test_an_output_projection_narrower_than_the_activations_is_reserved_as_its_wider_copy(tmp_path):
+    """A tied bf16 embedding beside float32 norms: the activations are float32, the head multiplies a float32 copy."""
+    import mlx.core as mx
+
+    trunk = tmp_path / "trunk.safetensors"
+    tensors = {"model.embed_tokens.weight": mx.zeros((1000, 64), mx.bfloat16), "model.norm.weight": mx.ones(64)}
+    mx.save_safetensors(str(trunk), tensors)
+    assert trunk_bytes(trunk) == (trunk.stat().st_size + 1000 * 64 * 4, 4)
+    mx.save_safetensors(str(trunk), {**tensors, "model.norm.weight": mx.ones(64, mx.bfloat16)})
+    assert trunk_bytes(trunk) == (trunk.stat().st_size, 2)  # all bf16: bf16 activations, no copy
 
 
 def test_a_store_that_fits_is_read_once_then_resident_with_the_tokens_of_the_model_in_ram(stores, in_ram):
@@ -117,7 +220,7 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
 def test_replaying_a_recorded_trace_gives_the_engines_own_hits(stores):
     store = stores["kimi_k3"]
     manifest = read_manifest(store)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     budget = manifest.expert_bytes // 3
     for policy in CACHE_POLICIES:
         settings = StreamSettings(cache_bytes=budget, cache_policy=policy, warm_start=False)  # a cold cache
@@ -167,7 +270,7 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
 
     store = tiny_store(tmp_path_factory, "kimi_k3")
     manifest = read_manifest(store)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     budget = manifest.expert_bytes // 3
     settings = StreamSettings(cache_bytes=budget, cache_policy=FREQUENCY, warm_start=True)
     assert load_profile(store) is None
@@ -277,6 +380,53 @@ def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):
     assert total == 1 << 30 and 0 < available < 1 << 30
 
 
+AUTO_IN_A_LIMIT = """
+import json, sys
+from pathlib import Path
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
+
+prompt, tokens = json.loads(sys.argv[2]), int(sys.argv[3])
+model = open_model(Path(sys.argv[1]), stream=StreamSettings(context_tokens=len(prompt) + tokens))
+out = [c.token for c in model.generate_tokens(prompt, max_tokens=tokens)]
+budget, used = model.stream.budget, model.stream.figures().cache_used
+model.close()
+print(json.dumps({"tokens": out, "budget": budget.bytes, "limited": budget.limited, "margin": budget.margin,
+                  "used": used}))
+"""
+LIMIT = 256 << 20  # the old 1 GiB margin left no cache in it; the test process peaks at about 62 MB charged to it
+
+
+def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_tokens(stores, in_ram):
+    """The whole process held to a cgroup limit far below the old 1 GiB margin: auto still sizes a cache, the group
+    never goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
+    import os
+    import subprocess
+    import sys
+
+    from nightshift.engine.rig.cgroups import CgroupError, MemoryGroup, command_in
+    from tests.helpers.stores import PROMPT, TOKENS
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a memory cgroup")
+    try:
+        group = MemoryGroup.create(f"nightshift-test-auto-{os.getpid()}", LIMIT)
+    except CgroupError as exc:
+        pytest.skip(f"no memory cgroup: {exc}")
+    try:
+        argv = [sys.executable, "-c", AUTO_IN_A_LIMIT, str(stores["qwen3_moe"]), json.dumps(PROMPT), str(TOKENS)]
+        done = subprocess.run(command_in(group.procs_file, argv), capture_output=True, text=True, timeout=300)
+        peak, kills = group.figure("peak"), group.oom_kills()
+    finally:
+        group.remove()
+    assert done.returncode == 0 and kills == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["limited"] and said["margin"] == margin_for(Memory(0, LIMIT, True)) < 1 << 30
+    assert said["budget"] == held_expert_bytes(read_manifest(stores["qwen3_moe"]))  # a tiny store's experts all fit
+    assert 0 < said["used"] <= said["budget"] and 0 < peak <= LIMIT
+    assert said["tokens"] == in_ram["qwen3_moe"]
+
+
 def test_a_schedule_names_its_memory_budget_and_a_bad_one_is_refused(tmp_path):
     from nightshift.app.paths import bundled
     from nightshift.app.review.errors import ScheduleError
@@ -309,3 +459,19 @@ def test_mlx_keeps_no_more_freed_buffers_than_the_working_set_the_budget_reserve
         assert mx.set_cache_limit(default) == working_set // 2
     finally:
         mx.set_cache_limit(default)
+
+
+def test_generates_context_bound_holds_the_chat_prompt_and_the_answer(stores):
+    """`nightshift generate` sizes auto before the tokenizer is loaded: its bound must hold what the run then holds."""
+    from nightshift.app.commands.generate import context_bound
+
+    messages = [
+        {"role": "system", "content": "You review books."},
+        {"role": "user", "content": "Reconcile ledger 4711 with the bank: €1 234,56 — 13 invoices; 日本語も。"},
+    ]
+    model = open_model(stores["qwen3_moe"])
+    try:
+        held = len(model.chat_tokens(messages)) + 40
+    finally:
+        model.close()
+    assert held <= context_bound(messages, 40) < held + 1024

@@ -8,12 +8,16 @@ few MB of activations and KV cache. The read buffers are outside MLX (mmap) and 
 A prompt pass on 16-bit float experts holds each expert once, as read: they run one by one as they land, with
 no stack of the pass's experts and no float32 copy of that stack (which set the peak of the prompt pass on the
 192-neuron bf16 export: docs/results.md), and its log-probabilities are the in-RAM model's, bit for bit.
+
+Between calls a streamed switch holds no expert: its placeholder (replaced by the real experts in every call) is
+one element, so an opened store holds its trunk's parameters and nothing more.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from nightshift.engine.bench.decode import time_decode
@@ -30,6 +34,15 @@ from tests.helpers.moe_families import tiny_config, write_checkpoint
 
 MB = 1_000_000
 ACTIVATIONS = 8 * MB
+
+
+def bf16_mixtral_store(tmp_path):
+    """A store of a tiny bf16 Mixtral: 2 layers of 8 experts of 1.6 MB (256 x 1024 projections)."""
+    config = {**tiny_config("mixtral"), "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2}
+    src = write_checkpoint("mixtral", tmp_path / "src", "mlx", config=config, dtype=mx.bfloat16)
+    store = tmp_path / "store"
+    import_checkpoint(src, store, [Drive("d0", tmp_path / "d0")], ImportOptions(trunk_bits=16))
+    return store, config
 
 
 @pytest.mark.slow
@@ -68,10 +81,7 @@ def test_prompt_pass_on_16bit_experts_holds_each_expert_once(rows, tmp_path):
     ahead) plus activations. Stacked and copied to float32 (the code before, measured at 64 rows: 68-73 MB above
     the trunk) it was over twice the 33 MB allowed. 64 rows (128 pairs) run in sorted groups, 16 (32 pairs) one
     expert at a time, as the whole call would sort them or not (cpu_prefill.SORTED_PAIRS)."""
-    config = {**tiny_config("mixtral"), "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2}
-    src = write_checkpoint("mixtral", tmp_path / "src", "mlx", config=config, dtype=mx.bfloat16)
-    store = tmp_path / "store"
-    import_checkpoint(src, store, [Drive("d0", tmp_path / "d0")], ImportOptions(trunk_bits=16))
+    store, config = bf16_mixtral_store(tmp_path)
     layer = read_manifest(store).layers[0]
     prompt = list(range(1, rows + 1))
     model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
@@ -89,3 +99,21 @@ def test_prompt_pass_on_16bit_experts_holds_each_expert_once(rows, tmp_path):
     in_ram = load_store(store)[0]
     use_gemm_prefill(in_ram)
     assert mx.array_equal(streamed, prefill(in_ram, prompt, make_prompt_cache(in_ram)))
+
+
+def test_an_opened_store_holds_its_trunk_and_no_placeholder_experts(tmp_path):
+    """After opening the bf16 store (no cache), MLX holds the trunk's parameters within 64 KiB: the six switch
+    projections' placeholders, float32 zeros of one expert each before (1 MiB apiece here, 38 MiB on the 192-neuron
+    export), take one element each."""
+    store, _ = bf16_mixtral_store(tmp_path)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    model, _, stream = load_streaming(store, StreamSettings(cache_bytes=0))
+    try:
+        mx.synchronize()
+        held = mx.get_active_memory() - before
+        trunk = sum(value.nbytes for _, value in tree_flatten(model.parameters()))
+    finally:
+        stream.close()
+    print(f"MLX holds {held / MB:.3f} MB after open, the trunk's parameters {trunk / MB:.3f} MB")
+    assert held <= trunk + 64 * 1024

@@ -294,6 +294,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from nightshift.engine.bench.decode import PASS_FRACTION, decode_bench, in_ram_decode
     from nightshift.engine.bench.decode import verdict as verdict_of
     from nightshift.engine.instruments.assertions import Proof
+    from nightshift.engine.moe.held import held_sizes
     from nightshift.engine.moe.load import with_drives
     from nightshift.engine.moe.warm import load_profile, save_profile
     from nightshift.engine.store.manifest import read_manifest
@@ -301,7 +302,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     store, drives, ceilings = sources_from(args)
     settings = settings_from(args)
     manifest = with_drives(read_manifest(store), drives)
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     profile = load_profile(store)  # past runs' (each run below adds itself: measured runs start from this one)
     if args.routing:
         calls, where = load_trace(Path(args.routing)), Path(args.routing)

@@ -11,6 +11,7 @@ from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import DEFAULT_CHUNK
 
 EXIT_INTERRUPTED = 130
+TEMPLATE_TOKENS = 256  # what a chat template adds around the messages, at most (a system prompt of its own included)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -20,12 +21,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise NightshiftError("--draft-depth needs --drafter (a small model sharing the tokenizer)")
     drafter = resolve_model(args.drafter) if args.drafter else None
     store = resolve_model(args.model)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
     model = open_for_generation(
         store,
         in_ram=args.in_ram,
         drafter=drafter,
         memory_budget=args.memory_budget,
         float32_prefill=args.float32_prefill,
+        context_tokens=context_bound(messages, args.max_tokens),
     )
     if model.stream is not None:
         from nightshift.app.notices import first_time
@@ -33,9 +38,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         if tuning_for(store) is not None or first_time("not tuned for these drives", str(store.resolve())):
             say(describe_tuning(store))  # the settings in use each time; that there are none, once per store
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.prompt}
-    ]
     stats = None
     try:
         for chunk in model.generate(
@@ -75,6 +77,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if stats.draft is not None:
             say(stats.draft.describe())
     return 0
+
+
+def context_bound(messages: list[dict], max_tokens: int) -> int:
+    """The most tokens this run can hold, known before the tokenizer is loaded: no token is shorter than a byte of
+    the text, plus the chat template's and the answer's."""
+    return sum(len(m["content"].encode()) for m in messages) + TEMPLATE_TOKENS + max_tokens
 
 
 def _number(text: str, kind: type, least: float, said: str) -> int | float:

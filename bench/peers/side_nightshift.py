@@ -1,6 +1,7 @@
 """nightshift's side of bench/streaming_peers.py (run with the project's python): the store streamed through the
-public runtime (`open_model` with a cache of `budget` bytes, the defaults otherwise or the job's `settings`: stream
-settings by field name, e.g. {"prefetch": false}), greedy, the prompt's token ids;
+public runtime (`open_model` with a cache of `budget` bytes, or -1: `--memory-budget auto`, sized for the job's prompt
+and tokens; the defaults otherwise or the job's `settings`: stream settings by field name, e.g. {"prefetch": false}),
+greedy, the prompt's token ids;
 at a width over 1, the job's `prompts` decoded together (engine/batch.py, as the service batches reviews).
 With a `trace` path in the job, every streaming layer call's (layer, experts, rows) is written there as JSON lines,
 in the order the cache was asked (the format `nightshift bench cache --routing` and bench/peer_traces.py replay)."""
@@ -8,6 +9,7 @@ in the order the cache was asked (the format `nightshift bench cache --routing` 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from side import Clock, report, work
@@ -23,7 +25,11 @@ def main() -> None:
     instruments = Instruments(routing=[] if job.get("trace") else None)
     model = open_model(
         Path(job["model"]),
-        StreamSettings(cache_bytes=job["budget"], **job.get("settings", {})),
+        StreamSettings(
+            cache_bytes=job["budget"],
+            context_tokens=len(job["prompt"]) + job["tokens"] if job["width"] == 1 else 0,
+            **job.get("settings", {}),
+        ),
         instruments=instruments,
     )
     try:
@@ -44,6 +50,7 @@ def main() -> None:
             Path(job["trace"]).write_text("".join(json.dumps(call) + "\n" for call in calls))
         report(clock, [tokens], {"hits": stats.cache_hits, "misses": stats.cache_misses,
                                  "read_bytes": sum(stats.drive_bytes.values()), "cache_used": stats.cache_used,
+                                 "budget": asdict(model.stream.budget),
                                  "prefetch_recall": stats.prefetch_recall})  # fmt: skip
     finally:
         model.close()

@@ -32,6 +32,7 @@ from nightshift.engine.instruments.assertions import Proof, failures
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.budget import size_budget
+from nightshift.engine.moe.held import held_expert_bytes, held_sizes
 from nightshift.engine.moe.load import with_drives
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, StreamSettings
 from nightshift.engine.moe.tuning import tuned_values, write_tuning
@@ -196,12 +197,12 @@ def choose_cache_policy(calibration: Calibration, manifest: Manifest, in_use: li
     settings = calibration.settings({})
     threads = (settings.demand_threads + settings.prefetch_threads) * len(in_use)
     budget = size_budget(AUTO_BUDGET, manifest, calibration.store, threads).bytes
-    sizes = {layer.layer: layer.file_bytes for layer in manifest.layers}
+    sizes = held_sizes(manifest.layers)
     calls = [Call(layer, tuple(experts), rows, tuple(counts)) for layer, experts, rows, counts in calibration.routing]
     hits = {policy: replay(calls, sizes, budget, policy).hit_rate for policy in CACHE_POLICIES}
     record = {"auto_budget_bytes": budget, "expert_bytes": manifest.expert_bytes, "lookups": len(calls),
               "hit_rate": {p: round(h, 4) for p, h in hits.items()}}  # fmt: skip
-    if budget >= manifest.expert_bytes:
+    if budget >= held_expert_bytes(manifest):
         record["why"] = "the auto budget holds every expert: no policy evicts, so the default stays"
         return record
     default = settings.cache_policy

@@ -1,37 +1,65 @@
-"""How much RAM the expert cache may hold: `auto` from the memory the machine has free, or a given size.
+"""How much RAM the expert cache may hold: `auto` from the memory the process may still take, or a given size.
 
-`auto` (the default) takes the RAM available now (psutil: what can be had without swapping, page cache
-included; bounded by the process's memory cgroup where it has a limit, as in a container) and leaves room for what else the model and the machine need while it runs:
+`auto` (the default) takes the memory available now and leaves room for what else the model needs while it runs:
 
     budget = min(every expert's bytes, available - trunk - KV cache - read buffers - working set - margin)
 
-trunk: the store's trunk file (resident); KV cache: every layer's keys and values for `CONTEXT_TOKENS`
-tokens in float32 (a bound, not a guess at the prompt); read buffers: one per reader thread, each the
-largest expert file; working set: the largest layer's experts four times over (a stack built for one
-call, and a prefill chunk's float copies of dequantized experts); margin: a tenth of the machine's RAM,
-at least `MARGIN_MIN` and at most `MARGIN_MAX`, for the rest of the system.
+available: psutil's available RAM (what can be had without swapping, page cache included), or, where the process's
+memory cgroup or one above it has a lower limit (a container, a `bench peer` run), that limit less the group's
+usage plus its inactive page cache, as container runtimes count it.
+trunk: the store's trunk file (resident), and the copy of the output projection a pass multiplies where the
+activations are wider than it (`trunk_bytes`). KV cache: every layer's keys and values for the run's context, prompt
+and answer (`context_tokens`, in mlx-lm's steps of `KV_STEP` tokens) where the caller knows it, else for
+`CONTEXT_TOKENS` (the service, batches); in the trunk's widest float dtype, a bound of the activations' (the
+Mixtral bench export's bf16 weights with float32 norms keep float32 keys). Read buffers: one per reader
+thread, each the largest expert file. Working set: what one layer call holds besides the cache, in the largest
+layer: each expert it selects as read (a miss is not in the cache) and once more as the copy its compute makes
+(a stack, or a 16-bit expert's float32 copy: twice its bytes), so three times the experts a pass can select
+(a prompt pass of its rows, each choosing the top k, at most every expert of the layer; a decode step its top k
+and the next layer's top k read ahead).
+margin: what is left free. Outside a cgroup limit it is for the rest of the machine: a tenth of its RAM, at least
+`MARGIN_MIN` and at most `MARGIN_MAX`. Inside one, nothing outside the group is charged to it, so the margin is
+only for the process's own growth past what is reserved and the floor `Pressure` keeps: `LIMIT_FRACTION` of
+the limit, at least `LIMIT_MARGIN_MIN` (docs/results.md, "`--memory-budget auto` inside a memory limit").
 
 An auto budget also gives RAM back: `Pressure` looks at available memory now and then while the model
-runs, and when another process has taken so much that less than the margin is left, the cache shrinks
-by the shortfall (the engine evicts down to it), rather than the machine swapping.
+runs, and when another process (or the run's own growth past its estimate) has taken so much that less than the
+margin is left, the cache shrinks by the shortfall (the engine evicts down to it), rather than the machine
+swapping or the group's processes being killed at its limit. Inside a cgroup limit the margin is the process's
+own growth, spent once it has grown: there `Pressure` keeps only `LIMIT_FLOOR` free (the cache never grows past
+the headroom the last check saw, so between checks only the process's other growth takes from it).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from nightshift.engine.moe.held import held_expert_bytes
 from nightshift.engine.moe.settings import AUTO_BUDGET
 from nightshift.engine.store.manifest import Manifest
+from nightshift.engine.store.safetensors_io import read_header
 
-CONTEXT_TOKENS = 8192
+CONTEXT_TOKENS = 8192  # the KV cache's bound where the run's context is not known at open
+KV_STEP = 256  # mlx-lm's KVCache grows its keys and values this many tokens at a time
+PREFILL_ROWS = 2048  # the most rows one prompt pass holds (engine/generation.py DEFAULT_CHUNK)
+FLOAT_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 MARGIN_FRACTION = 0.10
 MARGIN_MIN = 1 << 30
 MARGIN_MAX = 8 << 30
+LIMIT_FRACTION = 0.05
+LIMIT_FLOOR = 16 << 20  # what `Pressure` keeps free inside a cgroup limit
+# Inside a limit: the process's growth past what is reserved (the tokenizer, mlx-lm's model code: 40 MB on the
+# Mixtral bench export, 54-66 MB on its 4-bit copy, docs/results.md) and the floor.
+LIMIT_MARGIN_MIN = (64 << 20) + LIMIT_FLOOR
 CHECK_EVERY_S = 0.5  # how often a running model looks at available memory (/proc and cgroup files: ~1-2 ms)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
 @dataclass(frozen=True)
@@ -40,10 +68,17 @@ class Budget:
 
     bytes: int
     auto: bool
-    expert_bytes: int  # every expert of the store, one copy
-    available: int = 0  # RAM available when the budget was sized (auto only)
+    expert_bytes: int  # every expert of the store, one copy, as held in RAM (engine/moe/held.py)
+    available: int = 0  # memory available when the budget was sized (auto only)
     reserved: int = 0  # trunk + KV cache + read buffers + working set (auto only)
-    margin: int = 0  # left for the rest of the system (auto only)
+    margin: int = 0  # left free at open (auto only)
+    limited: bool = False  # sized inside a memory cgroup's limit (auto only)
+
+    @property
+    def floor(self) -> int:
+        """What `Pressure` keeps free while the model runs: the margin, which is the machine's other processes' where
+        no cgroup limit binds; inside one, once the process has grown into its margin, only `LIMIT_FLOOR`."""
+        return min(self.margin, LIMIT_FLOOR) if self.limited else self.margin
 
     @property
     def share(self) -> float:
@@ -54,109 +89,182 @@ class Budget:
         size = f"{self.bytes / 1e6:.0f} MB ({min(self.share, 1):.0%} of {self.expert_bytes / 1e6:.0f} MB of experts)"
         if not self.auto:
             return f"expert cache {size}, as given"
+        where = "in the memory cgroup's limit" if self.limited else "on the machine"
         return (
-            f"expert cache {size}, auto: {self.available / 1e9:.1f} GB available, "
-            f"{self.reserved / 1e9:.2f} GB for the model's own use, {self.margin / 1e9:.1f} GB left to the system"
+            f"expert cache {size}, auto: {self.available / 1e6:.0f} MB available {where}, "
+            f"{self.reserved / 1e6:.0f} MB for the model's own use, {self.margin / 1e6:.0f} MB left free"
         )
 
 
 @dataclass(frozen=True)
 class Memory:
-    """RAM this process may still take (bytes) and the RAM it has in all: the machine's, or its memory cgroup's
-    where that is smaller (a container, a `bench peer` limit)."""
+    """Memory this process may still take (bytes) and the memory it has in all: the machine's RAM, or the lowest
+    memory cgroup limit over the process where that is smaller (`limited`: a container, a `bench peer` limit)."""
 
     available: int
     total: int
+    limited: bool = False
 
 
-def memory_now() -> Memory:
-    """psutil's available and total RAM, bounded by the process's memory cgroup (v1 or v2) when it has a limit.
+def memory_now(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Memory:
+    """psutil's available and total RAM, bounded by the process's memory cgroups (v1 or v2) where one has a limit.
 
     A cgroup's free memory is its limit minus its usage plus its inactive file pages (page cache the kernel
-    reclaims first), as container runtimes count it; /proc/meminfo does not see the limit at all.
+    reclaims first), as container runtimes count it; /proc/meminfo does not see the limit at all. Every group from
+    the process's own up to the root is asked, as the kernel holds the process to each of their limits.
+    `cgroup_root`, `proc_cgroup`: where the hierarchy and the process's membership are read (a test's own tree).
     """
     machine = psutil.virtual_memory()
-    limited = _cgroup_memory()
+    limited = cgroup_memory(cgroup_root, proc_cgroup)
     if limited is None or limited.total >= machine.total:
         return Memory(machine.available, machine.total)
-    return Memory(min(machine.available, limited.available), limited.total)
+    return Memory(min(machine.available, limited.available), limited.total, True)
 
 
-def _cgroup_memory() -> Memory | None:
+def cgroup_memory(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Memory | None:
+    """The tightest memory limit among the process's cgroup and its ancestors, and what is free under it; None
+    where no group has a limit (or there are no cgroups: not Linux)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:  # not Linux
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if controllers == "memory":  # v1
-            root = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+        if "memory" in controllers.split(","):  # v1
+            root = cgroup_root / "memory"
             files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
             break
     else:  # v2: the one "0::/path" line
         path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
-        root = Path("/sys/fs/cgroup") / path.lstrip("/")
+        root = cgroup_root
         files = ("memory.max", "memory.current", "inactive_file")
+    group = root / path.strip("/")
+    levels = [group, *(level for level in group.parents if level == root or root in level.parents)]
+    limits = [free for free in (_group_memory(level, files) for level in levels) if free is not None]
+    if not limits:
+        return None
+    return Memory(min(m.available for m in limits), min(m.total for m in limits), True)
+
+
+def _group_memory(group: Path, files: tuple[str, str, str]) -> Memory | None:
+    """One group's limit and what is free under it, or None where it has no limit (or no such files)."""
     try:
-        limit_text = (root / files[0]).read_text().strip()
-        usage = int((root / files[1]).read_text())
-        stat = dict(line.split() for line in (root / "memory.stat").read_text().splitlines())
+        limit_text = (group / files[0]).read_text().strip()
+        usage = int((group / files[1]).read_text())
+        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
     except (OSError, ValueError):
         return None
-    if not limit_text.isdigit():  # v2 "max": no limit
+    if not limit_text.isdigit() or int(limit_text) >= 1 << 62:  # v2 "max", v1's page-rounded 2^63: no limit
         return None
     limit = int(limit_text)
-    return Memory(max(0, limit - usage + int(stat.get(files[2], 0))), limit)
+    return Memory(max(0, limit - usage + int(stat.get(files[2], 0))), limit, True)
 
 
-def margin_for(total: int) -> int:
-    return min(max(int(total * MARGIN_FRACTION), MARGIN_MIN), MARGIN_MAX)
+def margin_for(memory: Memory) -> int:
+    """What auto leaves free: for the rest of the machine, or, inside a cgroup limit, for the process's own growth."""
+    if memory.limited:
+        return min(max(int(memory.total * LIMIT_FRACTION), LIMIT_MARGIN_MIN), MARGIN_MAX)
+    return min(max(int(memory.total * MARGIN_FRACTION), MARGIN_MIN), MARGIN_MAX)
 
 
-def kv_cache_bytes(config: dict, tokens: int = CONTEXT_TOKENS) -> int:
-    """Keys and values of every layer for `tokens` tokens, in float32 (a bound for any cache dtype)."""
+def kv_cache_bytes(config: dict, tokens: int = CONTEXT_TOKENS, itemsize: int = 4) -> int:
+    """Keys and values of every layer for `tokens` tokens (in mlx-lm's steps), `itemsize` bytes each."""
     text = config.get("text_config", config)
     layers = int(text.get("num_hidden_layers", 0))
     heads = int(text.get("num_attention_heads", 1))
     kv_heads = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or int(text.get("hidden_size", 0)) // max(heads, 1))
-    return layers * 2 * kv_heads * head_dim * 4 * tokens
+    steps = math.ceil(max(tokens, 1) / KV_STEP) * KV_STEP
+    return layers * 2 * kv_heads * head_dim * itemsize * steps
 
 
-def working_set_bytes(manifest: Manifest) -> int:
-    """The largest layer's experts four times over: a stack built for one call, a prefill chunk's float copies."""
-    return 4 * max(layer.file_bytes * layer.num_experts for layer in manifest.layers)
+def trunk_bytes(trunk: Path) -> tuple[int, int]:
+    """What the trunk holds while the model runs, and the bytes of the activations' dtype (so of the KV cache's).
+
+    The activations are at most the trunk's widest float (4 where it holds none: quantized with float32 scales),
+    and are that where a norm or gate holds it (the Mixtral bench export's float32 norms: float32 keys, checked);
+    a wide tensor the activations never meet (a float32 routing bias) makes this a bound that errs high. An output
+    projection stored narrower (a tied bf16 embedding under float32 activations, as in the Mixtral bench export) is
+    multiplied as a copy in the activations' dtype, held while a pass is in flight, so always while decoding: 113 MB
+    on that export, counted with the file."""
+    entries = read_header(trunk)
+    width = max((FLOAT_BYTES[e.dtype] for e in entries if e.dtype in FLOAT_BYTES), default=4)
+    heads = [e for e in entries if e.name.endswith("lm_head.weight")]
+    heads = heads or [e for e in entries if e.name.endswith("embed_tokens.weight")]  # tied: the embedding
+    upcast = sum(e.nbytes // FLOAT_BYTES[e.dtype] * width for e in heads if FLOAT_BYTES.get(e.dtype, width) < width)
+    return trunk.stat().st_size + upcast, width
 
 
-def reserved_bytes(manifest: Manifest, store: Path, reader_threads: int) -> int:
-    """RAM the streamed model needs besides the cache: trunk, KV cache, read buffers, working set."""
-    trunk = (store / manifest.trunk["file"]).stat().st_size
+def top_k(config: dict) -> int | None:
+    """Experts each token selects, where the config names it."""
+    text = config.get("text_config", config)
+    for key in ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k"):
+        if text.get(key):
+            return int(text[key])
+    return None
+
+
+def working_set_bytes(manifest: Manifest, rows: int = PREFILL_ROWS) -> int:
+    """What one call of the largest layer holds besides the cache: every expert it selects as read, and once more
+    as the copy its compute makes (a stack, or a float32 copy of a 16-bit expert: 2x), so 3x those experts; a pass
+    of `rows` rows selects at most `rows` x top k of them, a decode step its top k and the next layer's read ahead."""
+    k = top_k(manifest.config)
+    largest = max(manifest.layers, key=lambda layer: layer.file_bytes * layer.num_experts)
+    selected = largest.num_experts if k is None else min(largest.num_experts, max(rows * k, 2 * k))
+    return 3 * selected * largest.file_bytes
+
+
+def reserved_bytes(manifest: Manifest, store: Path, reader_threads: int, context_tokens: int = 0) -> int:
+    """Memory the streamed model needs besides the cache: trunk, KV cache, read buffers, working set.
+    `context_tokens`: the most tokens the run holds (prompt and answer; 0: not known, `CONTEXT_TOKENS`)."""
+    trunk, width = trunk_bytes(store / manifest.trunk["file"])
     largest_file = max(layer.file_bytes for layer in manifest.layers)
-    return trunk + kv_cache_bytes(manifest.config) + reader_threads * largest_file + working_set_bytes(manifest)
+    kv = kv_cache_bytes(manifest.config, context_tokens or CONTEXT_TOKENS, width)
+    rows = min(context_tokens or PREFILL_ROWS, PREFILL_ROWS)
+    return trunk + kv + reader_threads * largest_file + working_set_bytes(manifest, rows)
 
 
-def size_budget(cache_bytes: int, manifest: Manifest, store: Path, reader_threads: int) -> Budget:
-    """The budget for `cache_bytes` (AUTO_BUDGET or bytes); auto is sized from RAM available now (call before loading)."""
+def size_budget(
+    cache_bytes: int,
+    manifest: Manifest,
+    store: Path,
+    reader_threads: int,
+    context_tokens: int = 0,
+    memory: Memory | None = None,
+) -> Budget:
+    """The budget for `cache_bytes` (AUTO_BUDGET or bytes); auto is sized from `memory` (default: what is available
+    now; call before loading), for a run of at most `context_tokens` tokens (0: not known)."""
+    every = held_expert_bytes(manifest)
     if cache_bytes != AUTO_BUDGET:
-        return Budget(cache_bytes, False, manifest.expert_bytes)
-    memory = memory_now()
-    reserved = reserved_bytes(manifest, store, reader_threads)
-    margin = margin_for(memory.total)
+        return Budget(cache_bytes, False, every)
+    memory = memory or memory_now()
+    reserved = reserved_bytes(manifest, store, reader_threads, context_tokens)
+    margin = margin_for(memory)
     spare = max(0, memory.available - reserved - margin)
-    return Budget(min(manifest.expert_bytes, spare), True, manifest.expert_bytes, memory.available, reserved, margin)
+    return Budget(
+        min(every, spare),
+        True,
+        every,
+        memory.available,
+        reserved,
+        margin,
+        memory.limited,
+    )
 
 
 class Pressure:
-    """Watches available RAM for an auto budget, at most every `CHECK_EVERY_S`.
+    """Watches available memory for an auto budget, at most every `CHECK_EVERY_S`.
 
     `budget_now(used)`: the budget the cache should have now: what it holds plus what is available beyond
-    the margin, never more than it was sized at open. Below `used` when another process has taken RAM (the
-    cache gives back the shortfall); back up to the sized budget once that RAM is free again.
-    None between checks.
+    the budget's floor, never more than it was sized at open. Below `used` when another process, or the run's own growth
+    inside a cgroup limit, has taken memory (the cache gives back the shortfall); back up to the sized budget once
+    that memory is free again. None between checks.
     """
 
-    def __init__(self, budget: Budget):
+    def __init__(self, budget: Budget, memory: Callable[[], Memory] = memory_now):
+        """`memory`: where the memory available now is read (a test's own cgroup tree)."""
         self.budget = budget
+        self.memory = memory
         self._next = 0.0
 
     def budget_now(self, used: int) -> int | None:
@@ -164,5 +272,5 @@ class Pressure:
         if now < self._next:
             return None
         self._next = now + CHECK_EVERY_S
-        headroom = memory_now().available - self.budget.margin
+        headroom = self.memory().available - self.budget.floor
         return min(self.budget.bytes, max(0, used + headroom))

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from nightshift.engine.instruments.trace import CACHE, ExpertRead, PassTrace
+from nightshift.engine.moe.held import held_bytes
 from nightshift.engine.moe.reads import LoadedExpert, Tensors, as_stored
 from nightshift.engine.store.manifest import MoeLayer
 
@@ -47,12 +48,13 @@ class Landing:
         self._run([self.missing[i]], still_reading)
 
     def read(self) -> list[tuple[int, Tensors, int]]:
-        """(expert, tensors in their stored dtypes, bytes) of every read expert, once all have landed (those not
+        """(expert, tensors in their stored dtypes, bytes held) of every read expert, once all have landed (those not
         run as they landed are viewed in their dtypes here)."""
         for expert, loaded in zip(self.missing, self.loaded):
             if expert not in self.found:
                 self.found[expert] = as_stored(loaded.tensors, self.spec)
-        return [(expert, self.found[expert], loaded.nbytes) for expert, loaded in zip(self.missing, self.loaded)]
+        held = held_bytes(self.spec)
+        return [(expert, self.found[expert], held) for expert in self.missing[: len(self.loaded)]]
 
     def traced(self) -> PassTrace:
         """The pass's trace record with its reads, in demand order, then its cache hits."""

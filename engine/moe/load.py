@@ -71,7 +71,7 @@ def load_streaming(
         raise ModelFormatError(f"{trunk_path} is missing; import the model again")
     drives_in_use = len(settings.use_drives or manifest.drives)
     threads = (settings.demand_threads + settings.prefetch_threads) * drives_in_use
-    budget = size_budget(settings.cache_bytes, manifest, store, threads)
+    budget = size_budget(settings.cache_bytes, manifest, store, threads, settings.context_tokens)
     cap_buffer_cache(working_set_bytes(manifest))
     weights = {e.name: read_tensor(e) for e in read_header(trunk_path) if stage is None or stage.keeps(e.name)}
     model = build_model(manifest.config)

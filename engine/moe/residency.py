@@ -20,6 +20,7 @@ import numpy as np
 from nightshift.engine.moe.budget import Budget, Pressure
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.figures import Tally
+from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.reads import Tensors, as_stored
 from nightshift.engine.moe.warm import RoutingProfile, WarmFill
@@ -45,6 +46,7 @@ class Residency:
             ExpertCache(budget.bytes, reader.settings.cache_policy) if budget.bytes else None
         )
         self.pressure = Pressure(budget) if budget.auto and budget.bytes else None
+        self.sizes = held_sizes(reader.layers.values())  # what the cache counts per expert: its RAM, not its file
         self.stacks: dict[int, Tensors] = {}  # resident layers: every expert stacked, as in RAM
         self.warm: WarmFill | None = None
         self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
@@ -120,10 +122,9 @@ class Residency:
             return
         self.cache.prior(profile.prior())
         settings = self.reader.settings
-        sizes = {layer: spec.file_bytes for layer, spec in self.reader.layers.items()}
         window = settings.prefetch_threads * len(settings.use_drives or self.reader.manifest.drives)
         self.warm = WarmFill(
-            self.reader, profile.hottest(sizes, self.cache.budget), window, self.tally.read.__contains__
+            self.reader, profile.hottest(self.sizes, self.cache.budget), window, self.tally.read.__contains__
         )
 
     def take_warm(self) -> None:
@@ -139,9 +140,9 @@ class Residency:
             self.reader.settle_warm(key, future)
             self.tally.read.add(key)
             spec = self.reader.layers[key[0]]
-            if self.cache.put(key, as_stored(loaded.tensors, spec), loaded.nbytes, warm=True):
+            if self.cache.put(key, as_stored(loaded.tensors, spec), self.sizes[key[0]], warm=True):
                 self.warm.counts.kept += 1
-                self.warm.counts.kept_bytes += loaded.nbytes
+                self.warm.counts.kept_bytes += self.sizes[key[0]]
                 layers.add(key[0])
         if self.cache.budget >= self.budget.expert_bytes:  # as `keep` does
             for layer in layers - set(self.stacks):

@@ -198,6 +198,13 @@ class StreamSettings:
             show=describe_budget,
         ),
     )
+    context_tokens: int = field(
+        default=0,
+        metadata=option(
+            "the most tokens one run holds, prompt and answer: the KV cache an auto budget reserves (0: not known, "
+            "a bound of 8192)"
+        ),
+    )
     # LRFU: on trained routing (bench-replay's traces, 7 312 tokens) it keeps 78/91/97 % of Belady's hits at 10/25/50 %
     # of the expert bytes against `frequency`'s 76/89/96 %, and wins or ties on i.i.d. random and on the bench
     # model's skewed random routers (docs/results.md, "Cache policy on trained routing"); `frequency` had won over
@@ -242,6 +249,8 @@ class StreamSettings:
             raise NightshiftError(f"cache policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}")
         if self.verify_checksums not in CHECKSUM_MODES:
             raise NightshiftError(f"checksum mode {self.verify_checksums!r}: choose one of {', '.join(CHECKSUM_MODES)}")
+        if self.context_tokens < 0:
+            raise NightshiftError("the context must be 0 (not known) or more tokens")
         if self.cache_bytes < 0 and self.cache_bytes != AUTO_BUDGET:
             raise NightshiftError("the expert cache budget must be auto, 0 (off) or more bytes")
         object.__setattr__(self, "prefetch_off", frozenset(self.prefetch_off))

@@ -218,15 +218,25 @@ def expert_projections(switch: nn.Module) -> list[str]:
     return [name for name, child in switch.children().items() if isinstance(child, SWITCH_LINEAR_TYPES)]
 
 
+def placeholder(like: mx.array, dtype: mx.Dtype) -> mx.array:
+    """One expert's zeros shaped as `like`'s, held as one element: no call computes with a placeholder (the real
+    experts replace it first), and one of float32 zeros per projection held 38 MiB on the 192-neuron export (30
+    layers x 3 x 0.42 MiB; docs/results.md, [22] memory)."""
+    return mx.broadcast_to(mx.zeros((), dtype=dtype), (1, *like.shape[1:]))
+
+
 def slim_switch(switch: nn.Module, layer: MoeLayer) -> nn.Module:
-    """`switch` with one placeholder expert, quantized as the store's experts are; checked against the files."""
+    """`switch` with one placeholder expert in the store's dtype, quantized as the store's experts are; checked
+    against the files."""
+    stored = {slot.name: DTYPES[slot.dtype][0] for slot in layer.tensors}
     for name, proj in list(switch.children().items()):
         if not isinstance(proj, SWITCH_LINEAR_TYPES):
             continue
-        proj.weight = mx.zeros((1, *proj.weight.shape[1:]), dtype=proj.weight.dtype)
-        if "bias" in proj:
-            proj.bias = mx.zeros((1, *proj.bias.shape[1:]), dtype=proj.bias.dtype)
-        if name in layer.quantization:
+        quantized = name in layer.quantization
+        for leaf in ("weight", "bias") if "bias" in proj else ("weight",):
+            dtype = proj[leaf].dtype if quantized else stored.get(f"{name}.{leaf}", proj[leaf].dtype)
+            proj[leaf] = placeholder(proj[leaf], dtype)
+        if quantized:
             q = layer.quantization[name]
             setattr(switch, name, proj.to_quantized(group_size=q["group_size"], bits=q["bits"], mode=q["mode"]))
     wanted = {slot.name for slot in layer.tensors}
