@@ -95,6 +95,7 @@ def test_every_setting_is_a_flag_under_its_documented_name():
         ("--no-prefetch-tail", "prefetch_tail", False),
         ("--no-overlap", "overlap", False),
         ("--memory-budget 30M", "cache_bytes", 30 << 20),
+        ("--context-tokens 4096", "context_tokens", 4096),
         ("--cache-policy lru", "cache_policy", "lru"),
         ("--warm-start", "warm_start", True),
         ("--verify-checksums first", "verify_checksums", "first"),
