@@ -3,8 +3,6 @@ what the drive a layer waited on was reading (engine/bench/wait_split.py)."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from nightshift.engine.bench.wait_split import wait_split
@@ -13,38 +11,11 @@ from nightshift.engine.moe import expert_files
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reads import ReadAborted
 from nightshift.engine.moe.settings import StreamSettings
+from tests.helpers.gated_reads import GatedReads
 from tests.helpers.stores import streamed_tokens
 from tests.helpers.waits import wait_for
 
 PAGE = 4096
-
-
-class GatedReads:
-    """Every direct read of an expert file of `layer`'s expert `expert` returns its first chunk, then waits for
-    `go` before each further chunk: a read-ahead caught part way."""
-
-    def __init__(self, monkeypatch, path_part: str):
-        self.started = threading.Event()
-        self.go = threading.Event()
-        real = expert_files.open_direct
-
-        def gated(path):
-            handle = real(path)
-            if path_part not in str(path):
-                return handle
-            read_into = handle.read_into
-
-            def slow(view, offset, length=None):
-                if offset:
-                    self.started.set()
-                    assert self.go.wait(30), "the test never let the read go on"
-                return read_into(view, offset, length)
-
-            handle.read_into = slow
-            return handle
-
-        monkeypatch.setattr(expert_files, "open_direct", gated)
-        monkeypatch.setattr(expert_files, "ABORT_CHUNK", PAGE)
 
 
 @pytest.mark.parametrize("abort", [True, False])
@@ -54,7 +25,7 @@ def test_an_unused_read_ahead_stops_part_way_only_with_prefetch_abort(mixtral_st
     layer = stream.manifest.layers[1].layer
     file_bytes = reader.layers[layer].file_bytes
     path = reader.placer.replicas(layer, 3)[0][1]
-    gate = GatedReads(monkeypatch, str(path))
+    gate = GatedReads(monkeypatch, str(path), PAGE)
     try:
         reader.prefetch(layer, [3])
         future = reader._inflight[(layer, 3)].future
@@ -80,10 +51,18 @@ def test_an_unused_read_ahead_stops_part_way_only_with_prefetch_abort(mixtral_st
         stream.close()
 
 
-def test_tokens_are_the_same_with_read_aheads_aborted(mixtral_store, monkeypatch):
+@pytest.mark.parametrize(
+    "settings",
+    [
+        StreamSettings(cache_bytes=0, prefetch_abort=True),
+        # and booked page by page, read-aheads kept off the next layer's demand drives (tests/test_read_ahead_load.py)
+        StreamSettings(cache_bytes=0, prefetch_abort=True, load_left=True, spare_demand_drives=True),
+    ],
+)
+def test_tokens_are_the_same_with_read_aheads_aborted(mixtral_store, monkeypatch, settings):
     monkeypatch.setattr(expert_files, "ABORT_CHUNK", PAGE)  # every read-ahead can stop after any page
-    base, _ = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0), steps=8)
-    tokens, stream = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0, prefetch_abort=True), steps=8)
+    base, _ = streamed_tokens(mixtral_store, StreamSettings(cache_bytes=0, prefetch_abort=False), steps=8)
+    tokens, stream = streamed_tokens(mixtral_store, settings, steps=8)
     assert tokens == base
     assert stream.reads.prefetch_reads > 0
 

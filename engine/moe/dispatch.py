@@ -12,6 +12,10 @@ between completions (or since the drive became busy), summed over the last WINDO
 reads. Timing single reads instead (bytes ahead + n over its latency) swung with
 every burst a throttle or a drive's cache allowed, and the drive that looked
 fastest for a moment was handed a whole layer's reads.
+
+With `load_left`, a read read in chunks (a read-ahead that may be aborted) holds a `Booking`: its chunks stop
+counting as they land, and what an aborted read will not read stops counting when it is aborted, not when its
+chunk under way ends; so a drive is as busy as what is left of its reads.
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ def estimates_from(ceilings: Ceilings | None, drives: list[str]) -> dict[str, Dr
             smallest = min(ceiling.cells, key=lambda c: (c.read_bytes, c.queue_depth))
             out[ceiling.name] = DriveEstimate(ceiling.best().bytes_per_s, smallest.mean_latency_s)
     return out
+
+
+class Booking:
+    """The bytes of one placed read (or part) still counted in flight on its drive (`Dispatcher.settle`, `trim`)."""
+
+    def __init__(self, drive: str, nbytes: int):
+        self.drive = drive
+        self.left = nbytes
 
 
 class Dispatcher:
@@ -88,11 +100,16 @@ class Dispatcher:
             est.in_flight += nbytes
             return drive
 
-    def finished(self, drive: str, nbytes: int, ok: bool) -> None:
-        """A read placed by `choose` is done (or cancelled: ok=False); a successful one is a throughput sample."""
+    def finished(self, drive: str, nbytes: int, ok: bool, booking: Booking | None = None) -> None:
+        """A read placed by `choose` is done (or cancelled: ok=False); a successful one is a throughput sample.
+        With `booking`, what it still counts leaves the drive's load (the rest already did)."""
         with self._lock:
             est = self._drives[drive]
-            est.in_flight -= nbytes
+            if booking is None:
+                est.in_flight -= nbytes
+            else:
+                est.in_flight -= booking.left
+                booking.left = 0
             if not ok:
                 return
             now = self._clock()
@@ -100,6 +117,20 @@ class Dispatcher:
             est.mark = now
             est.bandwidth = sum(b for b, _ in est.recent) / sum(t for _, t in est.recent)
             est.samples += 1
+
+    def settle(self, booking: Booking, nbytes: int) -> None:
+        """`nbytes` of a booked read have landed: its drive no longer counts them."""
+        with self._lock:
+            done = min(nbytes, booking.left)
+            booking.left -= done
+            self._drives[booking.drive].in_flight -= done
+
+    def trim(self, booking: Booking, keep: int) -> None:
+        """A booked read will read at most `keep` more bytes (aborted): its drive no longer counts the rest."""
+        with self._lock:
+            dropped = max(0, booking.left - keep)
+            booking.left -= dropped
+            self._drives[booking.drive].in_flight -= dropped
 
     def bandwidth(self, drives: set[str]) -> float:
         """Summed bandwidth estimate of `drives` (bytes/s), without copying every estimate as `snapshot` does."""

@@ -3,9 +3,9 @@
 A read placed in parts (split or balanced) reads them at once, the first on the calling thread. A failed
 read (I/O error, short file, bad checksum) falls back to the next replica, read whole; with none left the
 error names every drive and file. Checksums are checked as `verify_checksums` says: never, every read, or
-the first read of each file (or set of parts). A read given an `abort` event (a read-ahead, with
-`prefetch_abort`) is read in chunks of ABORT_CHUNK and stops at the first chunk after the event is set: its
-layer asked without it, and the drive goes to that layer's demands. Every read a drive carries out is handed
+the first read of each file (or set of parts). A read given an `abort` (a read-ahead, with `prefetch_abort`) is
+read in chunks of ABORT_CHUNK and stops at the first chunk after the abort is set: its layer asked without it,
+and the drive goes to that layer's demands; with `load_left` each chunk stops counting on its drive as it lands. Every read a drive carries out is handed
 to `log` (the trace's drive reads), aborted ones with the bytes they read.
 """
 
@@ -21,7 +21,15 @@ from nightshift.engine.instruments.trace import DriveRead, ExpertRead
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.io.direct import DirectReadError, open_direct
 from nightshift.engine.moe.buffers import BufferPool
-from nightshift.engine.moe.reads import ExpertReadError, LoadedExpert, ReadAborted, ReadCounts, Ticket, decode
+from nightshift.engine.moe.reads import (
+    Abort,
+    ExpertReadError,
+    LoadedExpert,
+    ReadAborted,
+    ReadCounts,
+    Ticket,
+    decode,
+)
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.tickets import Placer
 from nightshift.engine.store.manifest import MoeLayer, sha256_bytes
@@ -61,7 +69,7 @@ class ExpertFiles:
         self._verified: set[tuple[Path, ...]] = set()  # files (or split pairs) found intact ("first" mode)
 
     def load(
-        self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abort: threading.Event | None = None
+        self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abort: Abort | None = None
     ) -> LoadedExpert:
         """The expert read as placed by `tickets` (or from another replica), its tensors copied out of the buffer;
         with `abort`, read in chunks and given up (ReadAborted) once it is set."""
@@ -126,14 +134,17 @@ class ExpertFiles:
         done = 0
         start = self.clock()
         self.counters.started(drive)
+        chunk = ABORT_CHUNK if what.abort is not None else length
+        booking = what.abort.book(drive, length, chunk) if what.abort is not None else None
         try:
             with open_direct(path) as f:
                 view = memoryview(buffer)[offset : offset + length]
-                chunk = ABORT_CHUNK if what.abort is not None else length
                 while done < length and not what.aborted():
                     want = min(chunk, length - done)
                     got = f.read_into(view[done : done + want], offset + done)
                     done += got
+                    if booking is not None:
+                        self.dispatcher.settle(booking, got)
                     if got < want:
                         break  # the file ends early
             if done < length and what.aborted():
@@ -152,7 +163,7 @@ class ExpertFiles:
             return False
         finally:
             self.counters.finished(drive, done)
-            self.dispatcher.finished(drive, length, ok=done == length)
+            self.dispatcher.finished(drive, length, ok=done == length, booking=booking)
             if self._log is not None:
                 self._log(DriveRead(what.spec.layer, what.expert, what.source, drive, start, self.clock(), done))
 
@@ -175,12 +186,12 @@ class ExpertFiles:
 
 @dataclass(frozen=True)
 class _Read:
-    """What one load reads: which expert, for whom, and the event that aborts it (None: read it whole at once)."""
+    """What one load reads: which expert, for whom, and the stop that aborts it (None: read it whole at once)."""
 
     spec: MoeLayer
     expert: int
     source: str
-    abort: threading.Event | None
+    abort: Abort | None
 
     def aborted(self) -> bool:
         return self.abort is not None and self.abort.is_set()

@@ -7,6 +7,8 @@ read ahead within the compute window before the next router (`StreamSettings.pre
 uncached guess, most confident first, only while the time it saves if right beats what it costs if wrong
 (`odds`: a read that runs past the window delays the next layer's own reads), from how often guesses of its
 rank among the uncached were used so far (`RankOdds`); or as many as the window holds (`window_fill`).
+With `spare_demand_drives`, a read-ahead that would end past the window on a drive likely to hold one of the next
+layer's demand reads (an uncached guess not read ahead) is held back: it would share that drive with the demands.
 Each decode step's guess is scored when its layer asks: its recall is the share of the experts the layer asked
 for that the whole guess named (the top-k of the next router, as bench/trained_routing.py counts it), whatever
 the caps read of it; the share that was read ahead (in the tail or the prefetch, cached ones aside) is counted
@@ -177,6 +179,11 @@ class ReadAhead:
             rest, fill = paying, None
         caps = [c for c in (limit, fill) if c is not None]
         ahead = rest[: min(caps)] if caps else rest
+        if step and self.settings.spare_demand_drives and rows in self.windows:
+            unread = [(rank, e) for rank, e in enumerate(uncached) if e not in ahead and e not in read_in_tail]
+            kept = self._spare(guess.layer, ahead, unread, self.windows[rows])
+            self.reader.counts.spared_prefetch += len(ahead) - len(kept)
+            ahead = kept
         if step:
             self._read_ahead[guess.layer] = set(ahead) | read_in_tail
             self._uncached[guess.layer] = uncached
@@ -200,6 +207,34 @@ class ReadAhead:
                 break
             paying.append(expert)
         return paying
+
+    def _spare(self, layer: int, ahead: list[int], unread: list[tuple[int, int]], window: float) -> list[int]:
+        """The read-aheads of `ahead` (in order) that do not hold up the next layer's likely demand reads.
+
+        `unread`: the uncached guesses not read ahead (rank among the uncached, expert); a drive is wanted when it
+        holds a replica of one and they are more likely than not to bring it a demand read (1 - prod(1 - p) >= 1/2,
+        p: the rank's odds). A read-ahead goes where the dispatcher would place it (the replica expected to finish
+        first, the read-aheads kept before it counted); on a wanted drive it is kept only if it ends within the
+        window, before the next layer asks.
+        """
+        spec = self.reader.layers[layer]
+        dispatcher, placer = self.reader.dispatcher, self.reader.placer
+        no_demand: dict[str, float] = {}  # drive -> odds that none of the unread guesses on it is asked for
+        for rank, expert in unread:
+            for drive, _ in placer.replicas(layer, expert):
+                no_demand[drive] = no_demand.get(drive, 1.0) * (1 - self.odds.odds(rank))
+        wanted = {drive for drive, odds in no_demand.items() if odds <= 0.5}
+        queued: dict[str, int] = {}
+        kept = []
+        for expert in ahead:
+            drives = [drive for drive, _ in placer.replicas(layer, expert)]
+            ends = {d: dispatcher.expected_completion(d, queued.get(d, 0) + spec.file_bytes) for d in drives}
+            drive = min(drives, key=ends.__getitem__)
+            if drive in wanted and ends[drive] > window:
+                continue
+            queued[drive] = queued.get(drive, 0) + spec.file_bytes
+            kept.append(expert)
+        return kept
 
     def window_fill(self, layer: int, rows: int) -> int | None:
         """How many of `layer`'s experts the drives can read while the model computes up to its router.

@@ -27,8 +27,8 @@ from nightshift.engine.io.arenas import cap_malloc_arenas, map_expert_tensors
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.moe.dispatch import Dispatcher
 from nightshift.engine.moe.expert_files import ExpertFiles
+from nightshift.engine.moe.reads import Abort, Key, LoadedExpert, Placed, ReadCounts, Ticket
 from nightshift.engine.moe.reads import ExpertReadError as ExpertReadError  # the engine's API names it here
-from nightshift.engine.moe.reads import Key, LoadedExpert, Placed, ReadCounts, Ticket
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.tail import Tail
 from nightshift.engine.moe.tickets import Placer
@@ -93,8 +93,11 @@ class ExpertReader:
             self.counts.joined_prefetch += len(joined)
             new = [e for e in experts if e not in joined]
             self.counts.demand_reads += len(new)
+            if self.settings.load_left:  # the unused read-aheads leave the drives' load before the demands are placed
+                self._drop_unused(layer, set(experts))
             self._place(layer, new, DEMAND)
-            self._drop_unused(layer, set(experts))
+            if not self.settings.load_left:
+                self._drop_unused(layer, set(experts))
             return [(self._inflight[(layer, e)].future, PREFETCH if e in joined else DEMAND) for e in experts]
 
     def wait(
@@ -207,11 +210,11 @@ class ExpertReader:
         pools = self._demand if source == DEMAND else self._prefetch
         if source == DEMAND:
             self.tail.demand_placed(tickets)
-        abort = threading.Event() if abortable and source == PREFETCH and self.settings.prefetch_abort else None
+        abort = Abort.of(self.settings, self.dispatcher) if abortable and source == PREFETCH else None
         return Placed(pools[tickets[0].drive].submit(self._load, spec, expert, source, tickets, abort), tickets, abort)
 
     def _load(
-        self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abort: threading.Event | None
+        self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abort: Abort | None
     ) -> LoadedExpert:
         try:
             return self.files.load(spec, expert, source, tickets, abort)

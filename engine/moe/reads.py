@@ -16,6 +16,8 @@ import numpy as np
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.trace import ExpertRead
+from nightshift.engine.moe.dispatch import Booking, Dispatcher
+from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.manifest import MoeLayer
 from nightshift.engine.store.safetensors_io import DTYPES
 
@@ -30,6 +32,44 @@ class ExpertReadError(NightshiftError):
 class ReadAborted(Exception):
     """A read-ahead stopped part way because its layer asked and did not use it (`prefetch_abort`); nobody waits
     on it, so this only ends its future."""
+
+
+class Abort:
+    """A read-ahead's stop (`prefetch_abort`): set when its layer asked without it, and its parts, read in chunks,
+    stop at the next one. With a dispatcher (`load_left`) the parts under way are booked with it, and setting the
+    stop trims each to the chunk it is reading, so its drive stops counting the rest at once (engine/moe/dispatch.py).
+    """
+
+    def __init__(self, dispatcher: Dispatcher | None = None):
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._dispatcher = dispatcher
+        self._parts: list[tuple[Booking, int]] = []
+
+    @classmethod
+    def of(cls, settings: StreamSettings, dispatcher: Dispatcher) -> Abort | None:
+        """The stop a read-ahead gets under `settings`: none without `prefetch_abort`."""
+        if not settings.prefetch_abort:
+            return None
+        return cls(dispatcher if settings.load_left else None)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            for booking, chunk in self._parts:
+                self._dispatcher.trim(booking, chunk)
+
+    def book(self, drive: str, nbytes: int, chunk: int) -> Booking | None:
+        """A part of `nbytes` on `drive`, read in `chunk`s, starts: its booking (None without a dispatcher)."""
+        if self._dispatcher is None:
+            return None
+        booking = Booking(drive, nbytes)
+        with self._lock:
+            self._parts.append((booking, chunk))
+        return booking
 
 
 @dataclass(frozen=True)
@@ -49,7 +89,7 @@ class Placed:
 
     future: Future
     tickets: list[Ticket]
-    abort: threading.Event | None = None
+    abort: Abort | None = None
 
 
 @dataclass
@@ -72,6 +112,9 @@ class ReadCounts:
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
     wasted_prefetch_bytes: int = 0  # bytes of those already started (read, or being read, for nothing)
     declined_prefetch: int = 0  # uncached guesses the window held that the odds left unread (`prefetch_cap` odds)
+    spared_prefetch: int = (
+        0  # read-aheads held back off a drive the next layer's demands likely want (spare_demand_drives)
+    )
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
     cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
     aborted_prefetch: int = 0  # started prefetches the layer did not use, stopped part way (`prefetch_abort`)

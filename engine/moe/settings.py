@@ -154,6 +154,24 @@ class StreamSettings:
             "(512 KiB) so the drive goes to the layer's own reads"
         ),
     )
+    # Off, both: on bench-replay at 50 % (4 x 12 MB/s) the two together against neither measured 0.62 / 0.85 / 1.18 a
+    # token on one replica per expert and 0.67 / 1.04 / 1.06 on four, in alternated pairs under load 2-15, and 1.53 at
+    # 25 % (one pair): no direction (docs/results.md, "What is left of a read").
+    load_left: bool = field(
+        default=False,
+        metadata=option(
+            "a drive's load (what reads are placed and the tail timed by) counts what is left of its reads: an "
+            "abortable read-ahead's chunks as they land, an aborted one's rest at once, and a layer's unused "
+            "read-aheads leave before its demand reads are placed"
+        ),
+    )
+    spare_demand_drives: bool = field(
+        default=False,
+        metadata=option(
+            "in decode, a read-ahead is read on a drive that likely holds one of the next layer's demand reads (an "
+            "uncached guess not read ahead) only if that drive is expected to finish it before the next layer asks"
+        ),
+    )
     prefill_prefetch: bool = field(
         default=True,
         metadata=option("read the next layer's predicted union ahead in passes of many rows, even with prefetch off"),

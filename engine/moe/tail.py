@@ -15,11 +15,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from nightshift.engine.instruments.trace import PREFETCH
-from nightshift.engine.moe.reads import Key, LoadedExpert, Placed, ReadCounts, Ticket
+from nightshift.engine.moe.reads import Abort, Key, LoadedExpert, Placed, ReadCounts, Ticket
 from nightshift.engine.moe.tickets import Placer
 from nightshift.engine.store.manifest import MoeLayer
 
-Load = Callable[[MoeLayer, int, str, list[Ticket], threading.Event | None], LoadedExpert]
+Load = Callable[[MoeLayer, int, str, list[Ticket], Abort | None], LoadedExpert]
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,8 @@ class Tail:
         in flight. Called right after the current layer's reads were placed, so the drives' queues say when it
         ends (`pump` once they are in flight)."""
         self._ends = self.clock() + self.dispatcher.drained(list(self._demand_work))
-        abortable = self.settings.prefetch_abort
         held = [
-            Held(layer, expert, Placed(Future(), [], threading.Event() if abortable else None)) for expert in experts
+            Held(layer, expert, Placed(Future(), [], Abort.of(self.settings, self.dispatcher))) for expert in experts
         ]
         self._held += held
         return held
