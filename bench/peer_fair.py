@@ -2,6 +2,7 @@
 
     python -m bench.peer_fair STORE --llama striped=DIR [--llama drives=DIR] [--shares 0.1,0.25,0.5] [--tokens 16]
         [--read-ahead-kb 4,8 | --probe-read-ahead 4,8,16,32,64,128] [--rounds 1] [--peer-python PYTHON]
+        [--limits MB,... [--auto]]
 
 STORE is the nightshift store (its drives: the rig's); each `--llama LAYOUT=DIR` is a directory holding the same
 model as one GGUF (or a split one, its files linked from DIR): `striped` on the rig's drives striped into one
@@ -19,6 +20,11 @@ volume (bench/peer_striped.py), `drives` one file per drive. For each budget (a 
 With `--llama-limit experts` llama.cpp is held instead to the same bytes *for experts* as nightshift's cache
 ([13]'s definition): its own memory (RssAnon, measured once per layout in a run without a limit) + the GGUF's
 non-expert tensors (they stay in the page cache) + the budget + the slack; nightshift keeps its measured peak.
+
+With `--limits MB,...` (one per share) step 1 is skipped: every side at a share is held to the limit given. With
+`--auto` as well, nightshift's cache is `--memory-budget auto`, sized by nightshift inside that limit (its cgroup's)
+for the prompt and tokens asked, instead of the share: one limit for each whole process, each engine spending it
+as it will (the share then only names the limit; the cache auto chose is printed and recorded in its counters).
 
 Every run is recorded in the run catalogue (kind `peer-fair`: engine, layout, share, limit, read-ahead, the load
 average at its start) and printed with nightshift's decode tok/s over llama.cpp's from the same round, and where
@@ -41,6 +47,7 @@ from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.decode import first_difference
 from nightshift.engine.bench.peer import read_gguf
 from nightshift.engine.instruments.catalogue import Catalogue, Run
+from nightshift.engine.moe.settings import AUTO_BUDGET
 
 KIND = "peer-fair"
 NIGHTSHIFT = "nightshift"
@@ -142,11 +149,19 @@ def main() -> None:
     parser.add_argument("--llama-limit", choices=("total", "experts"), default="total",
                         help="nightshift's peak, or llama.cpp's own need + the same share of experts")  # fmt: skip
     parser.add_argument("--slack-mib", type=int, default=16, help="over nightshift's measured peak")
+    parser.add_argument("--limits", help="each share's memory limit in MB, comma-separated (default: ns's peak)")
+    parser.add_argument("--auto", action="store_true", help="nightshift's cache sized by itself in --limits")
     parser.add_argument("--peer-python", type=Path, default=os.environ.get("NIGHTSHIFT_LLAMA_CPP_PYTHON"))
     parser.add_argument("--catalogue", type=Path, help="run catalogue (default: the data dir's)")
     args = parser.parse_args()
     if not args.llama or args.peer_python is None:
         raise SystemExit("give --llama LAYOUT=DIR and the peer's python (--peer-python or NIGHTSHIFT_LLAMA_CPP_PYTHON)")
+    shares = [float(s) for s in args.shares.split(",")]
+    given = [int(float(mb) * 1e6) for mb in args.limits.split(",")] if args.limits else []
+    if given and len(given) != len(shares):
+        raise SystemExit(f"--limits gives {len(given)} limits for {len(shares)} shares: give one per share")
+    if args.auto and not given:
+        raise SystemExit("--auto sizes nightshift's cache inside a memory limit: give the limits with --limits")
     ours = Side(Engine(NIGHTSHIFT, Path(sys.executable), args.store), "drives")
     theirs = [
         Side(Engine(LLAMA, args.peer_python, Path(d)), layout) for layout, d in (a.split("=", 1) for a in args.llama)
@@ -165,11 +180,15 @@ def main() -> None:
             alone = bench.measure(side, 0.0, None, read_aheads[0], 0)
             gguf = read_gguf(sorted(side.engine.model.glob("*.gguf"))[0])
             own_need[side.label] = (alone["counters"]["rss_anon_bytes"] + gguf.trunk_bytes, gguf.expert_bytes)
-    for index, share in enumerate(float(s) for s in args.shares.split(",")):
-        bench.job = {"budget": int(share * total), "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
+    for index, share in enumerate(shares):
+        budget = AUTO_BUDGET if args.auto else int(share * total)
+        bench.job = {"budget": budget, "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
                      "threads": args.threads, "width": 1}  # fmt: skip
-        alone = bench.measure(ours, share, None, None, 0)
-        limit = alone["group_peak_bytes"] + (args.slack_mib << 20)
+        if given:
+            limit = given[index]
+        else:
+            alone = bench.measure(ours, share, None, None, 0)
+            limit = alone["group_peak_bytes"] + (args.slack_mib << 20)
         limits = {side.label: limit for side in [ours, *theirs]}
         for label, (need, experts) in own_need.items():  # the same share of its own expert bytes
             limits[label] = need + int(share * experts) + (args.slack_mib << 20)
@@ -185,6 +204,8 @@ def main() -> None:
             for side, kb in order:
                 done[side.label, kb] = bench.measure(side, share, limits[side.label], kb, round_)
             mine = done[ours.label, None]
+            if args.auto and "counters" in mine:
+                print(f"      auto: nightshift's cache {mine['counters']['budget']['bytes'] / 1e6:.1f} MB", flush=True)
             for side, kb in peers:
                 other = done[side.label, kb]
                 if "error" in mine or "error" in other:

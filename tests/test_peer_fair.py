@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench.peer_fair import read_ahead_files
+from bench.peer_fair import main, read_ahead_files
 from nightshift.engine.bench.decode import first_difference
 
 
@@ -26,3 +26,14 @@ def test_the_read_ahead_of_a_files_device_is_found_or_refused_by_name(tmp_path):
         assert "no read-ahead setting" in str(exc) and str(tmp_path) in str(exc)
         return
     assert len(files) == 1 and int(files[0].read_text()) >= 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [(["--auto"], "give the limits with --limits"), (["--limits", "700", "--shares", "0.1,0.25"], "one per share")],
+)
+def test_auto_and_given_limits_are_refused_without_one_limit_per_share(monkeypatch, tmp_path, extra, said):
+    argv = ["peer_fair", str(tmp_path), "--llama", f"striped={tmp_path}", "--peer-python", sys.executable, *extra]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=said):
+        main()
