@@ -42,7 +42,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.streaming_peers import Engine, expert_bytes, hit_rate, model_files, prompt_ids, rates, run_side
+from bench.streaming_peers import (
+    Engine,
+    auto_cache,
+    expert_bytes,
+    hit_rate,
+    model_files,
+    prompt_ids,
+    rates,
+    run_side,
+    share_limits,
+)
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.decode import first_difference
 from nightshift.engine.bench.peer import read_gguf
@@ -157,9 +167,7 @@ def main() -> None:
     if not args.llama or args.peer_python is None:
         raise SystemExit("give --llama LAYOUT=DIR and the peer's python (--peer-python or NIGHTSHIFT_LLAMA_CPP_PYTHON)")
     shares = [float(s) for s in args.shares.split(",")]
-    given = [int(float(mb) * 1e6) for mb in args.limits.split(",")] if args.limits else []
-    if given and len(given) != len(shares):
-        raise SystemExit(f"--limits gives {len(given)} limits for {len(shares)} shares: give one per share")
+    given = share_limits(args.limits, shares)
     if args.auto and not given:
         raise SystemExit("--auto sizes nightshift's cache inside a memory limit: give the limits with --limits")
     ours = Side(Engine(NIGHTSHIFT, Path(sys.executable), args.store), "drives")
@@ -204,8 +212,8 @@ def main() -> None:
             for side, kb in order:
                 done[side.label, kb] = bench.measure(side, share, limits[side.label], kb, round_)
             mine = done[ours.label, None]
-            if args.auto and "counters" in mine:
-                print(f"      auto: nightshift's cache {mine['counters']['budget']['bytes'] / 1e6:.1f} MB", flush=True)
+            if args.auto and (said := auto_cache(mine)):
+                print(said, flush=True)
             for side, kb in peers:
                 other = done[side.label, kb]
                 if "error" in mine or "error" in other:

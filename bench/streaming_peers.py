@@ -176,6 +176,21 @@ def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
         group.remove()
 
 
+def share_limits(given: str | None, shares: list[float]) -> list[int]:
+    """`--limits MB,...` in bytes, one per share (none given: []); a count that is not one per share is refused."""
+    limits = [int(float(mb) * 1e6) for mb in given.split(",")] if given else []
+    if limits and len(limits) != len(shares):
+        raise SystemExit(f"--limits gives {len(limits)} limits for {len(shares)} shares: give one per share")
+    return limits
+
+
+def auto_cache(figures: dict) -> str | None:
+    """The line that says what cache `--memory-budget auto` chose in a nightshift run (None if it did not say)."""
+    if "counters" not in figures:
+        return None
+    return f"{'':>6} auto: nightshift's cache {figures['counters']['budget']['bytes'] / 1e6:.1f} MB"
+
+
 def rates(figures: dict, prompt_tokens: int) -> dict:
     """Prompt and decode tok/s (`prompt_tokens`: every prompt's together), what the prompts read and what each decoded
     token read, where the side finished."""
@@ -270,11 +285,9 @@ def main() -> None:
     header = f"{'share':>6} {'w':>3} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'all t/s':>9} {'peak RSS MB':>11}"
     print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
     shares = [float(s) for s in args.shares.split(",") if s]  # "": only the batched pair
-    limits = [int(float(mb) * 1e6) for mb in args.limits.split(",")] if args.limits else []
     if args.auto and args.fill:
         raise SystemExit("--fill grows the share's cache into the limit, --auto sizes it there: give one of them")
-    if limits and len(limits) != len(shares):
-        raise SystemExit(f"--limits gives {len(limits)} limits for {len(shares)} shares: give one per share")
+    limits = share_limits(args.limits, shares)
     if args.width > 1 and not shares and args.batch_share is None:
         raise SystemExit("--shares '' measures only the batched pair: give its budget with --batch-share")
     for index, share in enumerate(shares):
@@ -287,8 +300,8 @@ def main() -> None:
             trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
             own = {"budget": AUTO_BUDGET} if engine is nightshift and args.auto else {}
             figures = measure(engine, {**job, "trace": trace and str(trace), **own}, share, limit, catalogue, load)
-            if own and "counters" in figures:
-                print(f"{'':>6} auto: nightshift's cache {figures['counters']['budget']['bytes'] / 1e6:.1f} MB")
+            if own and (said := auto_cache(figures)):
+                print(said)
             if engine is nightshift:
                 first = figures
                 limit = figures["group_peak_bytes"] if not (args.unlimited or limits) else limit

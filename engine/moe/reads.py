@@ -112,9 +112,8 @@ class ReadCounts:
     wasted_prefetch: int = 0  # prefetched experts the layer did not use
     wasted_prefetch_bytes: int = 0  # bytes of those already started (read, or being read, for nothing)
     declined_prefetch: int = 0  # uncached guesses the window held that the odds left unread (`prefetch_cap` odds)
-    spared_prefetch: int = (
-        0  # read-aheads held back off a drive the next layer's demands likely want (spare_demand_drives)
-    )
+    # read-aheads held back off a drive the next layer's demands likely want (`spare_demand_drives`)
+    spared_prefetch: int = 0
     promoted_prefetch: int = 0  # prefetches still queued when demanded: cancelled and read by the demand pool
     cancelled_prefetch: int = 0  # prefetches never started (promoted, or no longer wanted)
     aborted_prefetch: int = 0  # started prefetches the layer did not use, stopped part way (`prefetch_abort`)
