@@ -10,7 +10,10 @@ import pytest
 
 from nightshift.app.cli import main
 from nightshift.app.commands.stream_flags import add_stream_arguments, settings_from
-from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.bench.cache_sim import Call
+from nightshift.engine.bench.tune import policy_record
+from nightshift.engine.moe.held import held_expert_bytes
+from nightshift.engine.moe.settings import LRFU, StreamSettings
 from nightshift.engine.moe.tuning import (
     TuningError,
     apply_tuning,
@@ -21,6 +24,7 @@ from nightshift.engine.moe.tuning import (
     tuning_path,
     write_tuning,
 )
+from nightshift.engine.store.manifest import read_manifest
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 CHOSEN = {**tuned_values(StreamSettings()), "prefetch": False, "demand_threads": 2, "prefetch_off": [3]}
@@ -80,6 +84,21 @@ def test_bench_flags_override_tuned_values_and_no_tuning_ignores_them(tmp_path, 
     flagged = settings_from(parser.parse_args(["--model", str(tmp_path), "--prefetch", "--demand-threads", "4"]))
     assert flagged.prefetch is True and flagged.demand_threads == 4 and flagged.prefetch_off == frozenset({3})
     assert settings_from(parser.parse_args(["--model", str(tmp_path), "--no-tuning"])) == StreamSettings()
+
+
+def test_the_cache_policy_record_counts_the_bytes_the_cache_holds(mixtral_store):
+    """The record sets the auto budget beside every expert as the cache holds them (not the padded files), the
+    figure its "holds every expert" is decided by: a budget of exactly that replays no eviction."""
+    manifest = read_manifest(mixtral_store)
+    every = held_expert_bytes(manifest)
+    assert every != manifest.expert_bytes  # tensors and their overhead, not the 4 KiB-aligned files
+    layer = manifest.layers[0]
+    calls = [Call(layer.layer, (expert,), 1) for expert in [0, 1, 2, 0, 3, 1, 0, 2] * 4]
+    record, chosen = policy_record(calls, manifest, every, LRFU)
+    assert record["held_expert_bytes"] == every == record["auto_budget_bytes"] and "expert_bytes" not in record
+    assert chosen is None and "holds every expert" in record["why"]
+    record, _ = policy_record(calls, manifest, every - 1, LRFU)
+    assert "holds every expert" not in record["why"] and record["lookups"] == len(calls)
 
 
 @pytest.mark.slow

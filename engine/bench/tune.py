@@ -197,20 +197,27 @@ def choose_cache_policy(calibration: Calibration, manifest: Manifest, in_use: li
     settings = calibration.settings({})
     threads = (settings.demand_threads + settings.prefetch_threads) * len(in_use)
     budget = size_budget(AUTO_BUDGET, manifest, calibration.store, threads).bytes
-    sizes = held_sizes(manifest.layers)
     calls = [Call(layer, tuple(experts), rows, tuple(counts)) for layer, experts, rows, counts in calibration.routing]
-    hits = {policy: replay(calls, sizes, budget, policy).hit_rate for policy in CACHE_POLICIES}
-    record = {"auto_budget_bytes": budget, "expert_bytes": manifest.expert_bytes, "lookups": len(calls),
-              "hit_rate": {p: round(h, 4) for p, h in hits.items()}}  # fmt: skip
-    if budget >= held_expert_bytes(manifest):
-        record["why"] = "the auto budget holds every expert: no policy evicts, so the default stays"
-        return record
-    default = settings.cache_policy
-    best = max(CACHE_POLICIES, key=lambda p: (hits[p], p == default))
-    if hits[best] > hits[default]:
+    record, best = policy_record(calls, manifest, budget, settings.cache_policy)
+    if best is not None:
         calibration.chosen["cache_policy"] = best
-    record["why"] = f"{best}: highest hit rate replaying this run's lookups at the auto budget"
     return record
+
+
+def policy_record(calls: list[Call], manifest: Manifest, budget: int, default: str) -> tuple[dict, str | None]:
+    """What replaying `calls` at `budget` says (the record's `cache_policy`) and the policy to choose, None to keep
+    `default`. Sizes and the budget that holds every expert count what the cache holds (engine/moe/held.py), not
+    the padded files."""
+    every, sizes = held_expert_bytes(manifest), held_sizes(manifest.layers)
+    hits = {policy: replay(calls, sizes, budget, policy).hit_rate for policy in CACHE_POLICIES}
+    record = {"auto_budget_bytes": budget, "held_expert_bytes": every, "lookups": len(calls),
+              "hit_rate": {p: round(h, 4) for p, h in hits.items()}}  # fmt: skip
+    if budget >= every:
+        record["why"] = "the auto budget holds every expert: no policy evicts, so the default stays"
+        return record, None
+    best = max(CACHE_POLICIES, key=lambda p: (hits[p], p == default))
+    record["why"] = f"{best}: highest hit rate replaying this run's lookups at the auto budget"
+    return record, best if hits[best] > hits[default] else None
 
 
 def tune(
