@@ -93,11 +93,13 @@ class ExpertReader:
             self.counts.joined_prefetch += len(joined)
             new = [e for e in experts if e not in joined]
             self.counts.demand_reads += len(new)
+            used = set(experts)
             if self.settings.load_left:  # the unused read-aheads leave the drives' load before the demands are placed
-                self._drop_unused(layer, set(experts))
-            self._place(layer, new, DEMAND)
-            if not self.settings.load_left:
-                self._drop_unused(layer, set(experts))
+                self._drop_unused(layer, used)
+                self._place(layer, new, DEMAND)
+            else:  # they still weigh on their drives while the demands are placed
+                self._place(layer, new, DEMAND)
+                self._drop_unused(layer, used)
             return [(self._inflight[(layer, e)].future, PREFETCH if e in joined else DEMAND) for e in experts]
 
     def wait(
