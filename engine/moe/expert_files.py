@@ -5,8 +5,8 @@ read (I/O error, short file, bad checksum) falls back to the next replica, read 
 error names every drive and file. Checksums are checked as `verify_checksums` says: never, every read, or
 the first read of each file (or set of parts). A read given an `abort` (a read-ahead, with `prefetch_abort`) is
 read in chunks of ABORT_CHUNK and stops at the first chunk after the abort is set: its layer asked without it,
-and the drive goes to that layer's demands; with `load_left` each chunk stops counting on its drive as it lands. Every read a drive carries out is handed
-to `log` (the trace's drive reads), aborted ones with the bytes they read.
+and the drive goes to that layer's demands; with `load_left` each chunk stops counting on its drive as it lands.
+Every read a drive carries out is handed to `log` (the trace's drive reads), aborted ones with the bytes they read.
 """
 
 from __future__ import annotations
