@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.conversion_tokens --families mixtral,granitemoe,glm4_moe,deepseek_v3,qwen3_moe \\
         --quantization "4bit bf16"
 
-For each family a tiny random release checkpoint (tests/helpers/moe_families.py) is converted by mlx-lm's own
+For each family a tiny random release checkpoint (bench/helpers/moe_families.py) is converted by mlx-lm's own
 `convert` as `--quantization` names (its QUANTIZATIONS), imported, and checked as the conformance test checks it
 (tensors, then 24 greedy tokens in RAM and streamed against plain mlx-lm), once with the exact default and once
 with every model opened `float32_prefill`. Prints one line per family and mode; asserts nothing.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tests.helpers.moe_families as families
+import bench.helpers.moe_families as families
 from nightshift.engine.runtime import open_model
 
 

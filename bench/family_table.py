@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.family_table SCRATCH_DIR [--out TABLE.md] [--catalogue PATH] [--families a,b]
         [--rss-layers 4,32] [--rss-scale 4]
 
-For every MoE family of the installed mlx-lm (tests/helpers/moe_families.py): a tiny random checkpoint in mlx-lm's
+For every MoE family of the installed mlx-lm (bench/helpers/moe_families.py): a tiny random checkpoint in mlx-lm's
 converted layout and in the release layout, both again with every boolean option of the family switched on
 (tied embeddings, norm_head, biases, ...), and mlx-lm `convert` 4-bit and mxfp4 conversions of it, each
 imported and compared with `mlx_lm.load` (tensors bit for bit, 24 greedy tokens streamed and in RAM). Each cell
@@ -27,8 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nightshift.engine.instruments.catalogue import Catalogue, Run
-from tests.helpers.moe_families import (
+from bench.helpers.moe_families import (
     EXPERT_FIELDS,
     HIDDEN_FIELDS,
     INTERMEDIATE_FIELDS,
@@ -48,6 +47,7 @@ from tests.helpers.moe_families import (
     tiny_config,
     write_checkpoint,
 )
+from nightshift.engine.instruments.catalogue import Catalogue, Run
 
 OPTIONS = "options on"  # the same checks with every boolean option of the family switched on
 COLUMNS = [*LAYOUTS, *(f"{layout}, {OPTIONS}" for layout in LAYOUTS), *QUANTIZATIONS, OPTIONS, "release experts as"]

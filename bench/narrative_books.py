@@ -1,11 +1,11 @@
 """Books for the narrative evaluation: generated sets of books of many shapes, each with its review's schedule.
 
-Built on tests/helpers/books.py's generator (a company in English, German, French or Spanish; a bank statement as
+Built on bench/helpers/books.py's generator (a company in English, German, French or Spanish; a bank statement as
 CSV in the country's number and date formats, MT940 or OFX; a ledger as CSV, SQLite or Beancount; faults
 planted on purpose), it picks seeds so that the set holds every language and every format with many
 findings per review (seeds whose faults make at least `MIN_FINDINGS` findings), gives some books 600 postings a month, and
-rewrites some CSV bank statements as ISO 20022 camt.053, the one format tests/helpers/books.py does not write.
-`held_out` is the German month-end of issue [19]'s outside test (tests/helpers/german.py), written as the
+rewrites some CSV bank statements as ISO 20022 camt.053, the one format bench/helpers/books.py does not write.
+`held_out` is the German month-end of issue [19]'s outside test (bench/helpers/german.py), written as the
 outside tester's books were, not by the generator.
 
     books = evaluation_books(folder, 22) + held_out(folder)   # [EvaluationBook(schedule, about, planted), ...]
@@ -20,9 +20,9 @@ from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
 
+from bench.helpers.books import make_books
+from bench.helpers.german import german_books
 from nightshift.app.review.schedule import load_schedule
-from tests.helpers.books import make_books
-from tests.helpers.german import german_books
 
 CAMT = "urn:iso:std:iso:20022:tech:xsd:camt.053.001.02"
 MIN_FINDINGS = 6  # planted findings a seed needs to be picked (3 to 7 faults are drawn; some make two findings)

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.narrative_eval [--books 23] [--model NAME]... [--penalty 1.3]... [--bundled]
 
 On generated books (bench/narrative_books.py: languages, formats, sizes, planted faults), the held-out German
-month-end (tests/helpers/german.py) and, with
+month-end (bench/helpers/german.py) and, with
 --bundled, the bundled reviews, each review runs as `review run` does (checks, prompt, narrative, report
 context) on each model and repetition penalty, and the report's HTML (what WeasyPrint lays out) is scored
 from the narrative box alone, without the gate's own records:

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.routing_ties [--families deepseek_v3,minimax] [--forms fp8,bf16]
 
-For each family and form a tiny random release checkpoint with FP8 or bfloat16 experts (tests/helpers/
+For each family and form a tiny random release checkpoint with FP8 or bfloat16 experts (bench/helpers/
 routing_ties.py) is imported; nightshift's runtime generates 24 greedy tokens after a 48-token prompt, and mlx-lm
 generates them from the same weights cast to float32. Both models then read the same tokens side by side, each
 MoE layer's router scores and chosen experts recorded at every position. Printed: where the tokens part; the
@@ -22,13 +22,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from nightshift.engine.bench.decode import first_difference
-from nightshift.engine.io.drives import Drive
-from nightshift.engine.runtime import open_model
-from nightshift.engine.store.importer import ImportOptions, import_checkpoint
-from tests.helpers.moe_families import PROMPT, STEPS, float32_reference, nightshift_tokens
-from tests.helpers.reference import greedy_tokens
-from tests.helpers.routing_ties import (
+from bench.helpers.moe_families import PROMPT, STEPS, float32_reference, nightshift_tokens
+from bench.helpers.reference import greedy_tokens
+from bench.helpers.routing_ties import (
     FORMS,
     ROUTER_LOGITS,
     Run,
@@ -41,6 +37,10 @@ from tests.helpers.routing_ties import (
     teacher_forced,
     write_float_experts,
 )
+from nightshift.engine.bench.decode import first_difference
+from nightshift.engine.io.drives import Drive
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 
 
 def _where(position: int) -> str:

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.trunk_bits SCRATCH_DIR
 
 Tiny synthetic checkpoints of each family, imported at each trunk width, against mlx-lm.
-The decode compared is the tests' reference one (tests/helpers/reference.py).
+The decode compared is the tests' reference one (bench/helpers/reference.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import load_model
 
+from bench.helpers.reference import PROMPT, greedy_tokens
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.synth import synthesize
 from nightshift.engine.store.synth_families import FAMILIES
-from tests.helpers.reference import PROMPT, greedy_tokens
 
 
 def _agreeing_prefix(a: list[int], b: list[int]) -> int:

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.tickets import MIN_PART_SHARE
 from nightshift.engine.store.loader import load_store
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import delay_reads, import_tiny, tiny_checkpoint
 
 DEVICES = {"d0": 1, "d1": 2, "d2": 3}  # the three drives share this machine's disk: call them three devices

@@ -1,12 +1,12 @@
-"""Generated books (tests/helpers/books.py): on every dataset every planted fault is found and no finding is unexplained."""
+"""Generated books (bench/helpers/books.py): on every dataset every planted fault is found and no finding is unexplained."""
 
 from __future__ import annotations
 
 import pytest
 
+from bench.helpers.books import LANGUAGES, make_books
 from nightshift.app.review.runner import run_checks_for
 from nightshift.app.review.schedule import load_schedule
-from tests.helpers.books import LANGUAGES, make_books
 
 SEEDS = range(20)
 

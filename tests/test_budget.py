@@ -202,7 +202,7 @@ def test_the_cache_gives_ram_back_when_the_machine_runs_short(stores):
     store = stores["qwen3_moe"]
     model, _, stream = load_streaming(store, StreamSettings())
     try:
-        from tests.helpers.reference import greedy_tokens
+        from bench.helpers.reference import greedy_tokens
 
         tokens = greedy_tokens(model, 8)
         held = stream.residency.cache.used

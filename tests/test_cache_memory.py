@@ -11,14 +11,14 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from bench.helpers.moe_families import tiny_config, write_checkpoint
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.held import TENSOR_OVERHEAD, held_bytes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.manifest import read_manifest
-from tests.helpers.moe_families import tiny_config, write_checkpoint
-from tests.helpers.reference import greedy_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 # The experts of moe128-mixtral ([22]'s trained-routing bench model): 12 neurons on a 576-wide stream, bf16, so each

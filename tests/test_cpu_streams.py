@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.bench.decode import time_decode
 from nightshift.engine.cpu_prefill import PrefillQuantizedSwitchLinear, PrefillSwitchLinear, use_gemm_prefill
 from nightshift.engine.cpu_streams import ENV, MIN_PART_BYTES, cpu_streams, split_experts, stream_count
@@ -22,7 +23,6 @@ from nightshift.engine.store.families import module_at, switch_sites
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.synth import synthesize
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import import_tiny
 
 IN, OUT, EXPERTS = 512, 384, 12  # a 4-bit expert's weight: 96 KiB, over MIN_PART_BYTES

@@ -1,6 +1,6 @@
 """Every MoE family of the installed mlx-lm, in both layouts people download, imports exactly or is refused by name.
 
-Generated from mlx-lm itself (tests/helpers/moe_families.py): for each family a tiny random checkpoint from its own
+Generated from mlx-lm itself (bench/helpers/moe_families.py): for each family a tiny random checkpoint from its own
 Model class, written with mlx-lm's converted names and with the upstream release names (and once more with every
 boolean option of the family switched on: tied embeddings, norm_head, biases, ...), is imported; then every
 trunk and expert tensor of the store must equal what `mlx_lm.utils.load_model` holds for the same checkpoint
@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from mlx_lm.generate import generate_step
 
-from nightshift.engine.generation import DEFAULT_CHUNK
-from tests.helpers.moe_families import (
+from bench.helpers.moe_families import (
     LAYOUTS,
     QUANTIZATIONS,
     FamilyError,
@@ -30,6 +29,7 @@ from tests.helpers.moe_families import (
     tiny_config,
     write_checkpoint,
 )
+from nightshift.engine.generation import DEFAULT_CHUNK
 
 QUICK = "qwen3_moe"  # the family the quick run checks; every other one is slow
 QUICK_CONVERSION = (QUICK, "4bit bf16")  # the hub's commonest MLX format; every other conversion is slow

@@ -7,7 +7,7 @@ experts as MLX does on a GPU: inputs upcast to float32, float32 sums, the output
 - the greedy tokens equal mlx-lm's own model of the checkpoint run with that rule for `gather_mm` (the one
   operation it lacks on a CPU), token for token;
 - against the same weights cast to float32 and run by plain mlx-lm (the reference): the tokens are equal, or part
-  only at a near-tie (tests/helpers/routing_ties.py). Followed layer by layer, the routers' scores agree within
+  only at a near-tie (bench/helpers/routing_ties.py). Followed layer by layer, the routers' scores agree within
   bfloat16's rounding until the first position where a router takes another expert, and there the reference's
   own k-th and (k+1)-th scores were closer than that rounding moved them; with the reference's routing forced on
   nightshift's model, every step's log-probabilities are within bfloat16's rounding of the reference's and its
@@ -22,19 +22,15 @@ from mlx_lm.models.switch_layers import SwitchLinear
 from mlx_lm.utils import load_model
 
 from bench.gpu_gather_mm import gather_mm_as_on_a_gpu
-from nightshift.engine.bench.decode import first_difference
-from nightshift.engine.cpu_prefill import PrefillSwitchLinear, use_gemm_prefill
-from nightshift.engine.models import get_classes
-from nightshift.engine.runtime import open_model
-from tests.helpers.moe_families import (
+from bench.helpers.moe_families import (
     PROMPT,
     STEPS,
     check_import,
     float32_reference,
     nightshift_tokens,
 )
-from tests.helpers.reference import greedy_tokens
-from tests.helpers.routing_ties import (
+from bench.helpers.reference import greedy_tokens
+from bench.helpers.routing_ties import (
     final_gap,
     flips,
     logprob_shift,
@@ -43,6 +39,10 @@ from tests.helpers.routing_ties import (
     teacher_forced,
     write_float_experts,
 )
+from nightshift.engine.bench.decode import first_difference
+from nightshift.engine.cpu_prefill import PrefillSwitchLinear, use_gemm_prefill
+from nightshift.engine.models import get_classes
+from nightshift.engine.runtime import open_model
 
 # bfloat16 keeps 8 bits: log-probabilities of ~-4 move by ~0.02-0.05 over the tiny models' layers (measured).
 BF16_ROUNDING = 0.1

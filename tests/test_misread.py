@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.helpers.german import GERMAN, german_books
 from nightshift.app.review.errors import ReviewError, ScheduleError
 from nightshift.app.review.runner import run_checks_for, source_files
 from nightshift.app.review.schedule import load_schedule
 from nightshift.app.review.sources import CsvSource, date_period, parse_day
 from nightshift.app.review.total_rows import says_total
 from nightshift.app.review.unmapped import header_kind
-from tests.helpers.german import GERMAN, german_books
 
 ANY = (date(2000, 1, 1), date(2100, 1, 1))
 

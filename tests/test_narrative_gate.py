@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.helpers.german import german_books
 from nightshift.app.review.checks import Figures, Finding, Percent
 from nightshift.app.review.gate import Answer, Gate, subjects
 from nightshift.app.review.narrative import EXTRA_HIGH, Prompt, shown_narrative, split_answers
@@ -28,7 +29,6 @@ from nightshift.app.review.runner import _provenance, build_report_context, prep
 from nightshift.app.review.schedule import load_schedule
 from nightshift.app.review.verify import placed
 from nightshift.engine.generation import BatchText, GenerationStats
-from tests.helpers.german import german_books
 
 # A German month-end's findings, as the issue's outside test saw them.
 DIFFERS = Finding("match", "high", "Amount differs for reference RE-2026-118", "", Decimal("-1.80"), figures=Figures(
@@ -254,7 +254,7 @@ def test_a_decoding_travels_to_other_hosts_as_data():
     assert Request("store", [1], [{}], [1], 4).decoding() is None
 
 
-# Answers on the German month-end (books nobody on the project wrote: tests/helpers/german.py), with the faults
+# Answers on the German month-end (books nobody on the project wrote: bench/helpers/german.py), with the faults
 # issue [19] found in PDFs. F1 is the balance (opening 10,000.00 + movements -5,893.65 = 4,106.35; closing
 # 4,206.35: -100.00), F2 the bank's charges of -12.50 the ledger lacks.
 GERMAN_ANSWERS = [

@@ -20,11 +20,11 @@ import pytest
 from mlx_lm.utils import load_model
 
 from bench.gpu_gather_mm import gather_mm_as_on_a_gpu
+from bench.helpers.moe_families import PROMPT, STEPS, check_import, nightshift_tokens
+from bench.helpers.reference import greedy_tokens
 from bench.peer_trained_model import EVALUATION_TEXT, MoeReference, export, float32_model
 from nightshift.engine.models import get_classes
 from nightshift.engine.store.loader import load_store
-from tests.helpers.moe_families import PROMPT, STEPS, check_import, nightshift_tokens
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.shared import built_once
 from tests.helpers.stores import tiny_moefy
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from bench.helpers.reference import PROMPT
 from nightshift.app.cli import main
 from nightshift.engine.errors import NoSpaceError
 from nightshift.engine.io.drives import Drive
@@ -13,7 +14,6 @@ from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.placement import DriveRoom, plan_placement
 from nightshift.engine.store.upkeep import calibration_prompts, measure_routing, place_store, verify_store
-from tests.helpers.reference import PROMPT
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 MB = 1_000_000

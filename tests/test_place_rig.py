@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from bench.helpers.reference import PROMPT
 from nightshift.engine.errors import NoSpaceError
 from nightshift.engine.io.drives import load_drives
 from nightshift.engine.rig.drives import RigSpec, rig_up
@@ -14,7 +15,6 @@ from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.placement import drive_device
 from nightshift.engine.store.synth import synthesize
 from nightshift.engine.store.upkeep import place_store, verify_store
-from tests.helpers.reference import PROMPT
 from tests.helpers.rig import requires_rig
 from tests.helpers.stores import tiny_checkpoint
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.prefetch import predict
 from nightshift.engine.moe.readahead import Guess, RankOdds
 from nightshift.engine.moe.settings import StreamSettings
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
 from tests.helpers.waits import wait_for
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.io.drives import load_drives
 from nightshift.engine.moe.load import load_streaming
@@ -20,7 +21,6 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.rig.drives import RigSpec, RigState, inside_rig, rig_up
 from nightshift.engine.store.importer import import_checkpoint
 from nightshift.engine.store.loader import load_store
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.rig import requires_rig
 from tests.helpers.stores import tiny_checkpoint
 from tests.helpers.waits import wait_for

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.app.cli import main
 from nightshift.engine.bench.layout import new_replicas, replicate_everywhere
 from nightshift.engine.errors import SettingError
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.manifest import read_manifest
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 

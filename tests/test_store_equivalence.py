@@ -15,6 +15,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model
 
+from bench.helpers.reference import PROMPT, greedy_tokens
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
 from nightshift.engine.runtime import open_model
@@ -23,7 +24,6 @@ from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.safetensors_io import read_header
 from nightshift.engine.store.synth_families import FAMILIES as SYNTH_FAMILIES
-from tests.helpers.reference import PROMPT, greedy_tokens
 from tests.helpers.stores import import_tiny, tiny_checkpoint
 
 FAMILIES = list(SYNTH_FAMILIES)

@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.bench.layout import replicate_everywhere
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
@@ -22,7 +23,6 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.streaming import in_slot_order
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
-from tests.helpers.reference import greedy_tokens
 from tests.helpers.stores import QUICK, import_tiny, streamed, streamed_tokens, tiny_checkpoint
 
 MORE = ["gpt_oss", "mixtral"]

@@ -20,6 +20,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench.helpers.moe_families import tiny_config, write_checkpoint
 from nightshift.engine.bench.decode import time_decode
 from nightshift.engine.cpu_prefill import use_gemm_prefill
 from nightshift.engine.io.drives import Drive
@@ -30,7 +31,6 @@ from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.synth import synthesize
-from tests.helpers.moe_families import tiny_config, write_checkpoint
 
 MB = 1_000_000
 ACTIVATIONS = 8 * MB

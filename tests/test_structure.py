@@ -2,7 +2,8 @@
 in CI) gives every part of the app and the engine a floor (a part it does not name would be free to import
 anything); a test module imports helpers from tests/helpers/, never another test module; a fixture is defined once;
 benchmark code sits where its kind goes (docs/bench.md): the installed package is a library that imports no study
-script or test, and every study script in bench/ imports as `bench.NAME` from the repository root."""
+script or test, no study script imports the tests (what both need is in bench/helpers/), and every study script in
+bench/ imports as `bench.NAME` from the repository root."""
 
 from __future__ import annotations
 
@@ -83,13 +84,24 @@ def package_files() -> list[Path]:
     return sorted([*(ROOT / "app").rglob("*.py"), *(ROOT / "engine").rglob("*.py")])
 
 
-def test_the_package_imports_no_study_script_or_test():
+def imports_from(paths: list[Path], packages: tuple[str, ...]) -> dict[str, list[str]]:
+    """Per file of `paths` that imports from any of the top-level `packages`, the modules it imports from them."""
     found = {
         str(path.relative_to(ROOT)): sorted(name for name in imported_modules(ast.parse(path.read_text()))
-                                            if name.split(".")[0] in ("bench", "tests"))
-        for path in package_files()
+                                            if name.split(".")[0] in packages)
+        for path in paths
     }  # fmt: skip
-    assert {path: names for path, names in found.items() if names} == {}
+    return {path: names for path, names in found.items() if names}
+
+
+def test_the_package_imports_no_study_script_or_test():
+    assert imports_from(package_files(), ("bench", "tests")) == {}
+
+
+def test_no_study_script_imports_the_tests():
+    """A benchmark runs without the test package: what study scripts share with the tests lives in bench/helpers/
+    (the peers' side scripts under bench/peers/ included)."""
+    assert imports_from(sorted((ROOT / "bench").rglob("*.py")), ("tests",)) == {}
 
 
 def test_an_engine_module_with_a_main_is_a_process_the_engine_starts():
@@ -111,7 +123,7 @@ def test_an_engine_module_with_a_main_is_a_process_the_engine_starts():
 @pytest.mark.slow
 def test_every_study_script_imports_from_the_repository_root():
     """As the README runs them (`.venv/bin/python -m bench.NAME`), in a fresh interpreter with no PYTHONPATH: every
-    script, with what it imports (the package, its sibling scripts, the tests' helpers)."""
+    script, with what it imports (the package, its sibling scripts, bench/helpers)."""
     names = sorted(path.stem for path in (ROOT / "bench").glob("*.py") if path.stem != "__init__")
     code = f"import importlib\nfor name in {names!r}:\n    importlib.import_module('bench.' + name)"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}

@@ -10,12 +10,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from bench.helpers.reference import PROMPT
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.store.manifest import read_manifest
 from nightshift.engine.store.synth import synthesize
-from tests.helpers.reference import PROMPT
 from tests.helpers.stores import import_tiny
 
 STEPS = 8

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.figures import StreamFigures
 from nightshift.engine.moe.load import load_streaming
@@ -17,7 +18,6 @@ from nightshift.engine.runtime import open_model
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.moefy import CALIBRATION_TEXT, moefy
 from nightshift.engine.store.synth import synthesize
-from tests.helpers.reference import greedy_tokens
 
 QUICK = ["kimi_k3", "deepseek_v3", "qwen3_moe"]  # the families the quick tests stream; the others are slow
 PROMPT = np.random.default_rng(7).integers(3, 500, size=71).tolist()  # token ids the prefill tests read

@@ -26,8 +26,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench.helpers.moe_families import PROMPT, write_checkpoint, write_fp8_checkpoint
 from nightshift.engine.prefill import prefill
-from tests.helpers.moe_families import PROMPT, write_checkpoint, write_fp8_checkpoint
 
 FORMS = ("fp8", "bf16")  # the two ways DeepSeek V3 and MiniMax M2 publish their experts
 

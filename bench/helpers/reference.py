@@ -1,6 +1,6 @@
-"""The tests' reference decode: mlx-lm's own greedy loop over a fixed prompt of token ids, no tokenizer, so a store
-opened by nightshift and the checkpoint mlx-lm loads are compared token for token (bench/trunk_bits.py prints the
-same comparison at each trunk width)."""
+"""The reference decode of the tests and study scripts: mlx-lm's own greedy loop over a fixed prompt of token ids, no
+tokenizer, so a store opened by nightshift and the checkpoint mlx-lm loads are compared token for token
+(bench/trunk_bits.py prints the same comparison at each trunk width)."""
 
 from __future__ import annotations
 

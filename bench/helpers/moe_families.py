@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
+from bench.helpers.reference import greedy_tokens
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
@@ -33,7 +34,6 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.importer import ImportOptions, import_checkpoint
 from nightshift.engine.store.loader import load_store
-from tests.helpers.reference import greedy_tokens
 
 # Sizes of every tiny model: small enough to build ~50 families in seconds, big enough that routing, grouped
 # attention and the family's layer kinds are all exercised.
@@ -834,7 +834,7 @@ def quantized_checkpoint(
 
 # Conformance: a family's checkpoint imported and compared with what mlx-lm holds and generates for it
 # (tests/test_family_conformance.py; bench/family_table.py prints the table). The prompt is longer than
-# tests/helpers/reference.py's, so that nightshift's CPU prefill would take its GEMM path (cpu_prefill.MIN_ROWS rows;
+# bench/helpers/reference.py's, so that nightshift's CPU prefill would take its GEMM path (cpu_prefill.MIN_ROWS rows;
 # experts: rows x top-k products).
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, *range(100, 140)]
 STEPS = 24

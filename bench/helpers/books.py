@@ -484,7 +484,7 @@ class Files:
         return f'[sources.ledger]\n{common}\n[sources.balances]\n{common}rows = "balances"\n'
 
     def schedule(self, sources: str) -> str:
-        return f'''# {self.company}: generated books (tests/helpers/books.py, seed {self.seed})
+        return f'''# {self.company}: generated books (bench/helpers/books.py, seed {self.seed})
 name = "books-{self.seed}"
 title = "{self.company}: month-end review"
 when = "last business day of the month at 22:00"
