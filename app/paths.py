@@ -1,8 +1,8 @@
 """Every path nightshift uses, in one place: the user's data dir and what ships inside the package.
 
-`NIGHTSHIFT_HOME` overrides the data dir; otherwise the platform's convention (XDG on
-Linux, Application Support on macOS). Bundled folders (templates, schedules) are found
-through the import system, so a wheel in site-packages works like the checkout.
+`NIGHTSHIFT_HOME` overrides the data dir; otherwise the platform's convention (XDG on Linux, Application Support
+on macOS), decided in engine/home.py since the engine keeps a store's routing profile there. Bundled folders
+(templates, schedules) are found through the import system, so a wheel in site-packages works like the checkout.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import importlib.util
 import logging
 import os
 import stat
-import sys
 from pathlib import Path
 
 from nightshift.engine.errors import NightshiftError
+from nightshift.engine.home import data_dir
 
 log = logging.getLogger("nightshift.paths")
 _warned: set[Path] = set()
@@ -23,16 +23,6 @@ SET_HOME = "set NIGHTSHIFT_HOME to a folder of yours"
 
 class DataDirError(NightshiftError):
     """The data dir cannot be made, or written where a command has to write; the message says what to do."""
-
-
-def data_dir() -> Path:
-    """The user's nightshift data directory (not created here)."""
-    if home := os.environ.get("NIGHTSHIFT_HOME"):
-        return Path(home).expanduser()
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "nightshift"
-    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg) / "nightshift"
 
 
 def ensure_data_dir() -> Path:

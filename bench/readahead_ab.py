@@ -39,7 +39,7 @@ from nightshift.engine.io.drives import load_drives
 from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.moe.load import with_drives
 from nightshift.engine.moe.settings import PREFETCH_CAPS, StreamSettings
-from nightshift.engine.moe.warm import PROFILE_FILE
+from nightshift.engine.moe.warm import PROFILE_FILE, profile_path
 from nightshift.engine.store.manifest import read_manifest
 
 ABORTS = {"off": False, "on": True}
@@ -152,7 +152,8 @@ def main() -> None:
         budget = int(share * manifest.expert_bytes)
         for round_, arm in order(arms, args.rounds):
             store = stores[arm[0]]
-            (store / PROFILE_FILE).unlink(missing_ok=True)  # a cold start, as the recipe's
+            profile_path(store).unlink(missing_ok=True)  # a cold start, as the recipe's: no learned profile,
+            (store / PROFILE_FILE).unlink(missing_ok=True)  # nor one an older nightshift learned in the store
             settings = StreamSettings(
                 cache_bytes=budget, prefetch_cap=arm[1], prefetch_abort=ABORTS[arm[2]], **variants[arm[3]]
             )

@@ -36,7 +36,7 @@ from nightshift.engine.moe.held import held_expert_bytes, held_sizes
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reader import RECYCLE_BYTES
 from nightshift.engine.moe.settings import AUTO_BUDGET, CACHE_POLICIES, FREQUENCY, StreamSettings, parse_budget
-from nightshift.engine.moe.warm import PROFILE_FILE, RoutingProfile, load_profile, save_profile
+from nightshift.engine.moe.warm import PROFILE_FILE, RoutingProfile, load_profile, profile_path, save_profile
 from nightshift.engine.runtime import open_model
 from nightshift.engine.store.manifest import read_manifest
 from tests.helpers.stores import PROMPT
@@ -284,7 +284,7 @@ def test_a_run_leaves_a_profile_that_warm_starts_the_next_and_the_replay_predict
         cold.close()
     profile = load_profile(store)
     assert profile is not None and profile.runs == 1 and profile.counts
-    rows = json.loads((store / PROFILE_FILE).read_text())["layers"]
+    rows = json.loads(profile_path(store).read_text())["layers"]
     assert {int(k): len(v) for k, v in rows.items()} == {layer.layer: layer.num_experts for layer in manifest.layers}
 
     instruments = Instruments(routing=[])  # the warm start's reads are not calls: only the generation's are logged
@@ -327,7 +327,9 @@ def test_an_unreadable_profile_is_ignored_and_rewritten(tmp_path_factory, caplog
     from tests.helpers.stores import tiny_store
 
     store = tiny_store(tmp_path_factory, "qwen3_moe")
-    (store / PROFILE_FILE).write_text("{not json")
+    profile_path(store).parent.mkdir(parents=True, exist_ok=True)
+    for unreadable in (profile_path(store), store / PROFILE_FILE):  # the learned one and the store's default
+        unreadable.write_text("{not json")
     model = open_model(store, stream=StreamSettings(warm_start=True))
     try:
         assert model.stream.residency.warm is None and "routing profile" in caplog.text
@@ -337,16 +339,18 @@ def test_an_unreadable_profile_is_ignored_and_rewritten(tmp_path_factory, caplog
     assert load_profile(store).runs == 1
 
 
-def test_runs_closing_on_one_store_at_once_each_save_a_whole_profile(tmp_path, caplog):
+def test_runs_closing_on_one_store_at_once_each_save_a_whole_profile(tmp_path, home, caplog):
     """Two runs of one store (two workers, or the service beside a foreground run) closing together: each writes
     the profile through its own temporary file, so neither's write is lost or mixed into the other's."""
+    store = tmp_path / "store"
+    store.mkdir()
     experts = {layer: 64 for layer in range(1, 9)}
     profiles = [RoutingProfile({(layer, e): float(writer + 1) for layer in experts for e in range(64)}, 1)
                 for writer in range(2)]  # fmt: skip
 
     def save(profile: RoutingProfile) -> None:
         for _ in range(40):
-            save_profile(tmp_path, profile, experts)
+            save_profile(store, profile, experts)
 
     writers = [threading.Thread(target=save, args=(profile,)) for profile in profiles]
     for writer in writers:
@@ -354,8 +358,35 @@ def test_runs_closing_on_one_store_at_once_each_save_a_whole_profile(tmp_path, c
     for writer in writers:
         writer.join()
     assert "not saved" not in caplog.text
-    assert load_profile(tmp_path).counts in [p.counts for p in profiles]
-    assert [p.name for p in tmp_path.iterdir()] == [PROFILE_FILE]
+    assert load_profile(store).counts in [p.counts for p in profiles]
+    assert [p.name for p in profile_path(store).parent.iterdir()] == [profile_path(store).name]
+    assert list(store.iterdir()) == []  # in the data dir, not in the store
+
+
+def test_a_run_leaves_its_store_as_it_was_and_learns_the_profile_in_the_data_dir(tmp_path_factory, home, caplog):
+    """A store may be read-only media or shared by several processes: runs read the profile shipped in it as its
+    default, learn theirs in the data dir, and leave every file and folder of the store byte for byte as it was."""
+    from tests.helpers.stores import tiny_store
+
+    store = tiny_store(tmp_path_factory, "qwen3_moe")
+    experts = {layer.layer: layer.num_experts for layer in read_manifest(store).layers}
+    save_profile(store, RoutingProfile({(layer, 0): 8.0 for layer in experts}, 3), experts)
+    profile_path(store).rename(store / PROFILE_FILE)  # shipped with the store
+
+    def contents() -> dict[str, bytes | None]:
+        return {str(p.relative_to(store)): p.read_bytes() if p.is_file() else None for p in sorted(store.rglob("*"))}
+
+    before = contents()
+    for runs in (4, 5):  # the shipped default's three runs, then each run's own
+        model = open_model(store, stream=StreamSettings(warm_start=True))
+        try:
+            assert model.stream.residency.warm is not None  # warm started from the profile
+            list(model.generate_tokens(PROMPT[:8], max_tokens=2))
+        finally:
+            model.close()
+        assert load_profile(store).runs == runs
+    assert contents() == before and "not saved" not in caplog.text
+    assert profile_path(store).parent == home / "routing-profiles" and profile_path(store).is_file()
 
 
 def test_a_memory_cgroup_limit_bounds_what_auto_sees(tmp_path):

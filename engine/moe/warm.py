@@ -1,9 +1,11 @@
 """A store's routing profile of past runs, and the warm start that fills the expert cache from it at open.
 
-The profile (`routing-profile.json` beside the manifest) holds, per MoE layer, how often each expert was
-looked up, past runs' counts halved each time a run adds its own (recent use weighs most). Its size is one
-number per expert of the model, whatever the number of runs. It is written atomically when a streamed
-model closes, so a run that dies leaves the last complete profile.
+The profile holds, per MoE layer, how often each expert was looked up, past runs' counts halved each time a run
+adds its own (recent use weighs most). Its size is one number per expert of the model, whatever the number of runs.
+It is written atomically when a streamed model closes, so a run that dies leaves the last complete profile, and it
+is written in the data dir, keyed by the store's path (`profile_path`): a run never writes the store, which may be
+read-only media or shared by several processes. A `routing-profile.json` in the store itself (shipped with it, or
+learned there by an older nightshift) is the store's default until a run has learned its own.
 
 At open, `WarmFill` reads the profile's most used experts, hottest first and within the cache's budget, on
 the reader's prefetch queues in a background thread: the first token does not wait for it. A read is placed
@@ -15,6 +17,7 @@ so frequency admission protects those experts from one-off newcomers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
@@ -24,12 +27,14 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nightshift.engine.home import data_dir
 from nightshift.engine.moe.cache import DECAY_EVERY, Key
 from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.reads import ExpertReadError, LoadedExpert
 from nightshift.engine.store.manifest import write_json_atomic
 
-PROFILE_FILE = "routing-profile.json"
+PROFILE_FILE = "routing-profile.json"  # a store's shipped default, in the store; read, never written
+PROFILES = "routing-profiles"  # the learned profiles' folder in the data dir
 FORMAT = 1
 PAST_WEIGHT = 0.5  # past runs' counts are halved when a run adds its own
 # The profile enters the cache's counts as four decay periods of lookups: on the bench model's review traces
@@ -78,10 +83,23 @@ def counts_of(lookups: Iterable[tuple[int, Iterable[int]]]) -> dict[Key, int]:
     return counts
 
 
+def profile_path(store: Path) -> Path:
+    """Where runs of `store` keep its learned profile: in the data dir, named by the store's folder and a hash of its
+    resolved path (two stores of one name stay apart, and a store keeps its profile whatever path it is opened by)."""
+    where = Path(store).resolve()
+    key = hashlib.sha256(str(where).encode()).hexdigest()[:16]
+    return data_dir() / PROFILES / f"{where.name}-{key}.json"
+
+
 def load_profile(store: Path) -> RoutingProfile | None:
-    """The store's profile, or None if it has none; an unreadable one is reported in the log and ignored
-    (it only guides the cache, and the next run's close writes a sound one)."""
-    path = Path(store) / PROFILE_FILE
+    """The store's learned profile, else the one shipped in the store, else None; an unreadable one is reported in
+    the log and ignored (it only guides the cache, and the next run's close writes a sound one)."""
+    learned = _read_profile(profile_path(store))
+    return learned if learned is not None else _read_profile(Path(store) / PROFILE_FILE)
+
+
+def _read_profile(path: Path) -> RoutingProfile | None:
+    """The profile at `path`; None where there is none or it cannot be read (logged)."""
     try:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
@@ -101,16 +119,19 @@ def load_profile(store: Path) -> RoutingProfile | None:
 
 
 def save_profile(store: Path, profile: RoutingProfile, experts_per_layer: dict[int, int]) -> None:
-    """Write `profile` atomically (one row of counts per layer, rounded); a store that cannot be written to
-    (read-only) keeps its old profile, with a warning in the log."""
+    """Write `profile` as the store's learned one (`profile_path`), atomically (one row of counts per layer, rounded);
+    a data dir that cannot be written to keeps the old one, with a warning in the log."""
     layers = {
         str(layer): [round(profile.counts.get((layer, e), 0.0), 3) for e in range(n)]
         for layer, n in sorted(experts_per_layer.items())
     }
+    path = profile_path(store)
     try:
-        write_json_atomic(Path(store) / PROFILE_FILE, {"format": FORMAT, "runs": profile.runs, "layers": layers})
+        path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the data dir owner-only, as the app's
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(path, {"format": FORMAT, "runs": profile.runs, "layers": layers})
     except OSError as exc:
-        log.warning("routing profile not saved in %s (%s)", store, exc)
+        log.warning("routing profile of %s not saved in %s (%s)", store, path.parent, exc)
 
 
 @dataclass
