@@ -24,7 +24,8 @@ process into parts:
 
 `--mlx-cache` sets MLX's buffer cache limit after the store is opened (the engine's own is engine/moe/reader.py
 `RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults
-(minor; from getrusage) and its tokens are printed with the parts.
+(minor; from getrusage) and its tokens are printed with the parts, and what a decode step copies a token (the
+model's `Instruments`): experts copied into a stack with others, float32 copies of 16-bit expert weights.
 
 Prompt tokens are the store's vocabulary walked in order (content does not matter to memory). Recorded in the run
 catalogue (kind `process-memory`).
@@ -107,6 +108,7 @@ def main() -> int:
     from nightshift.app.paths import catalogue_file  # nightshift first: it puts a real BLAS in front of MLX's
     from nightshift.engine.errors import NightshiftError
     from nightshift.engine.instruments.catalogue import Catalogue, Run
+    from nightshift.engine.instruments.probes import Instruments
     from nightshift.engine.moe.settings import StreamSettings, parse_budget
     from nightshift.engine.runtime import open_model
 
@@ -118,7 +120,8 @@ def main() -> int:
         budget = parse_budget(args.budget)
     except NightshiftError as exc:
         parser.error(str(exc))
-    model = open_model(args.store, stream=StreamSettings(cache_bytes=budget))
+    instruments = Instruments()
+    model = open_model(args.store, stream=StreamSettings(cache_bytes=budget), instruments=instruments)
     if args.stacked_prompt:
         stacked_prompts(model.model)
     if args.mlx_cache is not None:
@@ -132,9 +135,10 @@ def main() -> int:
     stages["prefilled"], prefill_peak, prefill_active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
     prompt_peak_rss = status("VmHWM")
     mx.reset_peak_memory()
-    usage, began = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    counted, usage, began = instruments.counts(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     tokens = [chunk.token for chunk in model.generate_tokens([prompt[-1]], max_tokens=args.tokens)]
     decode_s = time.perf_counter() - began
+    copies = {k: (v - counted[k]) / len(tokens) for k, v in instruments.counts().items()}
     after = resource.getrusage(resource.RUSAGE_SELF)
     faults = after.ru_minflt - usage.ru_minflt
     cpu_s = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
@@ -168,6 +172,8 @@ def main() -> int:
           "interpreter: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in prompt_parts.items()) + " MB")  # fmt: skip
     print(f"decode: {len(tokens)} tokens in {decode_s:.2f} s ({len(tokens) / decode_s:.3f} tok/s), "
           f"CPU {cpu_s / len(tokens):.3f} s a token, {faults / len(tokens):.0f} page faults a token; tokens {tokens}")  # fmt: skip
+    print(f"a decode step's copies a token: {copies['stacked_experts']:.0f} experts stacked, "
+          f"{copies['float32_copy_bytes'] / MB:.0f} MB of float32 copies of 16-bit experts")  # fmt: skip
     print(f"expert cache: {figures.cache_used / MB:.0f} MB held of a {figures.cache_budget / MB:.0f} MB budget")
     print(f"peak RSS {peak_rss / MB:.0f} MB, of which:")
     for name, value in parts.items():
@@ -186,6 +192,8 @@ def main() -> int:
                    "decode_s": round(decode_s, 3), "tok_s": round(len(tokens) / decode_s, 4), "tokens": tokens,
                    "faults_per_token": round(faults / len(tokens)),
                    "cpu_s_per_token": round(cpu_s / len(tokens), 4),
+                   "stacked_experts_per_token": round(copies["stacked_experts"], 1),
+                   "float32_copy_mb_per_token": round(copies["float32_copy_bytes"] / MB, 1),
                    "prompt_peak_rss_mb": round(prompt_peak_rss / MB, 1),
                    "prompt_parts_mb": {k: round(v / MB, 1) for k, v in prompt_parts.items()},
                    "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},

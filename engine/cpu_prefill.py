@@ -160,6 +160,8 @@ def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_ind
     used, slots = np.unique(np.array(indices), return_inverse=True)  # evaluates the router
     # The stack a streamed call brings holds exactly the experts it uses: upcast whole, not gathered first.
     experts = weight if len(used) == weight.shape[0] else weight[mx.array(used.astype(np.uint32))]
+    if layer.instruments is not None:
+        layer.instruments.float32_copy_bytes += experts.size * 4
     rows = x.astype(mx.float32)
     if layer.rows_sorted:  # standard strides: a row's size-1 axes no longer read as a transposed matrix
         rows = rows.flatten().reshape(rows.shape)

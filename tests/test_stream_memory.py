@@ -9,6 +9,10 @@ A prompt pass on 16-bit float experts holds each expert once, as read: they run 
 no stack of the pass's experts and no float32 copy of that stack (which set the peak of the prompt pass on the
 192-neuron bf16 export: docs/results.md), and its log-probabilities are the in-RAM model's, bit for bit.
 
+A decode step on 16-bit float experts copies none of them into a stack: cached or read, each runs alone on its own
+float32 copy, as the product needs it (a stack of the layer's hits and its float32 copy, sized by the hits, were
+what MLX's buffer cache could not reuse: a page-fault storm every token on the 192-neuron export).
+
 Between calls a streamed switch holds no expert: its placeholder (replaced by the real experts in every call) is
 one element, so an opened store holds its trunk's parameters and nothing more.
 """
@@ -23,6 +27,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from bench.helpers.moe_families import tiny_config, write_checkpoint
 from nightshift.engine.bench.decode import time_decode
 from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.settings import StreamSettings
@@ -117,3 +122,26 @@ def test_an_opened_store_holds_its_trunk_and_no_placeholder_experts(tmp_path):
         stream.close()
     print(f"MLX holds {held / MB:.3f} MB after open, the trunk's parameters {trunk / MB:.3f} MB")
     assert held <= trunk + 64 * 1024
+
+
+def test_a_decode_step_runs_cached_16bit_experts_alone_with_the_in_ram_tokens(tmp_path):
+    """Half the bf16 store's experts cached: the decode's experts run from the cache and as they land, none copied
+    into a stack; each used expert's weights are copied to float32 once a call (3 projections of 256 x 1024), and
+    the greedy tokens are the in-RAM model's."""
+    store, config = bf16_mixtral_store(tmp_path)
+    manifest = read_manifest(store)
+    instruments = Instruments(routing=[])
+    model, _, stream = load_streaming(
+        store, StreamSettings(cache_bytes=manifest.expert_bytes // 2), instruments=instruments
+    )
+    try:
+        streamed = time_decode(model, 12, list(range(1, 9)), instruments=instruments)
+        hits = stream.figures().cache_hits
+    finally:
+        stream.close()
+    used = sum(len(experts) for _, experts, _, _ in instruments.routing)  # (layer, expert) pairs the calls ran
+    assert hits > 0 and streamed.counts["stacked_experts"] == 0
+    assert streamed.counts["float32_copy_bytes"] == used * 3 * config["hidden_size"] * config["intermediate_size"] * 4
+    in_ram = load_store(store)[0]
+    use_gemm_prefill(in_ram)
+    assert time_decode(in_ram, 12, list(range(1, 9))).tokens == streamed.tokens

@@ -21,6 +21,8 @@ class Instruments:
 
     split_calls: switch-linear calls whose experts were spread over the CPU streams (engine/cpu_streams.py).
     spread_experts: streamed decode experts dealt to a stream other than the first, as they landed.
+    stacked_experts: streamed decode experts copied into a stack with others to run in one call (quantized ones).
+    float32_copy_bytes: bytes of float32 copies of 16-bit expert weights made to multiply them (engine/cpu_prefill.py).
     gemm_calls: linear layer calls that took the dequantized GEMM path (engine/cpu_prefill.py).
     expert_gemm_calls: expert switch-layer calls that took the grouped GEMM path.
     routing: given a list, every streaming layer call's (layer, sorted unique experts, rows, rows per expert) is
@@ -35,6 +37,8 @@ class Instruments:
 
     split_calls: int = 0
     spread_experts: int = 0
+    stacked_experts: int = 0
+    float32_copy_bytes: int = 0
     gemm_calls: int = 0
     expert_gemm_calls: int = 0
     routing: list[RoutedCall] | None = None
@@ -45,6 +49,8 @@ class Instruments:
         return {
             "split_calls": self.split_calls,
             "spread_experts": self.spread_experts,
+            "stacked_experts": self.stacked_experts,
+            "float32_copy_bytes": self.float32_copy_bytes,
             "gemm_calls": self.gemm_calls,
             "expert_gemm_calls": self.expert_gemm_calls,
         }

@@ -9,7 +9,9 @@ runs each expert alone, through the same switch module, as soon as it lands
 (`overlap`): per slot the result is the same, and the compute hides behind the reads.
 So does a prompt pass whose experts are 16-bit floats on the CPU, where every (row, expert)
 product is computed alone whatever the call holds (`sums_per_pair`): no stack of the pass's
-experts and no float32 copy of it is made, which set the peak memory of a prompt pass.
+experts and no float32 copy of it is made, which set the peak memory of a prompt pass; nor
+of a decode step's cached 16-bit experts, whose stacks of varying size MLX's buffer cache
+could not reuse (a page fault storm every token).
 """
 
 from __future__ import annotations
@@ -92,8 +94,9 @@ class StreamingSwitch(nn.Module):
         linears spread over the CPU streams as the in-RAM call is (`_run_stacked`). One expert a call, queued on its
         own stream, kept MLX's task window of about 20 operations full with one or two experts' chains, and the
         second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0-3.2 s stacked
-        (docs/results.md, [13] cached experts in one call). Each read expert runs alone as it lands
-        (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the same
+        (docs/results.md, [13] cached experts in one call). 16-bit experts run alone, cached ones too: their
+        product is one float32 copy's each, stacked or not, and a stack was one more copy. Each read expert runs
+        alone as it lands (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the same
         bits as the sequence decoded alone), and the model's block sums the slots in their order, as it would
         the stacked call's output.
         """
@@ -104,8 +107,13 @@ class StreamingSwitch(nn.Module):
         streams = cpu_streams()
         blocks: list[tuple[list[int], mx.array]] = []  # (expert places, their outputs: each one's rows in turn)
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
-        # A stacked call takes the quantized kernel below MIN_ROWS (row, expert) products, as a one-row call does.
-        most = max((MIN_ROWS - 1) // rows.shape[0], 1)  # 1: a prompt pass of MIN_ROWS rows or more, none together
+        # A stacked call takes the quantized kernel below MIN_ROWS (row, expert) products, as a one-row call does
+        # (1: a prompt pass of MIN_ROWS rows or more, none together). 16-bit experts never stack (`per_pair`): their
+        # product is a float32 copy's, expert by expert, whatever the call holds, so a stack only added a copy of the
+        # cached experts and a float32 copy of that, sized by the layer's hits, which MLX's buffer cache could not
+        # reuse: 178 000 page faults a token on the 192-neuron export at 25 %, against 200 alone, 2.5x the speed
+        # (docs/results.md, [22] a decode step's copies).
+        most = 1 if self.per_pair else max((MIN_ROWS - 1) // rows.shape[0], 1)
 
         def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
@@ -149,6 +157,8 @@ class StreamingSwitch(nn.Module):
         the switch linears split the call over the CPU streams (`split_experts`) as the in-RAM call is. (Each
         part stacked and run whole on its own stream instead ran 0.56 of the roofline at 50 %, against 0.88.)"""
         count = len(places)
+        if self._stream.instruments is not None:
+            self._stream.instruments.stacked_experts += count
         self._set_experts(tensors)
         local = mx.broadcast_to(mx.arange(count, dtype=mx.uint32), (rows.shape[0], 1, count))
         out = self._switch(rows, local)  # (rows, 1, count, out)
@@ -181,7 +191,9 @@ class StreamingSwitch(nn.Module):
         with mx.stream(streams[turn]):
             mine = rows if picked is None else rows[mx.array(picked.astype(np.uint32))]
             self._set_experts([tensors])
-            out = self._switch(mine, mx.zeros((mine.shape[0], 1, 1), dtype=mx.uint32))
+            # Made on the host: the 16-bit path reads the indices back (`_float32_gather`), and a lazy array
+            # would first wait for every expert already queued on this stream.
+            out = self._switch(mine, mx.array(np.zeros((mine.shape[0], 1, 1), dtype=np.uint32)))
         blocks.append(([place], out))
         mx.async_eval(out)  # queued on its stream: this thread goes back to the landing reads
 
