@@ -447,9 +447,10 @@ print(json.dumps({"tokens": out, "budget": budget.bytes, "limited": budget.limit
 LIMIT = 256 << 20  # the old 1 GiB margin left no cache in it; the test process peaks at about 62 MB charged to it
 
 
-def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_tokens(stores, in_ram):
-    """The whole process held to a cgroup limit far below the old 1 GiB margin: auto still sizes a cache, the group
-    never goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
+def in_a_limit(code: str, store: Path) -> tuple[dict, int]:
+    """`code` run on `store` with the test prompt and tokens, its whole process in a memory cgroup held to `LIMIT`
+    (removed after, whatever happened): what it printed last (JSON) and the group's peak. No process may be killed.
+    Skips without root or memory cgroups."""
     import os
     import subprocess
     import sys
@@ -464,13 +465,19 @@ def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_
     except CgroupError as exc:
         pytest.skip(f"no memory cgroup: {exc}")
     try:
-        argv = [sys.executable, "-c", AUTO_IN_A_LIMIT, str(stores["qwen3_moe"]), json.dumps(PROMPT), str(TOKENS)]
+        argv = [sys.executable, "-c", code, str(store), json.dumps(PROMPT), str(TOKENS)]
         done = subprocess.run(command_in(group.procs_file, argv), capture_output=True, text=True, timeout=300)
         peak, kills = group.figure("peak"), group.oom_kills()
     finally:
         group.remove()
     assert done.returncode == 0 and kills == 0, done.stderr[-2000:]
-    said = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1]), peak
+
+
+def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_tokens(stores, in_ram):
+    """The whole process held to a cgroup limit far below the old 1 GiB margin: auto still sizes a cache, the group
+    never goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
+    said, peak = in_a_limit(AUTO_IN_A_LIMIT, stores["qwen3_moe"])
     assert said["limited"] and said["margin"] == margin_for(Memory(0, LIMIT, True)) < 1 << 30
     assert said["budget"] == held_expert_bytes(read_manifest(stores["qwen3_moe"]))  # a tiny store's experts all fit
     assert 0 < said["used"] <= said["budget"] and 0 < peak <= LIMIT
@@ -507,27 +514,7 @@ def test_auto_inside_a_memory_limit_grows_into_memory_freed_after_the_open_and_s
     """A real limit, and ballast that leaves auto no room at open, freed once the model is open: the budget grows
     into the limit once the prompt pass has run, to every expert of the tiny store (resident), the group never
     goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
-    import os
-    import subprocess
-    import sys
-
-    from nightshift.engine.rig.cgroups import CgroupError, MemoryGroup, command_in
-    from tests.helpers.stores import PROMPT, TOKENS
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a memory cgroup")
-    try:
-        group = MemoryGroup.create(f"nightshift-test-grow-{os.getpid()}", LIMIT)
-    except CgroupError as exc:
-        pytest.skip(f"no memory cgroup: {exc}")
-    try:
-        argv = [sys.executable, "-c", GROW_IN_A_LIMIT, str(stores["qwen3_moe"]), json.dumps(PROMPT), str(TOKENS)]
-        done = subprocess.run(command_in(group.procs_file, argv), capture_output=True, text=True, timeout=300)
-        peak, kills = group.figure("peak"), group.oom_kills()
-    finally:
-        group.remove()
-    assert done.returncode == 0 and kills == 0, done.stderr[-2000:]
-    said = json.loads(done.stdout.splitlines()[-1])
+    said, peak = in_a_limit(GROW_IN_A_LIMIT, stores["qwen3_moe"])
     every = held_expert_bytes(read_manifest(stores["qwen3_moe"]))
     assert said["open"] < every and said["end"] == said["used"] == every  # sized short, grown to every expert
     assert said["resident"] == len(read_manifest(stores["qwen3_moe"]).layers) and 0 < peak <= LIMIT
