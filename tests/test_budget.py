@@ -115,19 +115,19 @@ def test_inside_a_limit_pressure_keeps_only_a_floor_free_once_the_process_has_gr
     sized = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN, limited=True)
     for free, expected in ((60 * MB, 100 * MB), (20 * MB, 80 * MB + 20 * MB - LIMIT_FLOOR), (0, 80 * MB - LIMIT_FLOOR)):
         write_group(tmp_path / "job", str(500 * MB), 500 * MB - free, 0, "inactive_file", V2_FILES)
-        assert Pressure(sized, memory).budget_now(used=80 * MB) == expected
+        assert Pressure(sized, memory).budget_now(used=80 * MB, layer=0, rows=1) == expected
     machine = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN)
     write_group(tmp_path / "job", str(500 * MB), 500 * MB - 60 * MB, 0, "inactive_file", V2_FILES)
-    assert Pressure(machine, memory).budget_now(used=80 * MB) == 80 * MB + 60 * MB - LIMIT_MARGIN_MIN
+    assert Pressure(machine, memory).budget_now(80 * MB, layer=0, rows=1) == 80 * MB + 60 * MB - LIMIT_MARGIN_MIN
 
 
 def test_inside_a_limit_the_budget_grows_to_fill_it_once_a_pass_has_run_and_never_past_what_the_model_needs(
     tmp_path, monkeypatch
 ):
-    """Sized at open for a 16-row prompt, the budget grows at the first narrower call (the prompt pass is done) to
-    leave free only the floor and what the model does not hold of its reserve (its working set that of a 16-row
-    pass); it never passes every expert; the model's ups and downs do not shrink it, the floor does; a wider pass
-    brings it back to its size at open at once, until that pass is done. Outside a limit it never grows."""
+    """Sized at open for a 16-row prompt, the budget grows at the next pass (the prompt pass is done) to leave free
+    only the floor and what the model does not hold of its reserve (its working set that of a 16-row pass); it never
+    passes every expert; the model's ups and downs do not shrink it, the floor does; a wider pass brings it back to
+    its size at open at once, until that pass is done. Outside a limit it never grows."""
     monkeypatch.setattr(budget_module, "CHECK_EVERY_S", 0)  # every call a check: the interval is not under test
     proc = tmp_path / "cgroup"
     proc.write_text("0::/job\n")
@@ -142,30 +142,45 @@ def test_inside_a_limit_the_budget_grows_to_fill_it_once_a_pass_has_run_and_neve
                    working_set=sets[16])  # fmt: skip
     pressure = Pressure(sized, memory, lambda: held[0], lambda rows: sets.get(rows, MB))
     free(150 * MB)
-    assert pressure.budget_now(used=40 * MB, rows=16) == 40 * MB  # the prompt pass: not measured yet
-    assert pressure.budget_now(used=40 * MB, rows=16) == 40 * MB
+    assert [pressure.budget_now(40 * MB, layer, rows=16) for layer in (3, 7)] == [40 * MB] * 2  # the prompt pass
     still = 100 * MB - held[0]  # its reserve (with a 16-row pass's working set) less what it holds
     grown = 40 * MB + 150 * MB - LIMIT_FLOOR - still
-    assert pressure.budget_now(used=40 * MB, rows=1) == grown  # the first decode step: grown into the limit
+    assert pressure.budget_now(40 * MB, layer=3, rows=1) == grown  # the first decode step: grown into the limit
     free(150 * MB - (grown - 40 * MB))  # the cache took it: the floor and the model's transient left free
-    assert pressure.budget_now(used=grown, rows=1) == grown
+    assert pressure.budget_now(grown, layer=7, rows=1) == grown
     held[0] = 85 * MB  # MLX handed 5 MB of freed buffers back: the model may take them again, no more room
     free(150 * MB - (grown - 40 * MB) + 5 * MB)
-    assert pressure.budget_now(used=grown, rows=1) == grown
+    assert pressure.budget_now(grown, layer=3, rows=1) == grown
     held[0] = 90 * MB  # the process freed 5 MB of its other memory: room for more
-    assert pressure.budget_now(used=grown, rows=1) == grown + 5 * MB
+    assert pressure.budget_now(grown, layer=7, rows=1) == grown + 5 * MB
     held[0] = 95 * MB  # the model took 5 MB more: the cap stays, the floor is what binds
     free(LIMIT_FLOOR - MB)
-    assert pressure.budget_now(used=grown + 5 * MB, rows=1) == grown + 5 * MB - MB
+    assert pressure.budget_now(grown + 5 * MB, layer=3, rows=1) == grown + 5 * MB - MB
     free(150 * MB)
-    assert pressure.budget_now(used=grown, rows=64) == 40 * MB  # a wider pass: the grown part given back at once
-    assert pressure.budget_now(used=40 * MB, rows=64) == 40 * MB  # while it runs, no growth
+    assert pressure.budget_now(grown, layer=3, rows=64) == 40 * MB  # a wider pass: the grown part back at once
+    assert pressure.budget_now(40 * MB, layer=7, rows=64) == 40 * MB  # while it runs, no growth
     held[0] = 70 * MB
     free(400 * MB)
-    assert pressure.budget_now(used=40 * MB, rows=1) == 300 * MB  # done: every expert, and no more
+    assert pressure.budget_now(40 * MB, layer=3, rows=1) == 300 * MB  # done: every expert, and no more
     outside = Budget(40 * MB, True, 300 * MB, reserved=100 * MB, margin=LIMIT_MARGIN_MIN, working_set=sets[16])
     machine = Pressure(outside, memory, lambda: held[0], lambda rows: MB)
-    assert [machine.budget_now(used=40 * MB, rows=rows) for rows in (16, 1, 1)] == [40 * MB] * 3
+    calls = [(3, 16), (7, 16), (3, 1), (7, 1), (3, 1)]
+    assert [machine.budget_now(40 * MB, layer, rows) for layer, rows in calls] == [40 * MB] * 5
+
+
+def test_a_one_token_prompt_is_a_pass_done_once_the_next_pass_begins(tmp_path, monkeypatch):
+    """Passes are told apart by their layers: a prompt of one row and decode steps of one row still grow the
+    budget at the second pass, not within the first."""
+    monkeypatch.setattr(budget_module, "CHECK_EVERY_S", 0)
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    write_group(tmp_path / "job", str(500 * MB), 350 * MB, 0, "inactive_file", V2_FILES)
+    sized = Budget(40 * MB, True, 300 * MB, reserved=100 * MB, margin=LIMIT_MARGIN_MIN, limited=True,
+                   working_set=MB)  # fmt: skip
+    pressure = Pressure(sized, partial(memory_now, tmp_path, proc), lambda: 100 * MB, lambda rows: MB)
+    calls = [(0, 1), (1, 1), (0, 1)]
+    grown = 40 * MB + 150 * MB - LIMIT_FLOOR
+    assert [pressure.budget_now(40 * MB, layer, rows) for layer, rows in calls] == [40 * MB, 40 * MB, grown]
 
 
 def test_inside_a_limit_auto_keeps_a_small_margin_and_the_kv_cache_of_the_run_it_is_told(stores):

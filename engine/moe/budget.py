@@ -35,8 +35,8 @@ and the cache may take all the limit but `LIMIT_FLOOR` and what the model may st
 set that of the widest pass run so far, less what the model holds now (`held`: MLX's memory, active and the freed
 buffers it keeps for reuse, less the cache's own tensors). So the KV cache still to grow and the working set of a
 pass as wide as one already run stay free. A pass wider than any before (a long prompt in a service that has seen
-short ones) first brings the budget back to its size at open, whose reserve and margin were sized for it, until a
-narrower call shows that pass done. Outside a limit the budget never grows past its size at open: the machine's
+short ones) first brings the budget back to its size at open, whose reserve and margin were sized for it, until the
+next pass begins (a call at a layer no later than the last call's) and shows that pass done. Outside a limit the budget never grows past its size at open: the machine's
 other processes come and go.
 """
 
@@ -271,10 +271,11 @@ def size_budget(
 class Pressure:
     """Watches available memory for an auto budget, at most every `CHECK_EVERY_S`.
 
-    `budget_now(used, rows)`: the budget the cache should have now, at a layer call of `rows` rows: what it holds
-    plus what is available beyond the budget's floor, never more than its cap (`cap`). Below `used` when another
-    process, or the run's own growth inside a cgroup limit, has taken memory (the cache gives back the shortfall);
-    back up to the cap once that memory is free again. None between checks, except at a call wider than any before.
+    `budget_now(used, layer, rows)`: the budget the cache should have now, at a call of `layer` with `rows` rows:
+    what it holds plus what is available beyond the budget's floor, never more than its cap (`cap`). Below `used`
+    when another process, or the run's own growth inside a cgroup limit, has taken memory (the cache gives back the
+    shortfall); back up to the cap once that memory is free again. None between checks, except at a call wider than
+    any before.
     """
 
     def __init__(
@@ -293,15 +294,17 @@ class Pressure:
         self.working_set = working_set
         self._next = 0.0
         self._widest = 0  # the most rows a call has had
-        self._measured = 0  # the widest pass known done (a narrower call came after it)
-        self._grown = 0  # the most the cap has grown to since that pass began
+        self._measured = 0  # the widest pass done (a later pass has begun)
+        self._grown = 0  # the most the cap has grown to since the widest pass began
+        self._layer, self._pass = -1, 0  # the last call's layer, and the rows of the pass it is in
 
-    def budget_now(self, used: int, rows: int = 1) -> int | None:
+    def budget_now(self, used: int, layer: int, rows: int) -> int | None:
+        if layer <= self._layer:  # a new pass: the one before is done
+            self._measured, self._pass = max(self._measured, self._pass), 0
+        self._layer, self._pass = layer, max(self._pass, rows)
         wider = rows > self._widest
         if wider:
             self._widest, self._grown = rows, 0
-        elif rows < self._widest:
-            self._measured = self._widest
         now = time.monotonic()
         if now < self._next and not wider:  # a wider pass is looked at at once: it may need the grown part back
             return None

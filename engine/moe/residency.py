@@ -87,7 +87,7 @@ class Residency:
         resident. Also where memory pressure and the warm start are looked at: a resident model calls nothing
         else of the stream.
         """
-        self.give_back(indices.size // indices.shape[-1])
+        self.give_back(layer, indices.size // indices.shape[-1])
         self.take_warm()
         stack = self.stacks.get(layer)
         if stack is not None:
@@ -110,12 +110,12 @@ class Residency:
             self.cache.look_up(layer, unique, [count / rows for count in counts])
             self.tally.call(rows, len(unique))
 
-    def give_back(self, rows: int = 1) -> None:
-        """Follow an auto budget to the RAM available now, at a layer call of `rows` rows: evict down when another
+    def give_back(self, layer: int, rows: int) -> None:
+        """Follow an auto budget to the RAM available now, at a call of `layer` with `rows` rows: evict down when another
         process took RAM (or a pass wider than any before may need the grown part); inside a limit, grow."""
         if self.pressure is None:
             return
-        budget = self.pressure.budget_now(self.cache.used, rows)
+        budget = self.pressure.budget_now(self.cache.used, layer, rows)
         if budget is None or budget == self.cache.budget:
             return
         if budget < self.budget.expert_bytes and self.stacks:

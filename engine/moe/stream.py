@@ -100,7 +100,7 @@ class ExpertStream:
         # The steps of the module docstring, in order.
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
-        self.residency.give_back(record.rows)
+        self.residency.give_back(layer, record.rows)
         step = decode_step(host.shape)
         unique, counts = routed(host)
         self.tally.note(layer, unique, record.rows, counts)
