@@ -36,8 +36,9 @@ set that of the widest pass run so far, less what the model holds now (`held`: M
 buffers it keeps for reuse, less the cache's own tensors). So the KV cache still to grow and the working set of a
 pass as wide as one already run stay free. A pass wider than any before (a long prompt in a service that has seen
 short ones) first brings the budget back to its size at open, whose reserve and margin were sized for it, until the
-next pass begins (a call at a layer no later than the last call's) and shows that pass done. Outside a limit the budget never grows past its size at open: the machine's
-other processes come and go.
+next pass begins (a call at a layer no later than the last call's) and shows that pass done. Once grown, the cap
+stays while passes are no wider (MLX's freed buffers come and go); the floor still binds. Outside a limit the
+budget never grows past its size at open: the machine's other processes come and go.
 """
 
 from __future__ import annotations
