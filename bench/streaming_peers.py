@@ -185,10 +185,15 @@ def share_limits(given: str | None, shares: list[float]) -> list[int]:
 
 
 def auto_cache(figures: dict) -> str | None:
-    """The line that says what cache `--memory-budget auto` chose in a nightshift run (None if it did not say)."""
+    """The line that says what cache `--memory-budget auto` chose in a nightshift run: sized at open, its budget and
+    what it held at the end (grown inside a limit), the cache's used bytes (None if it did not say)."""
     if "counters" not in figures:
         return None
-    return f"{'':>6} auto: nightshift's cache {figures['counters']['budget']['bytes'] / 1e6:.1f} MB"
+    counters = figures["counters"]
+    return (
+        f"{'':>6} auto: nightshift's cache {counters['budget']['bytes'] / 1e6:.1f} MB at open, "
+        f"{counters.get('cache_budget', 0) / 1e6:.1f} MB at the end, {counters['cache_used'] / 1e6:.1f} MB held"
+    )
 
 
 def rates(figures: dict, prompt_tokens: int) -> dict:

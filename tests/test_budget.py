@@ -16,6 +16,7 @@ from nightshift.engine.bench.cache_sim import Call, belady, replay, static_oracl
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.arenas import map_expert_tensors
+from nightshift.engine.moe import budget as budget_module
 from nightshift.engine.moe.budget import (
     CONTEXT_TOKENS,
     KV_STEP,
@@ -114,10 +115,72 @@ def test_inside_a_limit_pressure_keeps_only_a_floor_free_once_the_process_has_gr
     sized = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN, limited=True)
     for free, expected in ((60 * MB, 100 * MB), (20 * MB, 80 * MB + 20 * MB - LIMIT_FLOOR), (0, 80 * MB - LIMIT_FLOOR)):
         write_group(tmp_path / "job", str(500 * MB), 500 * MB - free, 0, "inactive_file", V2_FILES)
-        assert Pressure(sized, memory).budget_now(used=80 * MB) == expected
+        assert Pressure(sized, memory).budget_now(used=80 * MB, layer=0, rows=1) == expected
     machine = Budget(100 * MB, True, 200 * MB, margin=LIMIT_MARGIN_MIN)
     write_group(tmp_path / "job", str(500 * MB), 500 * MB - 60 * MB, 0, "inactive_file", V2_FILES)
-    assert Pressure(machine, memory).budget_now(used=80 * MB) == 80 * MB + 60 * MB - LIMIT_MARGIN_MIN
+    assert Pressure(machine, memory).budget_now(80 * MB, layer=0, rows=1) == 80 * MB + 60 * MB - LIMIT_MARGIN_MIN
+
+
+def test_inside_a_limit_the_budget_grows_to_fill_it_once_a_pass_has_run_and_never_past_what_the_model_needs(
+    tmp_path, monkeypatch
+):
+    """Sized at open for a 16-row prompt, the budget grows at the next pass (the prompt pass is done) to leave free
+    only the floor and what the model does not hold of its reserve (its working set that of a 16-row pass); it never
+    passes every expert; the model's ups and downs do not shrink it, the floor does; a wider pass brings it back to
+    its size at open at once, until that pass is done. Outside a limit it never grows."""
+    monkeypatch.setattr(budget_module, "CHECK_EVERY_S", 0)  # every call a check: the interval is not under test
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    memory = partial(memory_now, tmp_path, proc)
+
+    def free(nbytes: int) -> None:
+        write_group(tmp_path / "job", str(500 * MB), 500 * MB - nbytes, 0, "inactive_file", V2_FILES)
+
+    sets = {16: 12 * MB, 64: 40 * MB}  # a pass's working set by its rows (a decode step's: 1 MB)
+    held = [90 * MB]  # what the model holds besides the cache, as MLX counts it
+    sized = Budget(40 * MB, True, 300 * MB, reserved=100 * MB, margin=LIMIT_MARGIN_MIN, limited=True,
+                   working_set=sets[16])  # fmt: skip
+    pressure = Pressure(sized, memory, lambda: held[0], lambda rows: sets.get(rows, MB))
+    free(150 * MB)
+    assert [pressure.budget_now(40 * MB, layer, rows=16) for layer in (3, 7)] == [40 * MB] * 2  # the prompt pass
+    still = 100 * MB - held[0]  # its reserve (with a 16-row pass's working set) less what it holds
+    grown = 40 * MB + 150 * MB - LIMIT_FLOOR - still
+    assert pressure.budget_now(40 * MB, layer=3, rows=1) == grown  # the first decode step: grown into the limit
+    free(150 * MB - (grown - 40 * MB))  # the cache took it: the floor and the model's transient left free
+    assert pressure.budget_now(grown, layer=7, rows=1) == grown
+    held[0] = 85 * MB  # MLX handed 5 MB of freed buffers back: the model may take them again, no more room
+    free(150 * MB - (grown - 40 * MB) + 5 * MB)
+    assert pressure.budget_now(grown, layer=3, rows=1) == grown
+    held[0] = 90 * MB  # the process freed 5 MB of its other memory: room for more
+    assert pressure.budget_now(grown, layer=7, rows=1) == grown + 5 * MB
+    held[0] = 95 * MB  # the model took 5 MB more: the cap stays, the floor is what binds
+    free(LIMIT_FLOOR - MB)
+    assert pressure.budget_now(grown + 5 * MB, layer=3, rows=1) == grown + 5 * MB - MB
+    free(150 * MB)
+    assert pressure.budget_now(grown, layer=3, rows=64) == 40 * MB  # a wider pass: the grown part back at once
+    assert pressure.budget_now(40 * MB, layer=7, rows=64) == 40 * MB  # while it runs, no growth
+    held[0] = 70 * MB
+    free(400 * MB)
+    assert pressure.budget_now(40 * MB, layer=3, rows=1) == 300 * MB  # done: every expert, and no more
+    outside = Budget(40 * MB, True, 300 * MB, reserved=100 * MB, margin=LIMIT_MARGIN_MIN, working_set=sets[16])
+    machine = Pressure(outside, memory, lambda: held[0], lambda rows: MB)
+    calls = [(3, 16), (7, 16), (3, 1), (7, 1), (3, 1)]
+    assert [machine.budget_now(40 * MB, layer, rows) for layer, rows in calls] == [40 * MB] * 5
+
+
+def test_a_one_token_prompt_is_a_pass_done_once_the_next_pass_begins(tmp_path, monkeypatch):
+    """Passes are told apart by their layers: a prompt of one row and decode steps of one row still grow the
+    budget at the second pass, not within the first."""
+    monkeypatch.setattr(budget_module, "CHECK_EVERY_S", 0)
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    write_group(tmp_path / "job", str(500 * MB), 350 * MB, 0, "inactive_file", V2_FILES)
+    sized = Budget(40 * MB, True, 300 * MB, reserved=100 * MB, margin=LIMIT_MARGIN_MIN, limited=True,
+                   working_set=MB)  # fmt: skip
+    pressure = Pressure(sized, partial(memory_now, tmp_path, proc), lambda: 100 * MB, lambda rows: MB)
+    calls = [(0, 1), (1, 1), (0, 1)]
+    grown = 40 * MB + 150 * MB - LIMIT_FLOOR
+    assert [pressure.budget_now(40 * MB, layer, rows) for layer, rows in calls] == [40 * MB, 40 * MB, grown]
 
 
 def test_inside_a_limit_auto_keeps_a_small_margin_and_the_kv_cache_of_the_run_it_is_told(stores):
@@ -430,9 +493,10 @@ print(json.dumps({"tokens": out, "budget": budget.bytes, "limited": budget.limit
 LIMIT = 256 << 20  # the old 1 GiB margin left no cache in it; the test process peaks at about 62 MB charged to it
 
 
-def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_tokens(stores, in_ram):
-    """The whole process held to a cgroup limit far below the old 1 GiB margin: auto still sizes a cache, the group
-    never goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
+def in_a_limit(code: str, store: Path) -> tuple[dict, int]:
+    """`code` run on `store` with the test prompt and tokens, its whole process in a memory cgroup held to `LIMIT`
+    (removed after, whatever happened): what it printed last (JSON) and the group's peak. No process may be killed.
+    Skips without root or memory cgroups."""
     import os
     import subprocess
     import sys
@@ -447,16 +511,59 @@ def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_
     except CgroupError as exc:
         pytest.skip(f"no memory cgroup: {exc}")
     try:
-        argv = [sys.executable, "-c", AUTO_IN_A_LIMIT, str(stores["qwen3_moe"]), json.dumps(PROMPT), str(TOKENS)]
+        argv = [sys.executable, "-c", code, str(store), json.dumps(PROMPT), str(TOKENS)]
         done = subprocess.run(command_in(group.procs_file, argv), capture_output=True, text=True, timeout=300)
         peak, kills = group.figure("peak"), group.oom_kills()
     finally:
         group.remove()
     assert done.returncode == 0 and kills == 0, done.stderr[-2000:]
-    said = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1]), peak
+
+
+def test_auto_inside_a_memory_limit_caches_experts_stays_under_it_and_keeps_the_tokens(stores, in_ram):
+    """The whole process held to a cgroup limit far below the old 1 GiB margin: auto still sizes a cache, the group
+    never goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
+    said, peak = in_a_limit(AUTO_IN_A_LIMIT, stores["qwen3_moe"])
     assert said["limited"] and said["margin"] == margin_for(Memory(0, LIMIT, True)) < 1 << 30
     assert said["budget"] == held_expert_bytes(read_manifest(stores["qwen3_moe"]))  # a tiny store's experts all fit
     assert 0 < said["used"] <= said["budget"] and 0 < peak <= LIMIT
+    assert said["tokens"] == in_ram["qwen3_moe"]
+
+
+GROW_IN_A_LIMIT = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from nightshift.engine.moe import budget
+from nightshift.engine.moe.budget import margin_for, memory_now, reserved_bytes
+from nightshift.engine.moe.settings import StreamSettings
+from nightshift.engine.runtime import open_model
+from nightshift.engine.store.manifest import read_manifest
+
+store, prompt, tokens = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+budget.CHECK_EVERY_S = 0  # every layer call a check: a tiny model's answer takes less than the interval
+# Ballast that leaves auto no room at open: what is free then is the margin and the reserve less 16 MiB (the group's
+# usage lags its allocations by a few MB); the reserve counted without read buffers, less than the open's.
+memory, reserve = memory_now(), reserved_bytes(read_manifest(store), store, 0)
+ballast = np.ones(memory.available - margin_for(memory) - reserve + (16 << 20), np.uint8)
+model = open_model(store, stream=StreamSettings(context_tokens=len(prompt) + tokens))
+del ballast  # given back after the open: what the open could not count on, the run can
+out = [c.token for c in model.generate_tokens(prompt, max_tokens=tokens)]
+figures = model.stream.figures()
+model.close()
+print(json.dumps({"tokens": out, "open": model.stream.budget.bytes, "end": figures.cache_budget,
+                  "used": figures.cache_used, "resident": figures.resident_layers}))
+"""
+
+
+def test_auto_inside_a_memory_limit_grows_into_memory_freed_after_the_open_and_stays_under_the_limit(stores, in_ram):
+    """A real limit, and ballast that leaves auto no room at open, freed once the model is open: the budget grows
+    into the limit once the prompt pass has run, to every expert of the tiny store (resident), the group never
+    goes past the limit nor has a process killed, and the tokens are the model's in RAM."""
+    said, peak = in_a_limit(GROW_IN_A_LIMIT, stores["qwen3_moe"])
+    every = held_expert_bytes(read_manifest(stores["qwen3_moe"]))
+    assert said["open"] < every and said["end"] == said["used"] == every  # sized short, grown to every expert
+    assert said["resident"] == len(read_manifest(stores["qwen3_moe"]).layers) and 0 < peak <= LIMIT
     assert said["tokens"] == in_ram["qwen3_moe"]
 
 

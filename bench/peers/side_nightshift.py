@@ -50,7 +50,7 @@ def main() -> None:
             Path(job["trace"]).write_text("".join(json.dumps(call) + "\n" for call in calls))
         report(clock, [tokens], {"hits": stats.cache_hits, "misses": stats.cache_misses,
                                  "read_bytes": sum(stats.drive_bytes.values()), "cache_used": stats.cache_used,
-                                 "budget": asdict(model.stream.budget),
+                                 "budget": asdict(model.stream.budget), "cache_budget": stats.cache_budget,
                                  "prefetch_recall": stats.prefetch_recall})  # fmt: skip
     finally:
         model.close()

@@ -13,6 +13,9 @@ freed. With the threshold fixed at the store's expert tensors, each tensor is a 
 evicted. Measured on the padded trained-routing model (docs/results.md, [22] memory section): peak RSS at a 50 %
 budget 1 163-1 181 MB by default, 1 040 with the threshold fixed, the same tokens.
 
+Trimming: memory freed on the heap stays the process's (its RSS, a cgroup's usage) until glibc gives its free pages
+back, which `trim_heap` asks for when the cache has shrunk, so that what an eviction frees is seen as free.
+
 Settings the user gave glibc (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`) are left to rule;
 other C libraries (macOS's, musl) have no such settings and are left alone.
 """
@@ -58,3 +61,12 @@ def map_expert_tensors(sizes: Iterable[int]) -> int | None:
     if _mallopt(M_MMAP_THRESHOLD, wanted, "MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold"):
         _threshold = wanted
     return _threshold
+
+
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the system (glibc's malloc_trim); whether anything was given back. Not
+    glibc on Linux: nothing to do."""
+    if not sys.platform.startswith("linux"):
+        return False
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return trim is not None and trim(0) == 1

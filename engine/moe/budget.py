@@ -28,6 +28,17 @@ margin is left, the cache shrinks by the shortfall (the engine evicts down to it
 swapping or the group's processes being killed at its limit. Inside a cgroup limit the margin is the process's
 own growth, spent once it has grown: there `Pressure` keeps only `LIMIT_FLOOR` free (the cache never grows past
 the headroom the last check saw, so between checks only the process's other growth takes from it).
+
+Inside a cgroup limit the budget also grows past its size at open once the model has run a pass: what the open
+only estimated (the process's growth the margin was for, the usage it started from) is then in the group's usage,
+and the cache may take all the limit but `LIMIT_FLOOR` and what the model may still take: its reserve, its working
+set that of the widest pass run so far, less what the model holds now (`held`: MLX's memory, active and the freed
+buffers it keeps for reuse, less the cache's own tensors). So the KV cache still to grow and the working set of a
+pass as wide as one already run stay free. A pass wider than any before (a long prompt in a service that has seen
+short ones) first brings the budget back to its size at open, whose reserve and margin were sized for it, until the
+next pass begins (a call at a layer no later than the last call's) and shows that pass done. Once grown, the cap
+stays while passes are no wider (MLX's freed buffers come and go); the floor still binds. Outside a limit the
+budget never grows past its size at open: the machine's other processes come and go.
 """
 
 from __future__ import annotations
@@ -73,6 +84,7 @@ class Budget:
     reserved: int = 0  # trunk + KV cache + read buffers + working set (auto only)
     margin: int = 0  # left free at open (auto only)
     limited: bool = False  # sized inside a memory cgroup's limit (auto only)
+    working_set: int = 0  # of `reserved`, the working set (auto only)
 
     @property
     def floor(self) -> int:
@@ -220,8 +232,12 @@ def reserved_bytes(manifest: Manifest, store: Path, reader_threads: int, context
     trunk, width = trunk_bytes(store / manifest.trunk["file"])
     largest_file = max(layer.file_bytes for layer in manifest.layers)
     kv = kv_cache_bytes(manifest.config, context_tokens or CONTEXT_TOKENS, width)
-    rows = min(context_tokens or PREFILL_ROWS, PREFILL_ROWS)
-    return trunk + kv + reader_threads * largest_file + working_set_bytes(manifest, rows)
+    return trunk + kv + reader_threads * largest_file + working_set_bytes(manifest, prefill_rows(context_tokens))
+
+
+def prefill_rows(context_tokens: int) -> int:
+    """The most rows one pass of a run of `context_tokens` tokens holds (0: not known)."""
+    return min(context_tokens or PREFILL_ROWS, PREFILL_ROWS)
 
 
 def size_budget(
@@ -249,28 +265,62 @@ def size_budget(
         reserved,
         margin,
         memory.limited,
+        working_set_bytes(manifest, prefill_rows(context_tokens)),
     )
 
 
 class Pressure:
     """Watches available memory for an auto budget, at most every `CHECK_EVERY_S`.
 
-    `budget_now(used)`: the budget the cache should have now: what it holds plus what is available beyond
-    the budget's floor, never more than it was sized at open. Below `used` when another process, or the run's own growth
-    inside a cgroup limit, has taken memory (the cache gives back the shortfall); back up to the sized budget once
-    that memory is free again. None between checks.
+    `budget_now(used, layer, rows)`: the budget the cache should have now, at a call of `layer` with `rows` rows:
+    what it holds plus what is available beyond the budget's floor, never more than its cap (`cap`). Below `used`
+    when another process, or the run's own growth inside a cgroup limit, has taken memory (the cache gives back the
+    shortfall); back up to the cap once that memory is free again. None between checks, except at a call wider than
+    any before.
     """
 
-    def __init__(self, budget: Budget, memory: Callable[[], Memory] = memory_now):
-        """`memory`: where the memory available now is read (a test's own cgroup tree)."""
+    def __init__(
+        self,
+        budget: Budget,
+        memory: Callable[[], Memory] = memory_now,
+        held: Callable[[], int] | None = None,
+        working_set: Callable[[int], int] | None = None,
+    ):
+        """`memory`: where the memory available now is read (a test's own cgroup tree); `held`: what the model holds
+        now besides the cache, `working_set`: a pass of so many rows' (`working_set_bytes`); without both the budget
+        never grows past its size at open."""
         self.budget = budget
         self.memory = memory
+        self.held = held
+        self.working_set = working_set
         self._next = 0.0
+        self._widest = 0  # the most rows a call has had
+        self._measured = 0  # the widest pass done (a later pass has begun)
+        self._grown = 0  # the most the cap has grown to since the widest pass began
+        self._layer, self._pass = -1, 0  # the last call's layer, and the rows of the pass it is in
 
-    def budget_now(self, used: int) -> int | None:
+    def budget_now(self, used: int, layer: int, rows: int) -> int | None:
+        if layer <= self._layer:  # a new pass: the one before is done
+            self._measured, self._pass = max(self._measured, self._pass), 0
+        self._layer, self._pass = layer, max(self._pass, rows)
+        wider = rows > self._widest
+        if wider:
+            self._widest, self._grown = rows, 0
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next and not wider:  # a wider pass is looked at at once: it may need the grown part back
             return None
         self._next = now + CHECK_EVERY_S
         headroom = self.memory().available - self.budget.floor
-        return min(self.budget.bytes, max(0, used + headroom))
+        return max(0, min(self.cap(used, headroom, rows), used + headroom))
+
+    def cap(self, used: int, headroom: int, rows: int) -> int:
+        """The most the cache may hold: its size at open; inside a cgroup limit, at a call no wider than a pass
+        already run, what leaves free beyond the floor what the model does not hold now of its reserve (with the
+        working set of the widest pass run), at most every expert. It only grows until a wider pass: the model's
+        own ups and downs (MLX's freed buffers come and go) then move it no more, and the floor still binds."""
+        if not self.budget.limited or self.held is None or self.working_set is None or rows > self._measured:
+            return self.budget.bytes
+        reserve = self.budget.reserved - self.budget.working_set + self.working_set(self._measured)
+        still = max(0, reserve - self.held())
+        self._grown = max(self._grown, min(self.budget.expert_bytes, used + headroom - still))
+        return max(self.budget.bytes, self._grown)

@@ -19,7 +19,12 @@ TENSOR_OVERHEAD = 768
 
 def held_bytes(layer: MoeLayer) -> int:
     """What one expert of `layer` holds in RAM once read: its tensors' bytes and each tensor's overhead."""
-    return sum(slot.nbytes + TENSOR_OVERHEAD for slot in layer.tensors)
+    return tensor_bytes(layer) + TENSOR_OVERHEAD * len(layer.tensors)
+
+
+def tensor_bytes(layer: MoeLayer) -> int:
+    """One expert of `layer`'s tensors' bytes: what MLX counts of it (its active memory)."""
+    return sum(slot.nbytes for slot in layer.tensors)
 
 
 def held_sizes(layers: Iterable[MoeLayer]) -> dict[int, int]:

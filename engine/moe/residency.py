@@ -7,20 +7,24 @@ counted as cache hits afterwards (`count_resident`), from the indices once evalu
 With `warm_start`, the cache is filled from the store's routing profile at open in the background
 (engine/moe/warm.py), each expert kept at the next layer call (`take_warm`), and its counts start from it.
 An auto budget is checked against the RAM available now and then (`budget.Pressure`); when another process
-takes RAM, resident layers are unstacked and the cache evicts down to what is left (`give_back`).
+takes RAM, resident layers are unstacked and the cache evicts down to what is left (`give_back`). Inside a memory
+cgroup's limit it may also grow, into what the model measurably leaves of the limit (`held`: MLX's memory less the
+cache's tensors), so an auto cache sized at 0 there is still made.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
 
-from nightshift.engine.moe.budget import Budget, Pressure
+from nightshift.engine.io.arenas import trim_heap
+from nightshift.engine.moe.budget import Budget, Pressure, working_set_bytes
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.figures import Tally
-from nightshift.engine.moe.held import held_sizes
+from nightshift.engine.moe.held import held_sizes, tensor_bytes
 from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.reads import Tensors, as_stored
 from nightshift.engine.moe.warm import RoutingProfile, WarmFill
@@ -42,11 +46,14 @@ class Residency:
         self.budget = budget
         self.reader = reader
         self.tally = tally
+        grows = budget.auto and budget.limited  # inside a cgroup limit an auto budget may grow from 0
         self.cache: ExpertCache[Tensors | None] | None = (
-            ExpertCache(budget.bytes, reader.settings.cache_policy) if budget.bytes else None
+            ExpertCache(budget.bytes, reader.settings.cache_policy) if budget.bytes or grows else None
         )
-        self.pressure = Pressure(budget) if budget.auto and budget.bytes else None
+        grower = {"held": self.held, "working_set": partial(working_set_bytes, reader.manifest)}
+        self.pressure = Pressure(budget, **grower) if budget.auto and (budget.bytes or grows) else None
         self.sizes = held_sizes(reader.layers.values())  # what the cache counts per expert: its RAM, not its file
+        self.tensor_sizes = {spec.layer: tensor_bytes(spec) for spec in reader.layers.values()}
         self.stacks: dict[int, Tensors] = {}  # resident layers: every expert stacked, as in RAM
         self.warm: WarmFill | None = None
         self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
@@ -80,7 +87,7 @@ class Residency:
         resident. Also where memory pressure and the warm start are looked at: a resident model calls nothing
         else of the stream.
         """
-        self.give_back()
+        self.give_back(layer, indices.size // indices.shape[-1])
         self.take_warm()
         stack = self.stacks.get(layer)
         if stack is not None:
@@ -103,11 +110,12 @@ class Residency:
             self.cache.look_up(layer, unique, [count / rows for count in counts])
             self.tally.call(rows, len(unique))
 
-    def give_back(self) -> None:
-        """Follow an auto budget to the RAM available now: evict down when another process took RAM."""
+    def give_back(self, layer: int, rows: int) -> None:
+        """Follow an auto budget to the RAM available now, at a call of `layer` with `rows` rows: evict down when another
+        process took RAM (or a pass wider than any before may need the grown part); inside a limit, grow."""
         if self.pressure is None:
             return
-        budget = self.pressure.budget_now(self.cache.used)
+        budget = self.pressure.budget_now(self.cache.used, layer, rows)
         if budget is None or budget == self.cache.budget:
             return
         if budget < self.budget.expert_bytes and self.stacks:
@@ -115,6 +123,14 @@ class Residency:
             self._unstack()
         if self.cache.resize(budget):
             mx.clear_cache()  # MLX keeps freed buffers for reuse; hand them back to the system
+            trim_heap()  # and so does the heap: an expert's small tensors leave holes in it
+
+    def held(self) -> int:
+        """What the model holds now besides the cache's tensors, as MLX counts it: its active memory and the freed
+        buffers it keeps for reuse (a pass's transients: capped at the working set)."""
+        keys = self.cache.keys() if self.cache is not None else []
+        tensors = sum(self.tensor_sizes[layer] for layer, _ in keys)
+        return mx.get_active_memory() + mx.get_cache_memory() - tensors
 
     def warm_from(self, profile: RoutingProfile) -> None:
         """Start the cache's counts from `profile` and fill it with its hottest experts in the background."""

@@ -1,7 +1,8 @@
 """Everything behind one model's streaming layers, as parts with one job each, and the layer call that uses them.
 
     ExpertStream.experts(layer, x, indices)          a streaming layer's call (StreamingSwitch)
-      1 read back the router's choice              the MLX stall; in decode, the window a read-ahead can fill
+      1 read back the router's choice              the MLX stall; in decode, the window a read-ahead can fill;
+                                                   Residency.give_back: an auto budget follows the RAM free
       2 count the pass                             Tally (lookups, the prompt's needs), ReadAhead.score (recall)
       3 look up the RAM cache, demand the rest     Residency.look_up, ExpertReader.demand
       4 guess the next layer, hold the tail        ReadAhead.guess, ReadAhead.hold_tail
@@ -97,9 +98,9 @@ class ExpertStream:
         rest are still being read.
         """
         # The steps of the module docstring, in order.
-        self.residency.give_back()
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
+        self.residency.give_back(layer, record.rows)
         step = decode_step(host.shape)
         unique, counts = routed(host)
         self.tally.note(layer, unique, record.rows, counts)
