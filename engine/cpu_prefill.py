@@ -157,9 +157,13 @@ def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_ind
     """MLX's own `gather_mm` on float32 copies of `x` and of the experts `indices` names, rounded to the promoted
     dtype (the GPU's upcast rule, module docstring): row by row, as `gather_mm` sums, each used expert upcast once."""
     weight = layer["weight"]
-    used, slots = np.unique(np.array(indices), return_inverse=True)  # evaluates the router
-    # The stack a streamed call brings holds exactly the experts it uses: upcast whole, not gathered first.
-    experts = weight if len(used) == weight.shape[0] else weight[mx.array(used.astype(np.uint32))]
+    if weight.shape[0] == 1:  # one expert (a decode step's, run alone): every index is 0, nothing to read back
+        experts, slots = weight, indices
+    else:
+        used, host = np.unique(np.array(indices), return_inverse=True)  # evaluates the router
+        # The stack a streamed call brings holds exactly the experts it uses: upcast whole, not gathered first.
+        experts = weight if len(used) == weight.shape[0] else weight[mx.array(used.astype(np.uint32))]
+        slots = mx.array(host.reshape(indices.shape).astype(np.uint32))
     if layer.instruments is not None:
         layer.instruments.float32_copy_bytes += experts.size * 4
     rows = x.astype(mx.float32)
@@ -168,7 +172,7 @@ def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_ind
     y = mx.gather_mm(
         rows,
         experts.astype(mx.float32).swapaxes(-1, -2),
-        rhs_indices=mx.array(slots.reshape(indices.shape).astype(np.uint32)),
+        rhs_indices=slots,
         sorted_indices=sorted_indices,  # the remap keeps the order
     ).astype(mx.result_type(x, weight))
     return y + mx.expand_dims(layer["bias"][indices], -2) if "bias" in layer else y

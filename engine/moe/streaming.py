@@ -191,8 +191,7 @@ class StreamingSwitch(nn.Module):
         with mx.stream(streams[turn]):
             mine = rows if picked is None else rows[mx.array(picked.astype(np.uint32))]
             self._set_experts([tensors])
-            # Made on the host: the 16-bit path reads the indices back (`_float32_gather`), and a lazy array
-            # would first wait for every expert already queued on this stream.
+            # Made on the host, not queued behind the experts already on this stream.
             out = self._switch(mine, mx.array(np.zeros((mine.shape[0], 1, 1), dtype=np.uint32)))
         blocks.append(([place], out))
         mx.async_eval(out)  # queued on its stream: this thread goes back to the landing reads
