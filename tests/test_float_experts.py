@@ -127,3 +127,19 @@ def test_16bit_switch_layer_sums_as_gather_mm_does(step, monkeypatch):
     assert isinstance(layer, PrefillSwitchLinear)
     got = layer(x, indices, sorted_indices=ordered)
     assert got.dtype == mx.bfloat16 and mx.array_equal(got, expected)
+
+
+def test_a_16bit_expert_alone_gives_the_bits_it_gets_in_a_stack():
+    """A decode step runs each 16-bit expert alone, on a stack of one (every index 0, never read back): its output
+    is the one it gets among the others."""
+    mx.random.seed(4)
+    layer = SwitchLinear(192, 576, num_experts=4, bias=False)
+    layer.set_dtype(mx.bfloat16)
+    use_gemm_prefill(layer)
+    x = mx.random.normal((1, 1, 1, 1, 192)).astype(mx.bfloat16)
+    stacked = layer(x, mx.array([[[3, 1, 2]]], dtype=mx.uint32))
+    alone = SwitchLinear(192, 576, num_experts=1, bias=False)
+    use_gemm_prefill(alone)
+    alone.weight = layer.weight[1:2]
+    got = alone(x, mx.zeros((1, 1, 1), dtype=mx.uint32))
+    assert mx.array_equal(got[..., 0, :, :], stacked[..., 1, :, :])
