@@ -54,7 +54,7 @@ import psutil
 from nightshift.engine.moe.held import held_expert_bytes
 from nightshift.engine.moe.settings import AUTO_BUDGET
 from nightshift.engine.store.manifest import Manifest
-from nightshift.engine.store.safetensors_io import read_header
+from nightshift.engine.store.safetensors_io import TensorEntry, read_header
 
 CONTEXT_TOKENS = 8192  # the KV cache's bound where the run's context is not known at open
 KV_STEP = 256  # mlx-lm's KVCache grows its keys and values this many tokens at a time
@@ -199,12 +199,23 @@ def trunk_bytes(trunk: Path) -> tuple[int, int]:
     projection stored narrower (a tied bf16 embedding under float32 activations, as in the Mixtral bench export) is
     multiplied as a copy in the activations' dtype, held while a pass is in flight, so always while decoding: 113 MB
     on that export, counted with the file."""
+    return trunk.stat().st_size + head_copy_bytes(trunk), _activation_bytes(read_header(trunk))
+
+
+def head_copy_bytes(trunk: Path) -> int:
+    """The copy of the output projection a pass multiplies where it is stored narrower than the activations
+    (`trunk_bytes`), 0 where none is made: made and freed every step, so MLX's buffer cache must hold it
+    (`cap_buffer_cache`)."""
     entries = read_header(trunk)
-    width = max((FLOAT_BYTES[e.dtype] for e in entries if e.dtype in FLOAT_BYTES), default=4)
+    width = _activation_bytes(entries)
     heads = [e for e in entries if e.name.endswith("lm_head.weight")]
     heads = heads or [e for e in entries if e.name.endswith("embed_tokens.weight")]  # tied: the embedding
-    upcast = sum(e.nbytes // FLOAT_BYTES[e.dtype] * width for e in heads if FLOAT_BYTES.get(e.dtype, width) < width)
-    return trunk.stat().st_size + upcast, width
+    return sum(e.nbytes // FLOAT_BYTES[e.dtype] * width for e in heads if FLOAT_BYTES.get(e.dtype, width) < width)
+
+
+def _activation_bytes(entries: list[TensorEntry]) -> int:
+    """The activations' dtype's bytes: the trunk's widest float, 4 where it holds none (`trunk_bytes`)."""
+    return max((FLOAT_BYTES[e.dtype] for e in entries if e.dtype in FLOAT_BYTES), default=4)
 
 
 def top_k(config: dict) -> int | None:

@@ -11,7 +11,7 @@ from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
-from nightshift.engine.moe.budget import size_budget, working_set_bytes
+from nightshift.engine.moe.budget import head_copy_bytes, size_budget, working_set_bytes
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.moe.streaming import install
@@ -35,23 +35,16 @@ def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
 
 def cap_buffer_cache(limit: int, step_copy: int) -> None:
     """Hold MLX's cache of freed buffers to `limit` bytes, or to the lower limit the process already set, plus
-    `step_copy`: the largest buffer every decode step makes and frees (`step_copy_bytes`).
+    `step_copy`: a buffer every step makes and frees (`head_copy_bytes`: the output projection's wider copy).
 
     On a GPU MLX keeps freed buffers for reuse up to its memory limit by default (most of the machine's RAM),
     blind to the expert budget and to a memory cgroup, so experts read and let go would stay held; what it
     reuses is one call's buffers, which the budget reserves as the working set. (On CPU its default is 32 MB.)
-    A step's buffer larger than the cache is mapped and faulted anew each step: the float32 copy of a tied 16-bit
+    A step's buffer larger than the cache is mapped and faulted anew each step: the float32 copy of a tied bf16
     LM head (113 MB on moe128-mixtral) cost 27 700 page faults a token and a third of its CPU time.
     """
     previous = mx.set_cache_limit(limit)
     mx.set_cache_limit(min(previous, limit) + step_copy)
-
-
-def step_copy_bytes(weights: dict[str, mx.array]) -> int:
-    """The float32 copy of the largest 16-bit trunk weight: a product with float32 activations (the LM head's,
-    an embedding tied to it) multiplies such a copy, made anew each step. Where the activations are 16-bit too
-    no copy is made and the cache does not fill with it."""
-    return max((4 * w.size for w in weights.values() if w.dtype in (mx.bfloat16, mx.float16)), default=0)
 
 
 def load_streaming(
@@ -81,8 +74,8 @@ def load_streaming(
     drives_in_use = len(settings.use_drives or manifest.drives)
     threads = (settings.demand_threads + settings.prefetch_threads) * drives_in_use
     budget = size_budget(settings.cache_bytes, manifest, store, threads, settings.context_tokens)
+    cap_buffer_cache(working_set_bytes(manifest), head_copy_bytes(trunk_path))
     weights = {e.name: read_tensor(e) for e in read_header(trunk_path) if stage is None or stage.keeps(e.name)}
-    cap_buffer_cache(working_set_bytes(manifest), step_copy_bytes(weights))
     model = build_model(manifest.config)
     if stage is not None:
         stage.apply(model)
