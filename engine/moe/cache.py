@@ -68,6 +68,10 @@ class ExpertCache(Generic[V]):
         self._small_bytes = 0
         self._ghost: OrderedDict[Key, None] = OrderedDict()
         self._turns: dict[Key, int] = {}
+        # frequency / LRFU: the residents' scores in dict order (evicted: inf), and each one's place, kept from one
+        # victim to the next while no lookup changes a score or the order (a layer's puts): a victim is then one
+        # `min` over floats, not a score computed for each resident (0.1 s a token at ~1 100 resident).
+        self._board: tuple[list[Key], list[float], dict[Key, int]] | None = None
 
     @property
     def admits_all(self) -> bool:
@@ -85,6 +89,7 @@ class ExpertCache(Generic[V]):
         """
         with self._lock:
             self._clock[layer] = self._clock.get(layer, 0) + 1
+            self._board = None
             return [self._get((layer, e), 1.0 if shares is None else shares[i]) for i, e in enumerate(experts)]
 
     def _get(self, key: Key, weight: float) -> V | None:
@@ -115,6 +120,10 @@ class ExpertCache(Generic[V]):
             self.used += nbytes
             if warm:
                 self._warm.add(key)
+            if self._board is not None:
+                self._board[2][key] = len(self._board[0])
+                self._board[0].append(key)
+                self._board[1].append(self._score(key))
             if self.policy == S3FIFO:
                 self._enter_s3fifo(key, nbytes)
             return True
@@ -123,6 +132,7 @@ class ExpertCache(Generic[V]):
         """Start the lookup counts from `counts` (a routing profile's): frequency admission and eviction then
         favour what past runs used most until this run's own lookups outweigh it (counts decay as they go)."""
         with self._lock:
+            self._board = None
             for key, count in counts.items():
                 if self.policy == LRFU:
                     self._count(key, count)  # as one lookup that heavy, decaying from here
@@ -169,6 +179,8 @@ class ExpertCache(Generic[V]):
 
     def _evict(self, key: Key) -> None:
         nbytes = self._items.pop(key)[1]
+        if self._board is not None:
+            self._board[1][self._board[2].pop(key)] = math.inf
         self.used -= nbytes
         self.evictions += 1
         if key in self._small:
@@ -183,7 +195,11 @@ class ExpertCache(Generic[V]):
             return next(iter(self._items))
         if self.policy == S3FIFO:
             return self._s3fifo_victim()
-        return min(self._items, key=self._score)  # ties: least recent (dict order)
+        if self._board is None:
+            keys = list(self._items)
+            self._board = (keys, [self._score(key) for key in keys], {key: i for i, key in enumerate(keys)})
+        keys, scores, _ = self._board
+        return keys[scores.index(min(scores))]  # ties: least recent (dict order)
 
     def _score(self, key: Key) -> float:
         """What eviction and admission compare: lookups (frequency), or log2 of the decayed score now (LRFU)."""
@@ -224,6 +240,7 @@ class ExpertCache(Generic[V]):
             return key
 
     def _count(self, key: Key, weight: float) -> None:
+        self._board = None
         if self.policy == LRFU:  # stored as log2(score) + decay x clock: nothing to update as the clock moves
             now = LRFU_DECAY * self._clock.get(key[0], 0)
             stored = self._counts.get(key)
