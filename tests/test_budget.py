@@ -221,8 +221,8 @@ def test_an_output_projection_narrower_than_the_activations_is_reserved_as_its_w
 
 def test_the_buffer_cache_holds_the_working_set_and_a_step_copy_beside_it():
     """The head's wider copy is made and freed every step: MLX's buffer cache holds it beside the working set (or
-    the lower limit the process set), or each step maps and faults it anew (27 700 page faults a token, a third of
-    the CPU time, on moe128-mixtral's 113 MB float32 copy of its tied bf16 head)."""
+    the lower limit the process set), or each step maps and faults it anew (27 700 page faults a token on
+    moe128-mixtral's 113 MB float32 copy of its tied bf16 head)."""
     import mlx.core as mx
 
     previous = mx.set_cache_limit(32 * MB)

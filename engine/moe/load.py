@@ -41,7 +41,7 @@ def cap_buffer_cache(limit: int, step_copy: int) -> None:
     blind to the expert budget and to a memory cgroup, so experts read and let go would stay held; what it
     reuses is one call's buffers, which the budget reserves as the working set. (On CPU its default is 32 MB.)
     A step's buffer larger than the cache is mapped and faulted anew each step: the float32 copy of a tied bf16
-    LM head (113 MB on moe128-mixtral) cost 27 700 page faults a token and a third of its CPU time.
+    LM head (113 MB on moe128-mixtral) cost 27 700 page faults a token (docs/runs/decode-cpu.csv).
     """
     previous = mx.set_cache_limit(limit)
     mx.set_cache_limit(min(previous, limit) + step_copy)
