@@ -76,6 +76,41 @@ def test_resize_evicts_down_to_the_new_budget_in_policy_order():
     assert cache.resize(400) == [] and cache.put((0, 5), 5, 100)
 
 
+class EveryResidentScored(ExpertCache):
+    """The victim as the policy defines it: every resident scored at each eviction, ties to the least recent."""
+
+    def _victim(self):
+        return min(self._items, key=self._score)
+
+
+def test_frequency_and_lrfu_evict_as_when_every_resident_is_scored_at_each_eviction():
+    """The scores kept from one victim to the next (while no lookup changes them) pick the victims scoring every
+    resident would: over random layer calls, puts with and without a warm start, drops, resizes and a prior."""
+    rng = random.Random(5)
+    for policy in (FREQUENCY, LRFU):
+        kept, scored = ExpertCache(60, policy), EveryResidentScored(60, policy)
+        for step in range(3000):
+            layer = rng.randrange(4)
+            experts = sorted(rng.sample(range(12), rng.randint(1, 5)))
+            shares = [rng.choice([0.25, 0.5, 1.0]) for _ in experts]
+            caches = (kept, scored)
+            assert kept.look_up(layer, experts, shares) == scored.look_up(layer, experts, shares)
+            for e in experts:
+                warm = rng.random() < 0.1
+                assert kept.put((layer, e), e, 4 + e % 3, warm) == scored.put((layer, e), e, 4 + e % 3, warm)
+            if step % 97 == 0:
+                for c in caches:
+                    c.drop([(layer, experts[0])])
+            if step % 211 == 0:
+                budget = rng.choice([40, 60])
+                for c in caches:
+                    c.resize(budget)
+            if step == 1500:
+                for c in caches:
+                    c.prior({(1, 3): 5.0, (2, 7): 2.0})
+        assert kept.keys() == scored.keys()
+        assert (kept.hits, kept.evictions, kept.used) == (scored.hits, scored.evictions, scored.used)
+
 def test_a_profile_prior_keeps_what_past_runs_used_over_a_newcomer():
     cache = ExpertCache(100, FREQUENCY)
     cache.prior({(0, 0): 3.0})
@@ -149,38 +184,3 @@ def test_lrfu_ages_an_expert_by_the_calls_of_its_own_layer():
     cache.look_up(1, [6])  # three lookups in its layer's last three calls: it outscores the other now
     assert cache.put((1, 6), "layer 1, used thrice", 100) and (0, 0) not in cache
 
-
-class EveryResidentScored(ExpertCache):
-    """The victim as the policy defines it: every resident scored at each eviction, ties to the least recent."""
-
-    def _victim(self):
-        return min(self._items, key=self._score)
-
-
-def test_frequency_and_lrfu_evict_as_when_every_resident_is_scored_at_each_eviction():
-    """The scores kept from one victim to the next (while no lookup changes them) pick the victims scoring every
-    resident would: over random layer calls, puts with and without a warm start, drops, resizes and a prior."""
-    rng = random.Random(5)
-    for policy in (FREQUENCY, LRFU):
-        kept, scored = ExpertCache(60, policy), EveryResidentScored(60, policy)
-        for step in range(3000):
-            layer = rng.randrange(4)
-            experts = sorted(rng.sample(range(12), rng.randint(1, 5)))
-            shares = [rng.choice([0.25, 0.5, 1.0]) for _ in experts]
-            caches = (kept, scored)
-            assert kept.look_up(layer, experts, shares) == scored.look_up(layer, experts, shares)
-            for e in experts:
-                warm = rng.random() < 0.1
-                assert kept.put((layer, e), e, 4 + e % 3, warm) == scored.put((layer, e), e, 4 + e % 3, warm)
-            if step % 97 == 0:
-                for c in caches:
-                    c.drop([(layer, experts[0])])
-            if step % 211 == 0:
-                budget = rng.choice([40, 60])
-                for c in caches:
-                    c.resize(budget)
-            if step == 1500:
-                for c in caches:
-                    c.prior({(1, 3): 5.0, (2, 7): 2.0})
-        assert kept.keys() == scored.keys()
-        assert (kept.hits, kept.evictions, kept.used) == (scored.hits, scored.evictions, scored.used)
