@@ -111,6 +111,7 @@ def test_frequency_and_lrfu_evict_as_when_every_resident_is_scored_at_each_evict
         assert kept.keys() == scored.keys()
         assert (kept.hits, kept.evictions, kept.used) == (scored.hits, scored.evictions, scored.used)
 
+
 def test_a_profile_prior_keeps_what_past_runs_used_over_a_newcomer():
     cache = ExpertCache(100, FREQUENCY)
     cache.prior({(0, 0): 3.0})
@@ -183,4 +184,3 @@ def test_lrfu_ages_an_expert_by_the_calls_of_its_own_layer():
     cache.look_up(1, [6])
     cache.look_up(1, [6])  # three lookups in its layer's last three calls: it outscores the other now
     assert cache.put((1, 6), "layer 1, used thrice", 100) and (0, 0) not in cache
-
