@@ -184,3 +184,21 @@ def test_lrfu_ages_an_expert_by_the_calls_of_its_own_layer():
     cache.look_up(1, [6])
     cache.look_up(1, [6])  # three lookups in its layer's last three calls: it outscores the other now
     assert cache.put((1, 6), "layer 1, used thrice", 100) and (0, 0) not in cache
+
+
+def test_lrfu_keeps_a_stable_half_when_every_token_uses_15_of_16_experts():
+    """The default model's routing: nearly every expert in every token, so their scores sit together near the cap.
+    A cache of half the experts must keep its half (a hit for each resident the token uses), not swap residents for
+    newcomers no better than them: each swap is an expert read for nothing."""
+    rng = random.Random(0)
+    layers, tokens = 4, 200
+    cache = ExpertCache(layers * 8 * 100, LRFU)
+    for _ in range(tokens):
+        for layer in range(layers):
+            skipped = rng.randrange(16)
+            experts = [e for e in range(16) if e != skipped]
+            for expert, value in zip(experts, cache.look_up(layer, experts)):
+                if value is None:
+                    cache.put((layer, expert), "read", 100)
+    assert cache.hits / (cache.hits + cache.misses) > 0.48  # Belady: 8 of the 15 a layer uses, 8 x 15/16 / 15
+    assert cache.evictions < tokens * layers / 2  # a swap now and then (before: two a layer call)
