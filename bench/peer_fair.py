@@ -27,8 +27,9 @@ for the prompt and tokens asked, instead of the share: one limit for each whole 
 as it will (the share then only names the limit; the cache auto chose is printed and recorded in its counters).
 
 Every run is recorded in the run catalogue (kind `peer-fair`: engine, layout, share, limit, read-ahead, the load
-average at its start) and printed with nightshift's decode tok/s over llama.cpp's from the same round, and where
-llama.cpp's greedy tokens first part from nightshift's. With `--probe-read-ahead`, step 2 is llama.cpp alone at
+average at its start, CPU seconds a token as bench/streaming_peers.py counts them) and printed with nightshift's
+decode tok/s over llama.cpp's from the same round, and where llama.cpp's greedy tokens first part from nightshift's;
+with more than one round, each share ends with the median of its rounds' ratios. With `--probe-read-ahead`, step 2 is llama.cpp alone at
 each read-ahead in turn (the sweep that picks `--read-ahead-kb`). The sides are bench/peers/side_nightshift.py
 and side_llamacpp.py, run as bench/streaming_peers.py runs them. Root only; run it under `nightshift rig run`.
 """
@@ -47,11 +48,13 @@ from bench.streaming_peers import (
     auto_cache,
     expert_bytes,
     hit_rate,
+    median_line,
     model_files,
     prompt_ids,
     rates,
     run_side,
     share_limits,
+    speed_ratio,
 )
 from nightshift.app.paths import catalogue_file
 from nightshift.engine.bench.decode import first_difference
@@ -130,7 +133,8 @@ class Bench:
             f"{'' if read_ahead is None else read_ahead:>5} {figures.get('decode_tok_s', 0):>8.3f} "
             f"{figures.get('decode_read_mb_per_token', 0):>8.2f} {read_mb_s:>7.2f} "
             f"{'' if rate is None else f'{rate:.3f}':>6} {figures['peak_rss_bytes'] / 1e6:>8.0f} "
-            f"{figures['group_peak_bytes'] / 1e6:>8.0f} {load[0]:>5.2f}  run {figures['run']} "
+            f"{figures['group_peak_bytes'] / 1e6:>8.0f} {figures.get('cpu_s_per_token', 0):>7.3f} "
+            f"{figures.get('decode_cpu_s_per_token', 0):>7.3f} {load[0]:>5.2f}  run {figures['run']} "
             f"{figures.get('error') or ''}",
             flush=True,
         )
@@ -138,7 +142,8 @@ class Bench:
 
 
 HEADER = (f"{'share':>5} {'r':>2} {'engine':>16} {'limit MB':>8} {'RA KB':>5} {'tok/s':>8} {'MB/token':>8} "
-          f"{'MB/s':>7} {'hits':>6} {'RSS MB':>8} {'group MB':>8} {'load':>5}")  # fmt: skip
+          f"{'MB/s':>7} {'hits':>6} {'RSS MB':>8} {'group MB':>8} {'CPU s/t':>7} {'dec CPU':>7} "
+          f"{'load':>5}")  # fmt: skip
 
 
 def main() -> None:
@@ -206,6 +211,7 @@ def main() -> None:
                     bench.measure(side, share, limits[side.label], kb, 0)
             continue
         peers = [(side, kb) for side in theirs for kb in read_aheads]
+        ratios: dict[tuple[str, int | None], list[float | None]] = {(side.label, kb): [] for side, kb in peers}
         for round_ in range(1, args.rounds + 1):
             order = [(ours, None), *peers] if (index + round_) % 2 else [*peers, (ours, None)]
             done = {}
@@ -216,12 +222,15 @@ def main() -> None:
                 print(said, flush=True)
             for side, kb in peers:
                 other = done[side.label, kb]
+                ratios[side.label, kb].append(speed_ratio(mine, other))
                 if "error" in mine or "error" in other:
                     continue
                 parted = first_difference(mine["tokens"][0], other["tokens"][0])
                 print(f"      share {share:.2f} round {round_}: nightshift / {side.label} at {kb} KB = "
-                      f"{mine['decode_tok_s'] / other['decode_tok_s']:.2f}x; tokens "
+                      f"{ratios[side.label, kb][-1]:.2f}x; tokens "
                       f"{'equal' if parted is None else f'part at step {parted}'}", flush=True)  # fmt: skip
+        for (label, kb), each in ratios.items() if args.rounds > 1 else ():
+            print("      " + median_line(f"share {share:.2f}, nightshift / {label} at {kb} KB", each), flush=True)
     print(f"recorded in {bench.catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")
 
 

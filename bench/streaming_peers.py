@@ -24,6 +24,13 @@ given instead of nightshift's measured peak; with `--auto` nightshift's first ru
 inside that limit, for the prompt and tokens asked) instead of the share: "the same total memory" as a user of
 `auto` gets it, the peers' caches still the share.
 
+With `--alternate N` each share is measured in N pairs (nightshift, then the peers; the next pair the other way round,
+so drift in a shared machine's load falls on both sides alike), every side after the first pair held to the share's
+limit; each pair's ratio of decode tok/s (nightshift over each peer) is printed, and their median. `--peers-first`
+starts each share with the peers (it needs `--limits` or `--unlimited`: otherwise nightshift's first run sets the
+limit). Every run's CPU seconds are recorded: the process's user + system time from the kernel (os.wait4), over the
+tokens it made (load and prompt included), and the side's own count over the decode (after the first token).
+
 Each run is recorded in the run catalogue (kind `streaming-peers`), a peer's failure (killed at the limit, an error)
 included with its last line. A peer whose venv is missing is skipped, with the command that builds it. Root only
 (memory cgroups).
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -158,6 +166,7 @@ def run_side(engine: Engine, job: dict, limit: int | None) -> dict:
         figures = {
             "wall_s": wall,
             "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
             "process_read_bytes": usage.ru_inblock * 512,
             "group_peak_bytes": group.figure("peak"),
             "oom_kills": group.oom_kills(),
@@ -198,7 +207,8 @@ def auto_cache(figures: dict) -> str | None:
 
 def rates(figures: dict, prompt_tokens: int) -> dict:
     """Prompt and decode tok/s (`prompt_tokens`: every prompt's together), what the prompts read and what each decoded
-    token read, where the side finished."""
+    token read, and CPU seconds a token (the whole process's over every token made; the decode's over the tokens
+    after the first), where the side finished."""
     if "tokens" not in figures:
         return {}
     made = sum(len(t) for t in figures["tokens"])
@@ -209,6 +219,8 @@ def rates(figures: dict, prompt_tokens: int) -> dict:
         "aggregate_tok_s": made / (figures["prompt_s"] + figures["decode_s"]),
         "prompt_read_mb": figures["prompt_read_bytes"] / 1e6,
         "decode_read_mb_per_token": figures["decode_read_bytes"] / 1e6 / after_first,
+        "cpu_s_per_token": figures["cpu_s"] / made,
+        "decode_cpu_s_per_token": figures.get("decode_cpu_s", 0.0) / after_first,
     }
 
 
@@ -221,15 +233,40 @@ def hit_rate(name: str, counters: dict) -> float | None:
     return hits / (hits + misses) if hits + misses else None
 
 
-def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogue: Catalogue, load: tuple) -> dict:
-    """One engine's run of `job` under `limit`: measured, recorded in the catalogue, printed as a row."""
+def speed_ratio(ours: dict, theirs: dict) -> float | None:
+    """nightshift's decode tok/s over a peer's in one pair (None where either failed)."""
+    if "error" in ours or "error" in theirs or not theirs.get("decode_tok_s"):
+        return None
+    return ours["decode_tok_s"] / theirs["decode_tok_s"]
+
+
+def pair_order(nightshift: Engine, peers: list[Engine], pair: int, peers_first: bool) -> list[Engine]:
+    """The order of pair `pair` (0 first): nightshift first, then the peers, flipped every other pair."""
+    ours_first = (pair % 2 == 0) != peers_first
+    return [nightshift, *peers] if ours_first else [*peers, nightshift]
+
+
+def median_line(label: str, ratios: list[float | None]) -> str:
+    """The median of the pairs' ratios, with each pair's (a failed pair is named, not counted)."""
+    done = [r for r in ratios if r is not None]
+    each = ", ".join("failed" if r is None else f"{r:.2f}" for r in ratios)
+    if not done:
+        return f"{label}: no pair finished ({each})"
+    return f"{label}: median {statistics.median(done):.2f}x over {len(done)} pairs ({each})"
+
+
+def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogue: Catalogue) -> dict:
+    """One engine's run of `job` under `limit`: measured, recorded in the catalogue (with the load average at its
+    start), printed as a row."""
+    load = os.getloadavg()
     figures = run_side(engine, {**job, "model": str(engine.model)}, limit)
     prompt = len(job["prompts"][0])
     figures.update(rates(figures, sum(map(len, job["prompts"]))))
     rate = hit_rate(engine.name, figures.get("counters", {}))
     config = {"engine": engine.name, "share": share, "budget_bytes": job["budget"], "limit_bytes": limit,
               "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"],
-              "fill": bool(job.get("fill")), "settings": job.get("settings", {})}  # fmt: skip
+              "fill": bool(job.get("fill")), "settings": job.get("settings", {}), "pair": job.get("pair", 0),
+              "order": job.get("order", "")}  # fmt: skip
     verdict = "fail" if "error" in figures else "measured"
     run = Run("streaming-peers", engine.model.name, config, {**figures, "hit_rate": rate, "load": load},
               verdict, command=" ".join(sys.argv), note=figures.get("error", ""))  # fmt: skip
@@ -241,7 +278,8 @@ def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogu
         f"{figures.get('prompt_tok_s', 0):>10.2f} {figures.get('decode_tok_s', 0):>10.3f} "
         f"{figures.get('aggregate_tok_s', 0):>9.3f} {figures['peak_rss_bytes'] / 1e6:>11.0f} "
         f"{figures.get('prompt_read_mb', 0):>9.1f} {figures.get('decode_read_mb_per_token', 0):>8.1f} "
-        f"{rate_text:>8}  {said} (run {run_id})",
+        f"{rate_text:>8} {figures.get('cpu_s_per_token', 0):>7.3f} {figures.get('decode_cpu_s_per_token', 0):>7.3f} "
+        f"{load[0]:>5.2f}  {said} (run {run_id})",
         flush=True,
     )
     return figures
@@ -267,6 +305,14 @@ def main() -> None:
     parser.add_argument("--fill-margin-mb", type=float, default=24, help="what --fill leaves of the limit")
     parser.add_argument("--limits", help="each share's memory limit in MB, comma-separated (default: ns's peak)")
     parser.add_argument("--auto", action="store_true", help="nightshift's first run with the auto memory budget")
+    parser.add_argument(
+        "--alternate",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N pairs at each share, the order flipped each pair; ratios and their median",
+    )
+    parser.add_argument("--peers-first", action="store_true", help="each share's first pair starts with the peers")
     parser.add_argument("--variant", action="append", type=settings_of, default=[], metavar="KEY=VALUE[,...]",
                         help="one more nightshift run at each share with these stream settings")  # fmt: skip
     args = parser.parse_args()
@@ -285,14 +331,20 @@ def main() -> None:
         args.traces.mkdir(parents=True, exist_ok=True)
     total = expert_bytes(args.store)
     prompt = prompt_ids(args.store, args.prompt_tokens)[0]
-    load = os.getloadavg()
-    print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {load[0]:.2f}")
+    print(
+        f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {os.getloadavg()[0]:.2f}"
+    )
     header = f"{'share':>6} {'w':>3} {'engine':>10} {'limit MB':>9} {'prompt t/s':>10} {'decode t/s':>10} {'all t/s':>9} {'peak RSS MB':>11}"
-    print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8}  tokens / error")
+    print(header + f" {'prompt MB':>9} {'MB/token':>8} {'hit rate':>8} {'CPU s/t':>7} {'dec CPU':>7} {'load':>5}"
+          "  tokens / error")  # fmt: skip
     shares = [float(s) for s in args.shares.split(",") if s]  # "": only the batched pair
     if args.auto and args.fill:
         raise SystemExit("--fill grows the share's cache into the limit, --auto sizes it there: give one of them")
     limits = share_limits(args.limits, shares)
+    if args.peers_first and not (limits or args.unlimited):
+        raise SystemExit(
+            "--peers-first: the peers' limit is nightshift's measured peak; give --limits (or --unlimited)"
+        )
     if args.width > 1 and not shares and args.batch_share is None:
         raise SystemExit("--shares '' measures only the batched pair: give its budget with --batch-share")
     for index, share in enumerate(shares):
@@ -301,25 +353,39 @@ def main() -> None:
                "threads": args.threads, "width": 1}  # fmt: skip
         order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
         limit, first = (limits[index] if limits else None), {}
-        for engine in [nightshift, *order]:
-            trace = args.traces / f"{engine.name}-{share:g}.jsonl" if args.traces and engine.name in TRACED else None
-            own = {"budget": AUTO_BUDGET} if engine is nightshift and args.auto else {}
-            figures = measure(engine, {**job, "trace": trace and str(trace), **own}, share, limit, catalogue, load)
-            if own and (said := auto_cache(figures)):
-                print(said)
-            if engine is nightshift:
-                first = figures
-                limit = figures["group_peak_bytes"] if not (args.unlimited or limits) else limit
+        ratios: dict[str, list[float | None]] = {peer.name: [] for peer in order}
+        for pair in range(args.alternate):
+            sequence = pair_order(nightshift, order, pair, args.peers_first)
+            label = "peers first" if sequence[0] is not nightshift else "nightshift first"
+            done = {}
+            for engine in sequence:
+                trace = None
+                if args.traces and engine.name in TRACED:  # the first pair's named as before, later ones numbered
+                    trace = args.traces / f"{engine.name}-{share:g}{f'-{pair + 1}' if pair else ''}.jsonl"
+                own = {"budget": AUTO_BUDGET} if engine is nightshift and args.auto else {}
+                paired = {"trace": trace and str(trace), "pair": pair + 1, "order": label, **own}
+                done[engine.name] = figures = measure(engine, {**job, **paired}, share, limit, catalogue)
+                if own and (said := auto_cache(figures)):
+                    print(said)
+                if engine is nightshift and not first:
+                    first = figures
+                    limit = figures["group_peak_bytes"] if not (args.unlimited or limits) else limit
+            for peer in order:
+                ratios[peer.name].append(speed_ratio(done["nightshift"], done[peer.name]))
+                if args.alternate > 1:
+                    said = ratios[peer.name][-1]
+                    print(f"{'':>6} pair {pair + 1} ({label}): nightshift / {peer.name} = "
+                          f"{'failed' if said is None else f'{said:.2f}x'}", flush=True)  # fmt: skip
+        for peer in order if args.alternate > 1 else []:
+            print(f"{'':>6} " + median_line(f"share {share:g}, nightshift / {peer.name}", ratios[peer.name]))
         if args.fill and limit and "error" not in first:
             grown = filled_budget(budget, limit, first["peak_rss_bytes"], int(args.fill_margin_mb * 1e6), total)
             if grown > budget:
                 print(f"{'':>6} fill: nightshift's cache {budget / 1e6:.1f} -> {grown / 1e6:.1f} MB in the same limit")
-                measure(
-                    nightshift, {**job, "budget": grown, "trace": None, "fill": True}, share, limit, catalogue, load
-                )
+                measure(nightshift, {**job, "budget": grown, "trace": None, "fill": True}, share, limit, catalogue)
         for settings in args.variant if limit else []:
             print(f"{'':>6} variant: nightshift with {settings}")
-            measure(nightshift, {**job, "trace": None, "settings": settings}, share, limit, catalogue, load)
+            measure(nightshift, {**job, "trace": None, "settings": settings}, share, limit, catalogue)
     if args.width > 1:  # the batched pair: nightshift's width against nunspark's batched decode, at the middle budget
         share = args.batch_share if args.batch_share is not None else shares[len(shares) // 2]
         if args.chats:
@@ -331,7 +397,7 @@ def main() -> None:
                "threads": args.threads, "width": args.width}  # fmt: skip
         limit = None
         for engine in [nightshift, *(p for p in peers if p.name == "nunspark")]:
-            figures = measure(engine, job, share, limit, catalogue, load)
+            figures = measure(engine, job, share, limit, catalogue)
             limit = figures["group_peak_bytes"] if engine is nightshift and not args.unlimited else limit
     print(f"recorded in {catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")
 

@@ -1,6 +1,7 @@
 """bench/streaming_peers.py and bench/peer_traces.py: the prompts every engine gets, a missing peer named with the
-command that builds it, both trace formats replayed alike; end to end on a tiny qwen3_moe with nightshift and every
-peer whose venv is built (slow; root for the memory cgroups)."""
+command that builds it, both trace formats replayed alike, alternated pairs and their median, CPU seconds a token;
+end to end on a tiny qwen3_moe with nightshift and every peer whose venv is built (slow; root for the memory
+cgroups)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, pe
         assert other.verdict == "measured" or other.note
     assert ours.verdict == "measured" and len(ours.figures["tokens"][0]) == 3 and ours.figures["decode_tok_s"] > 0
     assert ours.figures["group_peak_bytes"] > 0 and 0 <= ours.figures["hit_rate"] <= 1
+    assert ours.figures["cpu_s"] > ours.figures["decode_cpu_s"] > 0 and ours.figures["cpu_s_per_token"] > 0
     assert (tmp_path / "traces" / "nightshift-0.5.jsonl").read_text().count("\n") >= 3
     ftllm = [r for r in runs if r.config["engine"] == "ftllm"]
     if "skipped: ftllm" in done.stdout:
@@ -115,10 +117,53 @@ def test_streaming_peers_end_to_end_records_every_engine_it_can_run(tmp_path, pe
 
 def test_rates_count_every_prompt_of_a_batch_whatever_their_lengths():
     figures = {"tokens": [[1, 2, 3], [4, 5, 6]], "prompt_s": 2.0, "decode_s": 4.0, "prompt_read_bytes": 10**6,
-               "decode_read_bytes": 8 * 10**6}  # fmt: skip
+               "decode_read_bytes": 8 * 10**6, "cpu_s": 12.0, "decode_cpu_s": 6.0}  # fmt: skip
     r = peers.rates(figures, prompt_tokens=30 + 10)
     assert r["prompt_tok_s"] == 20.0 and r["decode_tok_s"] == 1.0 and r["aggregate_tok_s"] == 1.0
     assert r["decode_read_mb_per_token"] == 2.0 and r["prompt_read_mb"] == 1.0
+    assert r["cpu_s_per_token"] == 2.0 and r["decode_cpu_s_per_token"] == 1.5  # every token made; the decode's
+
+
+def test_pairs_alternate_their_order_and_peers_first_starts_the_other_way(tmp_path):
+    ours, a, b = (peers.Engine(name, Path(sys.executable), tmp_path) for name in ("nightshift", "nunspark", "ftllm"))
+    orders = [[e.name for e in peers.pair_order(ours, [a, b], pair, peers_first=False)] for pair in range(3)]
+    assert orders == [["nightshift", "nunspark", "ftllm"], ["nunspark", "ftllm", "nightshift"], orders[0]]
+    assert peers.pair_order(ours, [a, b], 0, peers_first=True) == [a, b, ours]
+    assert peers.pair_order(ours, [a, b], 1, peers_first=True) == [ours, a, b]
+
+
+def test_a_pairs_ratio_is_the_decode_rates_and_a_failed_side_gives_none_not_a_figure():
+    assert peers.speed_ratio({"decode_tok_s": 3.0}, {"decode_tok_s": 2.0}) == 1.5
+    assert peers.speed_ratio({"decode_tok_s": 3.0}, {"error": "killed at the memory limit"}) is None
+    assert peers.speed_ratio({"error": "exit 1"}, {"decode_tok_s": 2.0}) is None
+
+
+def test_the_median_counts_the_pairs_that_finished_and_names_the_rest():
+    line = peers.median_line("share 0.25", [1.0, None, 1.2, 0.9])
+    assert line == "share 0.25: median 1.00x over 3 pairs (1.00, failed, 1.20, 0.90)"
+    assert "no pair finished" in peers.median_line("share 0.1", [None])
+
+
+def test_peers_first_without_a_known_limit_is_refused(monkeypatch, tmp_path, peer_store):
+    argv = ["streaming_peers", str(peer_store), "--peers-first", "--catalogue", str(tmp_path / "runs.sqlite")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match="give --limits"):
+        peers.main()
+
+
+def test_a_side_counts_its_decodes_cpu_seconds_from_the_first_token_to_the_last(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(REPO / "bench" / "peers"))
+    import side  # the sides' own helper, imported by path as each side does
+
+    clock = side.Clock()
+    clock.token()
+    deadline = side.cpu_seconds() + 0.05
+    while side.cpu_seconds() < deadline:  # burn CPU: a condition, not a sleep
+        pass
+    clock.token()
+    side.report(clock, [[1, 2]], {})
+    said = json.loads(capsys.readouterr().out)
+    assert said["decode_cpu_s"] >= 0.05 and said["tokens"] == [[1, 2]]
 
 
 @pytest.mark.slow
