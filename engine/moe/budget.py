@@ -199,14 +199,19 @@ def trunk_bytes(trunk: Path) -> tuple[int, int]:
     projection stored narrower (a tied bf16 embedding under float32 activations, as in the Mixtral bench export) is
     multiplied as a copy in the activations' dtype, held while a pass is in flight, so always while decoding: 113 MB
     on that export, counted with the file."""
-    return trunk.stat().st_size + head_copy_bytes(trunk), _activation_bytes(read_header(trunk))
+    entries = read_header(trunk)
+    return trunk.stat().st_size + _head_copy(entries), _activation_bytes(entries)
 
 
 def head_copy_bytes(trunk: Path) -> int:
     """The copy of the output projection a pass multiplies where it is stored narrower than the activations
     (`trunk_bytes`), 0 where none is made: made and freed every step, so MLX's buffer cache must hold it
     (`cap_buffer_cache`)."""
-    entries = read_header(trunk)
+    return _head_copy(read_header(trunk))
+
+
+def _head_copy(entries: list[TensorEntry]) -> int:
+    """`head_copy_bytes` of a trunk whose header holds `entries`."""
     width = _activation_bytes(entries)
     heads = [e for e in entries if e.name.endswith("lm_head.weight")]
     heads = heads or [e for e in entries if e.name.endswith("embed_tokens.weight")]  # tied: the embedding
