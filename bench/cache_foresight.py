@@ -51,6 +51,8 @@ class Foreseeing(ExpertCache[None]):
         super().__init__(budget, LRFU)
         self.foreseen: dict[Key, int] = {}
 
+    _victim = ExpertCache._least_scored
+
     def _score(self, key: Key) -> float:
         position = self.foreseen.get(key)
         return super()._score(key) if position is None else FORESEEN - position
@@ -134,6 +136,8 @@ class Learned(ExpertCache[None]):
         if self.weights is not None:
             self.logit[layer] = features @ self.weights
         return features
+
+    _victim = ExpertCache._least_scored
 
     def _score(self, key: Key) -> float:
         return float(self.logit[key[0]][key[1]]) if self.weights is not None else super()._score(key)

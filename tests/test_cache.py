@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from nightshift.engine.moe.cache import LRFU_DECAY, ExpertCache
 from nightshift.engine.moe.settings import FREQUENCY, LRFU, LRU_ADMIT, S3FIFO
 
@@ -79,18 +81,18 @@ def test_resize_evicts_down_to_the_new_budget_in_policy_order():
 class EveryResidentScored(ExpertCache):
     """The victim as the policy defines it: every resident scored at each eviction, ties to the least recent."""
 
-    def _victim(self):
-        return min(self._items, key=self._score)
+    _victim = ExpertCache._least_scored
 
 
-def test_frequency_and_lrfu_evict_as_when_every_resident_is_scored_at_each_eviction():
-    """The scores kept from one victim to the next (while no lookup changes them) pick the victims scoring every
-    resident would: over random layer calls, puts with and without a warm start, drops, resizes and a prior."""
+@pytest.mark.parametrize("layers", [4, 30])
+def test_frequency_and_lrfu_evict_as_when_every_resident_is_scored_at_each_eviction(layers):
+    """The per-layer heaps of ranks pick the victims scoring every resident would: over random layer calls (the
+    layers' clocks apart), puts with and without a warm start, drops, resizes, a prior and frequency's decays."""
     rng = random.Random(5)
     for policy in (FREQUENCY, LRFU):
         kept, scored = ExpertCache(60, policy), EveryResidentScored(60, policy)
         for step in range(3000):
-            layer = rng.randrange(4)
+            layer = rng.randrange(layers)
             experts = sorted(rng.sample(range(12), rng.randint(1, 5)))
             shares = [rng.choice([0.25, 0.5, 1.0]) for _ in experts]
             caches = (kept, scored)
