@@ -7,7 +7,7 @@ import random
 import pytest
 
 from nightshift.engine.moe.cache import LRFU_DECAY, ExpertCache
-from nightshift.engine.moe.settings import FREQUENCY, LRFU, LRU_ADMIT, S3FIFO
+from nightshift.engine.moe.settings import FREQUENCY, FREQUENCY_OPEN, LRFU, LRU_ADMIT, S3FIFO
 
 
 def test_lru_evicts_the_least_recently_used_within_budget():
@@ -89,7 +89,7 @@ def test_frequency_and_lrfu_evict_as_when_every_resident_is_scored_at_each_evict
     """The per-layer heaps of ranks pick the victims scoring every resident would: over random layer calls (the
     layers' clocks apart), puts with and without a warm start, drops, resizes, a prior and frequency's decays."""
     rng = random.Random(5)
-    for policy in (FREQUENCY, LRFU):
+    for policy in (FREQUENCY, FREQUENCY_OPEN, LRFU):
         kept, scored = ExpertCache(60, policy), EveryResidentScored(60, policy)
         for step in range(3000):
             layer = rng.randrange(layers)

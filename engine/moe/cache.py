@@ -81,6 +81,11 @@ class ExpertCache(Generic[V]):
         self._touches = 0  # when each resident was last put or hit: `_items`' order
 
     @property
+    def ranks(self) -> bool:
+        """Whether the policy evicts the lowest score (frequency, frequency-open, lrfu): residents are ranked."""
+        return self.policy not in (LRU, LRU_ADMIT, S3FIFO)
+
+    @property
     def admits_all(self) -> bool:
         return self.policy not in (FREQUENCY, LRU_ADMIT, LRFU)
 
@@ -230,7 +235,7 @@ class ExpertCache(Generic[V]):
     def _rank(self, key: Key) -> None:
         """Rank a resident just put or hit (it moved to the end of `_items`) for the victim search; no-op for the
         policies that do not rank."""
-        if self.policy not in (FREQUENCY, LRFU):
+        if not self.ranks:
             return
         self._touches += 1
         self._ranks[key] = rank = (self._stored(key), self._touches)
@@ -241,7 +246,7 @@ class ExpertCache(Generic[V]):
 
     def _rerank(self) -> None:
         """Every resident ranked afresh (counts changed wholesale: a decay, a prior), the heaps rebuilt."""
-        if self.policy not in (FREQUENCY, LRFU):
+        if not self.ranks:
             return
         self._ranks = {key: (self._stored(key), touched) for key, (_, touched) in self._ranks.items()}
         self._heaps = {}
