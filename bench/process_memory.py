@@ -1,6 +1,6 @@
 """nightshift's own memory beside its experts, part by part (issue [22]): where a streamed process's RSS goes.
 
-    .venv/bin/python -m bench.process_memory STORE [--budget 47M] [--prompt-tokens 64] [--tokens 8] [--mlx-cache MIB]
+    .venv/bin/python -m bench.process_memory STORE [--budget 47M | --in-ram] [--prompt-tokens 64] [--tokens 8] [--mlx-cache MIB]
 
 At a "same total memory" comparison every byte the process holds that is not an expert is a byte a page-cache
 peer spends on experts, so this takes one process through its stages and prints, at each, the resident set
@@ -22,8 +22,10 @@ process into parts:
   decoding is split as the kernel counts it: anonymous memory and file pages (the shared libraries' code and data
   the process touched: MLX, Python, the tokenizer's and numpy's libraries), RssAnon and RssFile on Linux.
 
-`--mlx-cache` sets MLX's buffer cache limit after the store is opened (the engine's own is engine/moe/reader.py
-`RECYCLE_BYTES`), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults
+`--in-ram` opens the store with every expert held in RAM (`open_model` without streaming) instead of streamed.
+`--mlx-cache` sets MLX's buffer cache limit after the store is opened (the limit the open set is printed: the
+engine's is engine/moe/load.py `cap_buffer_cache_for`, at least engine/moe/reader.py `RECYCLE_BYTES` where the
+reader maps expert tensors), for side-by-side runs of its cost: the decode's time a token, its CPU time and page faults
 (minor; from getrusage) and its tokens are printed with the parts, and what a decode step copies a token (the
 model's `Instruments`): experts copied into a stack with others, float32 copies of 16-bit expert weights.
 
@@ -38,6 +40,7 @@ import json
 import resource
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 MB = 1 << 20
@@ -92,6 +95,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("store", type=Path, help="a store directory (nightshift model import)")
     parser.add_argument("--budget", default="0", help="expert cache: auto, 0 or a size such as 47M (0)")
+    parser.add_argument("--in-ram", action="store_true", help="every expert held in RAM, not streamed (no --budget)")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (64)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens decoded (8)")
     parser.add_argument(
@@ -102,6 +106,7 @@ def main() -> int:
         action="store_true",
         help="a prompt pass's 16-bit experts stacked and run in one call, as before they ran as they land (the A/B)",
     )
+    parser.add_argument("--note", default="", help="the run's note in the catalogue (which code an A/B side ran)")
     args = parser.parse_args()
     stages = {"python": status("VmRSS")}
 
@@ -121,7 +126,10 @@ def main() -> int:
     except NightshiftError as exc:
         parser.error(str(exc))
     instruments = Instruments()
-    model = open_model(args.store, stream=StreamSettings(cache_bytes=budget), instruments=instruments)
+    stream = None if args.in_ram else StreamSettings(cache_bytes=budget)
+    model = open_model(args.store, stream=stream, instruments=instruments)
+    open_limit = mx.set_cache_limit(1 << 62)  # read back (a limit raised releases nothing), then set again
+    mx.set_cache_limit(open_limit)
     if args.stacked_prompt:
         stacked_prompts(model.model)
     if args.mlx_cache is not None:
@@ -136,11 +144,15 @@ def main() -> int:
     prompt_peak_rss = status("VmHWM")
     mx.reset_peak_memory()
     counted, usage, began = instruments.counts(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    tokens = [chunk.token for chunk in model.generate_tokens([prompt[-1]], max_tokens=args.tokens)]
+    tokens, by_token = [], [usage.ru_minflt]  # page faults (minor) after each token: the first ones differ
+    for chunk in model.generate_tokens([prompt[-1]], max_tokens=args.tokens):
+        tokens.append(chunk.token)
+        by_token.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
     decode_s = time.perf_counter() - began
     copies = {k: (v - counted[k]) / len(tokens) for k, v in instruments.counts().items()}
     after = resource.getrusage(resource.RUSAGE_SELF)
     faults = after.ru_minflt - usage.ru_minflt
+    faults_by_token = [b - a for a, b in pairwise(by_token)]
     cpu_s = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
     figures = model.figures(settled=True)
     stages["decoded"], decode_peak, active = status("VmRSS"), mx.get_peak_memory(), mx.get_active_memory()
@@ -162,7 +174,9 @@ def main() -> int:
         "prompt transient": max(prefill_peak - prefill_active, 0),
     }
     prompt_parts["the rest"] = max(prompt_peak_rss - sum(prompt_parts.values()) - stages["imports"], 0)
-    print(f"{args.store.name}: budget {args.budget}, {args.prompt_tokens}-token prompt, {args.tokens} tokens")
+    held = "every expert in RAM" if args.in_ram else f"budget {args.budget}"
+    print(f"{args.store.name}: {held}, {args.prompt_tokens}-token prompt, {args.tokens} tokens; MLX's buffer cache "
+          f"limit after open {open_limit / MB:.0f} MiB")  # fmt: skip
     print("RSS at each stage (MB): " + ", ".join(f"{k} {v / MB:.0f}" for k, v in stages.items()))
     print(f"MLX (MB): after open {trunk / MB:.0f}, prefill peak {prefill_peak / MB:.0f}, "
           f"decode peak {decode_peak / MB:.0f}, active at the end {active / MB:.0f}")  # fmt: skip
@@ -172,6 +186,7 @@ def main() -> int:
           "interpreter: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in prompt_parts.items()) + " MB")  # fmt: skip
     print(f"decode: {len(tokens)} tokens in {decode_s:.2f} s ({len(tokens) / decode_s:.3f} tok/s), "
           f"CPU {cpu_s / len(tokens):.3f} s a token, {faults / len(tokens):.0f} page faults a token; tokens {tokens}")  # fmt: skip
+    print(f"page faults token by token: {faults_by_token}")
     print(f"a decode step's copies a token: {copies['stacked_experts']:.0f} experts stacked, "
           f"{copies['float32_copy_bytes'] / MB:.0f} MB of float32 copies of 16-bit experts")  # fmt: skip
     print(f"expert cache: {figures.cache_used / MB:.0f} MB held of a {figures.cache_budget / MB:.0f} MB budget")
@@ -190,18 +205,27 @@ def main() -> int:
                               "decode_peak": round(decode_peak / MB, 1), "active_end": round(active / MB, 1)},
                    "mlx_cache_mb": round(mlx_cache / MB, 1), "prefill_s": round(prefill_s, 3), "first_token": first.token,
                    "decode_s": round(decode_s, 3), "tok_s": round(len(tokens) / decode_s, 4), "tokens": tokens,
-                   "faults_per_token": round(faults / len(tokens)),
+                   "faults_per_token": round(faults / len(tokens)), "faults_by_token": faults_by_token,
                    "cpu_s_per_token": round(cpu_s / len(tokens), 4),
                    "stacked_experts_per_token": round(copies["stacked_experts"], 1),
                    "float32_copy_mb_per_token": round(copies["float32_copy_bytes"] / MB, 1),
                    "prompt_peak_rss_mb": round(prompt_peak_rss / MB, 1),
                    "prompt_parts_mb": {k: round(v / MB, 1) for k, v in prompt_parts.items()},
                    "malloc": {k: v if k == "mappings" else round(v / MB, 1) for k, v in malloc.items()},
-                   "heavy_imports": heavy, "rss_kinds_mb": {k: round(v / MB, 1) for k, v in kinds.items()}, "cache_budget_mb": round(figures.cache_budget / MB, 1)}  # fmt: skip
-    config = {"store": str(args.store), "budget": args.budget, "prompt_tokens": args.prompt_tokens,
+                   "heavy_imports": heavy, "rss_kinds_mb": {k: round(v / MB, 1) for k, v in kinds.items()}, "cache_budget_mb": round(figures.cache_budget / MB, 1),
+                   "mlx_cache_limit_mb": round(open_limit / MB, 1)}  # fmt: skip
+    config = {"store": str(args.store), "budget": "in RAM" if args.in_ram else args.budget, "prompt_tokens": args.prompt_tokens,
               "tokens": args.tokens, "stacked_prompt": args.stacked_prompt, "mlx_cache_mib": args.mlx_cache}  # fmt: skip
     run_id = Catalogue(catalogue_file()).record(
-        Run("process-memory", args.store.name, config, figures_out, "pass", command="python " + " ".join(sys.argv))
+        Run(
+            "process-memory",
+            args.store.name,
+            config,
+            figures_out,
+            "pass",
+            command=f"{sys.executable} " + " ".join(sys.argv),
+            note=args.note,
+        )
     )
     print(json.dumps(figures_out))
     print(f"recorded as run {run_id} in {catalogue_file()}")

@@ -47,7 +47,7 @@ from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.models import get_classes
-from nightshift.engine.moe.load import load_streaming
+from nightshift.engine.moe.load import cap_buffer_cache_for, load_streaming
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import counted_prefill, prefill
@@ -323,5 +323,11 @@ def open_model(
     `drafter`: a small model directory sharing the tokenizer, held in RAM, for speculative decoding.
     `stage`: this process is one rank of a pipeline over several hosts (engine/distributed).
     `instruments`: a benchmark's counters and hooks (engine/instruments/probes.py), kept by this model alone.
-    `float32_prefill`: read prompts through float32 BLAS on 16-bit checkpoints too (faster; not mlx-lm's tokens)."""
-    return Model(path, stream, drives, ceilings, drafter, stage, instruments, float32_prefill)
+    `float32_prefill`: read prompts through float32 BLAS on 16-bit checkpoints too (faster; not mlx-lm's tokens).
+
+    A store held in RAM caps MLX's buffer cache as the streamed open does (`cap_buffer_cache_for`). Its drafter
+    (opened by `Model`) does not: it would cut the cap the model beside it set for its own steps."""
+    model = Model(path, stream, drives, ceilings, drafter, stage, instruments, float32_prefill)
+    if stream is None and is_store(model.path):
+        cap_buffer_cache_for(model.path)
+    return model

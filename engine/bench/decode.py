@@ -41,7 +41,7 @@ from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.direct import aligned_buffer, open_direct
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.figures import StreamFigures
-from nightshift.engine.moe.load import load_streaming, with_drives
+from nightshift.engine.moe.load import cap_buffer_cache_for, load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.store.families import module_at, switch_sites
@@ -225,6 +225,7 @@ def in_ram_decode(store: Path, tokens: int, at_first_token: Callable[[], None] |
     so the tokens compared are those of one model, not of two summation orders that part at a near-tie.
     """
     resident, _ = load_store(Path(store))
+    cap_buffer_cache_for(Path(store))  # as the in-RAM open: its head's wider copy is not faulted in every step
     instruments = Instruments()
     for site in switch_sites(resident):
         use_gemm_prefill(module_at(resident, site.path), instruments)

@@ -24,7 +24,7 @@ from nightshift.engine.bench.decode import counters_of, drives_of, measure_bandw
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.figures import PrefillReads
-from nightshift.engine.moe.load import load_streaming, with_drives
+from nightshift.engine.moe.load import cap_buffer_cache_for, load_streaming, with_drives
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import counted_prefill, prefill
@@ -100,6 +100,7 @@ def prefill_bench(
         )
     if compute_floor:
         resident, _ = load_store(Path(store))
+        cap_buffer_cache_for(Path(store))  # as the in-RAM open
         in_ram, in_ram_first, _ = timed_prefill(resident, prompt, chunk, None)
         del resident
         roofline = max(disk_floor, in_ram)

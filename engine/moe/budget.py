@@ -235,7 +235,10 @@ def top_k(config: dict) -> int | None:
 def working_set_bytes(manifest: Manifest, rows: int = PREFILL_ROWS) -> int:
     """What one call of the largest layer holds besides the cache: every expert it selects as read, and once more
     as the copy its compute makes (a stack, or a float32 copy of a 16-bit expert: 2x), so 3x those experts; a pass
-    of `rows` rows selects at most `rows` x top k of them, a decode step its top k and the next layer's read ahead."""
+    of `rows` rows selects at most `rows` x top k of them, a decode step its top k and the next layer's read ahead;
+    0 for a store without routed experts (a drafter cut without them)."""
+    if not manifest.layers:
+        return 0
     k = top_k(manifest.config)
     largest = max(manifest.layers, key=lambda layer: layer.file_bytes * layer.num_experts)
     selected = largest.num_experts if k is None else min(largest.num_experts, max(rows * k, 2 * k))

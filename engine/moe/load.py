@@ -47,6 +47,22 @@ def cap_buffer_cache(limit: int, step_copy: int) -> None:
     mx.set_cache_limit(min(previous, limit) + step_copy)
 
 
+def cap_buffer_cache_for(store: Path, manifest: Manifest | None = None) -> None:
+    """`cap_buffer_cache` for a model of `store`, streamed or held in RAM: its largest layer's working set
+    (`working_set_bytes`) plus the head's wider copy (`head_copy_bytes`). `manifest`: the store's as opened (a
+    pipeline rank's share), else read.
+
+    In RAM a layer's call holds no read experts, only its compute's copy: the float32 copy of a 16-bit stack, twice
+    the layer's expert bytes, within the working set's three times every expert a 2048-row pass can select. The head
+    copy is the same as streamed, made and freed every step: at MLX's 32 MB CPU default the in-RAM moe128-mixtral
+    mapped and faulted its 113 MB anew every token (27 650 page faults a token; docs/runs/inram-head.csv). Bounded:
+    MLX keeps no more freed buffers than this (a GPU's default is its memory limit); the prompt pass's fill it first,
+    which raised that model's peak RSS in RAM from 546 to 639 MB.
+    """
+    manifest = manifest or read_manifest(store)
+    cap_buffer_cache(working_set_bytes(manifest), head_copy_bytes(store / manifest.trunk["file"]))
+
+
 def load_streaming(
     store: Path,
     settings: StreamSettings | None = None,
@@ -74,7 +90,7 @@ def load_streaming(
     drives_in_use = len(settings.use_drives or manifest.drives)
     threads = (settings.demand_threads + settings.prefetch_threads) * drives_in_use
     budget = size_budget(settings.cache_bytes, manifest, store, threads, settings.context_tokens)
-    cap_buffer_cache(working_set_bytes(manifest), head_copy_bytes(trunk_path))
+    cap_buffer_cache_for(store, manifest)
     weights = {e.name: read_tensor(e) for e in read_header(trunk_path) if stage is None or stage.keeps(e.name)}
     model = build_model(manifest.config)
     if stage is not None:
