@@ -72,8 +72,8 @@ class ExpertCache(Generic[V]):
         self._turns: dict[Key, int] = {}
         # frequency / LRFU: each resident's rank in its layer (its stored count, then its place in `_items`' order)
         # and a heap of ranks per layer, stale entries skipped: a victim is the least of one heap top a layer, not a
-        # score computed for each resident (re-scoring ~1 100 residents after each layer's lookups cost 0.5 ms a
-        # put, 30 ms of a 200 ms token on moe128-mixtral at 25 %). Within a layer the order by stored count is the
+        # score computed for each resident (re-scoring ~1 100 residents after each layer's lookups took 11 % of the
+        # decode thread's samples on moe128-mixtral at 25 %; docs/results.md, session 11). Within a layer the order by stored count is the
         # order by score: an LRFU score is the stored count less the layer's clock, the same for all its experts.
         self._ranks: dict[Key, tuple[float, int]] = {}
         self._heaps: dict[int, list[tuple[float, int, Key]]] = {}
