@@ -9,10 +9,10 @@ dtype), and its `as_linear` multiplies a copy cast once at load. The cast is exa
 MLX's promotion runs, so the logits are mlx-lm's bit for bit (tests/test_wide_head.py).
 
 Found from the model, not by family: an `nn.Embedding` of the config's vocabulary whose rows no other module's 2-D
-weight outside the numbered layers has, so no separate output projection exists and the head is the embedding (another table, a longcat
-n-gram embedding say, is not a head). The activations' dtype is taken to be
-the model's widest float parameter, as engine/moe/budget.py `trunk_bytes` takes it; where the step's activations
-turn out narrower, `as_linear` multiplies the stored weight as mlx-lm does (the copy is then held for nothing).
+weight outside the numbered layers has, so there is no output projection of its own and the head is the embedding
+(another table, a longcat n-gram embedding say, is not a head). The activations' dtype is taken to be the model's
+widest float parameter, as engine/moe/budget.py `trunk_bytes` takes it; where a step's activations turn out
+narrower, `as_linear` multiplies the stored weight as mlx-lm does (the copy is then held for nothing).
 """
 
 from __future__ import annotations
