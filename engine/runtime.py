@@ -52,6 +52,7 @@ from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.prefill import counted_prefill, prefill
 from nightshift.engine.speculative import Pair, check_depth, check_pair, default_depth, speculative_tokens
+from nightshift.engine.store.head import vocab_size
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import is_store
 from nightshift.engine.store.share import StoreShare
@@ -100,7 +101,7 @@ class Model:
             use_gemm_prefill(self.model, instruments, float32_prefill)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFormatError(f"the model at {self.path} cannot be loaded: {exc}") from exc
-        self.vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
+        self.vocab_size = vocab_size(config)
         if drafter is not None:
             self.drafter = Model(drafter)
             check_pair(

@@ -26,11 +26,11 @@ from nightshift.engine.moe.budget import (
     Memory,
     Pressure,
     cgroup_memory,
-    head_copy_bytes,
     kv_cache_bytes,
     margin_for,
     memory_now,
     size_budget,
+    step_copy_bytes,
     trunk_bytes,
     working_set_bytes,
 )
@@ -206,23 +206,27 @@ def test_inside_a_limit_auto_keeps_a_small_margin_and_the_kv_cache_of_the_run_it
 
 
 def test_an_output_projection_narrower_than_the_activations_is_reserved_as_its_wider_copy(tmp_path):
-    """A tied bf16 embedding beside float32 norms: the activations are float32, the head multiplies a float32 copy."""
+    """A bf16 head beside float32 norms: the activations are float32, the head multiplies a float32 copy, held by the
+    model where the head is the tied embedding (engine/store/head.py), made by every step where it is its own."""
     import mlx.core as mx
 
     trunk = tmp_path / "trunk.safetensors"
     tensors = {"model.embed_tokens.weight": mx.zeros((1000, 64), mx.bfloat16), "model.norm.weight": mx.ones(64)}
     mx.save_safetensors(str(trunk), tensors)
     assert trunk_bytes(trunk) == (trunk.stat().st_size + 1000 * 64 * 4, 4)
-    assert head_copy_bytes(trunk) == 1000 * 64 * 4
+    assert step_copy_bytes(trunk) == 0  # tied: held, not made per step
+    mx.save_safetensors(str(trunk), {**tensors, "lm_head.weight": mx.zeros((1000, 64), mx.bfloat16)})
+    assert trunk_bytes(trunk) == (trunk.stat().st_size + 1000 * 64 * 4, 4)  # its own head's copy, not the embedding's
+    assert step_copy_bytes(trunk) == 1000 * 64 * 4
     mx.save_safetensors(str(trunk), {**tensors, "model.norm.weight": mx.ones(64, mx.bfloat16)})
     assert trunk_bytes(trunk) == (trunk.stat().st_size, 2)  # all bf16: bf16 activations, no copy
-    assert head_copy_bytes(trunk) == 0
+    assert step_copy_bytes(trunk) == 0
 
 
 def test_the_buffer_cache_holds_the_working_set_and_a_step_copy_beside_it():
-    """The head's wider copy is made and freed every step: MLX's buffer cache holds it beside the working set (or
-    the lower limit the process set), or each step maps and faults it anew (27 700 page faults a token on
-    moe128-mixtral's 113 MB float32 copy of its tied bf16 head)."""
+    """An untied head's wider copy is made and freed every step: MLX's buffer cache holds it beside the working set
+    (or the lower limit the process set), or each step maps and faults it anew (27 700 page faults a token on
+    moe128-mixtral's 113 MB float32 copy of its tied bf16 head, before the model held that one)."""
     import mlx.core as mx
 
     previous = mx.set_cache_limit(32 * MB)
@@ -236,9 +240,10 @@ def test_the_buffer_cache_holds_the_working_set_and_a_step_copy_beside_it():
 
 
 def test_the_model_held_in_ram_caps_the_buffer_cache_to_hold_its_heads_wider_copy(stores, tmp_path):
-    """In RAM a step makes and frees the head's float32 copy as streamed: at MLX's 32 MB CPU default the in-RAM
-    moe128-mixtral faulted its 113 MB in every token (27 650 page faults a token). The open caps MLX's buffer cache
-    as the streamed open does, bounded (here below the GPU default's memory limit) and above the copy."""
+    """In RAM a step makes and frees an untied head's float32 copy as streamed: at MLX's 32 MB CPU default the in-RAM
+    moe128-mixtral faulted its 113 MB in every token (27 650 page faults a token, when its tied head's copy was made
+    per step too). The open caps MLX's buffer cache as the streamed open does, bounded (here below the GPU default's
+    memory limit) and above the copy. (A tied head's copy is held: tests/test_wide_head.py.)"""
     import shutil
 
     import mlx.core as mx
@@ -250,11 +255,11 @@ def test_the_model_held_in_ram_caps_the_buffer_cache_to_hold_its_heads_wider_cop
     tensors = mx.load(str(trunk))
     heads = [name for name in tensors if name.endswith(("lm_head.weight", "embed_tokens.weight"))]
     mx.save_safetensors(str(trunk), {**tensors, **{name: tensors[name].astype(mx.bfloat16) for name in heads}})
-    assert head_copy_bytes(trunk) > 0  # float32 norms beside it: float32 activations, a float32 copy of the head
+    assert step_copy_bytes(trunk) > 0  # float32 norms beside it: float32 activations, a float32 copy of the head
     default = mx.set_cache_limit(1 << 40)  # as MLX's default on a GPU: its memory limit
     try:
         open_model(store)
-        assert mx.set_cache_limit(default) == working_set_bytes(manifest) + head_copy_bytes(trunk)
+        assert mx.set_cache_limit(default) == working_set_bytes(manifest) + step_copy_bytes(trunk)
     finally:
         mx.set_cache_limit(default)
 

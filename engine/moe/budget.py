@@ -7,9 +7,10 @@
 available: psutil's available RAM (what can be had without swapping, page cache included), or, where the process's
 memory cgroup or one above it has a lower limit (a container, a `bench peer` run), that limit less the group's
 usage plus its inactive page cache, as container runtimes count it.
-trunk: the store's trunk file (resident), and the copy of the output projection a pass multiplies where the
-activations are wider than it (`trunk_bytes`). KV cache: every layer's keys and values for the run's context, prompt
-and answer (`context_tokens`, in mlx-lm's steps of `KV_STEP` tokens) where the caller knows it, else for
+trunk: the store's trunk file (resident), and the copy of the output projection in the activations' dtype where
+it is stored narrower (`trunk_bytes`): held by the model for a tied head, made by every pass for an untied one.
+KV cache: every layer's keys and values for the run's context, prompt and answer (`context_tokens`, in mlx-lm's
+steps of `KV_STEP` tokens) where the caller knows it, else for
 `CONTEXT_TOKENS` (the service, batches); in the trunk's widest float dtype, a bound of the activations' (the
 Mixtral bench export's bf16 weights with float32 norms keep float32 keys). Read buffers: one per reader
 thread, each the largest expert file. Working set: what one layer call holds besides the cache, in the largest
@@ -196,26 +197,30 @@ def trunk_bytes(trunk: Path) -> tuple[int, int]:
     The activations are at most the trunk's widest float (4 where it holds none: quantized with float32 scales),
     and are that where a norm or gate holds it (the Mixtral bench export's float32 norms: float32 keys, checked);
     a wide tensor the activations never meet (a float32 routing bias) makes this a bound that errs high. An output
-    projection stored narrower (a tied bf16 embedding under float32 activations, as in the Mixtral bench export) is
-    multiplied as a copy in the activations' dtype, held while a pass is in flight, so always while decoding: 113 MB
-    on that export, counted with the file."""
+    projection stored narrower is multiplied as a copy in the activations' dtype, counted with the file: a tied
+    embedding's (the Mixtral bench export's bf16 one under float32 activations: 113 MB) is made at load and held
+    (engine/store/head.py), an untied head's is made by every pass, so held while one is in flight (always while
+    decoding)."""
     entries = read_header(trunk)
-    return trunk.stat().st_size + _head_copy(entries), _activation_bytes(entries)
+    return trunk.stat().st_size + _head_copy(entries)[0], _activation_bytes(entries)
 
 
-def head_copy_bytes(trunk: Path) -> int:
-    """The copy of the output projection a pass multiplies where it is stored narrower than the activations
-    (`trunk_bytes`), 0 where none is made: made and freed every step, so MLX's buffer cache must hold it
-    (`cap_buffer_cache`)."""
-    return _head_copy(read_header(trunk))
+def step_copy_bytes(trunk: Path) -> int:
+    """The copy of the output projection a pass makes and frees, where an untied head (`lm_head`) is stored
+    narrower than the activations (`trunk_bytes`); 0 where none is made, a tied head's copy being held by the model
+    (engine/store/head.py). Made every step, so MLX's buffer cache must hold it (`cap_buffer_cache`)."""
+    copy, tied = _head_copy(read_header(trunk))
+    return 0 if tied else copy
 
 
-def _head_copy(entries: list[TensorEntry]) -> int:
-    """`head_copy_bytes` of a trunk whose header holds `entries`."""
+def _head_copy(entries: list[TensorEntry]) -> tuple[int, bool]:
+    """The bytes of the output projection's copy in the activations' dtype where it is stored narrower (else 0),
+    of a trunk whose header holds `entries`, and whether the head is the tied embedding (there is no `lm_head`)."""
     width = _activation_bytes(entries)
     heads = [e for e in entries if e.name.endswith("lm_head.weight")]
-    heads = heads or [e for e in entries if e.name.endswith("embed_tokens.weight")]  # tied: the embedding
-    return sum(e.nbytes // FLOAT_BYTES[e.dtype] * width for e in heads if FLOAT_BYTES.get(e.dtype, width) < width)
+    tied = not heads
+    heads = heads or [e for e in entries if e.name.endswith("embed_tokens.weight")]
+    return sum(e.nbytes // FLOAT_BYTES[e.dtype] * width for e in heads if FLOAT_BYTES.get(e.dtype, width) < width), tied
 
 
 def _activation_bytes(entries: list[TensorEntry]) -> int:

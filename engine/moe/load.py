@@ -11,11 +11,12 @@ from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.drives import Drive
-from nightshift.engine.moe.budget import head_copy_bytes, size_budget, working_set_bytes
+from nightshift.engine.moe.budget import size_budget, step_copy_bytes, working_set_bytes
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.moe.stream import ExpertStream
 from nightshift.engine.moe.streaming import install
 from nightshift.engine.store.families import build_model, quantize_as_stored
+from nightshift.engine.store.head import hold_wide_heads
 from nightshift.engine.store.manifest import Manifest, read_manifest
 from nightshift.engine.store.safetensors_io import read_header, read_tensor
 from nightshift.engine.store.share import StoreShare
@@ -35,13 +36,14 @@ def with_drives(manifest: Manifest, drives: list[Drive] | None) -> Manifest:
 
 def cap_buffer_cache(limit: int, step_copy: int) -> None:
     """Hold MLX's cache of freed buffers to `limit` bytes, or to the lower limit the process already set, plus
-    `step_copy`: a buffer every step makes and frees (`head_copy_bytes`: the output projection's wider copy).
+    `step_copy`: a buffer every step makes and frees (`step_copy_bytes`: an untied head's wider copy).
 
     On a GPU MLX keeps freed buffers for reuse up to its memory limit by default (most of the machine's RAM),
     blind to the expert budget and to a memory cgroup, so experts read and let go would stay held; what it
     reuses is one call's buffers, which the budget reserves as the working set. (On CPU its default is 32 MB.)
     A step's buffer larger than the cache is mapped and faulted anew each step: the float32 copy of a tied bf16
-    LM head (113 MB on moe128-mixtral) cost 27 700 page faults a token (docs/runs/decode-cpu.csv).
+    LM head (113 MB on moe128-mixtral), before the model held it (engine/store/head.py), cost 27 700 page faults a
+    token (docs/runs/decode-cpu.csv).
     """
     previous = mx.set_cache_limit(limit)
     mx.set_cache_limit(min(previous, limit) + step_copy)
@@ -49,18 +51,15 @@ def cap_buffer_cache(limit: int, step_copy: int) -> None:
 
 def cap_buffer_cache_for(store: Path, manifest: Manifest | None = None) -> None:
     """`cap_buffer_cache` for a model of `store`, streamed or held in RAM: its largest layer's working set
-    (`working_set_bytes`) plus the head's wider copy (`head_copy_bytes`). `manifest`: the store's as opened (a
-    pipeline rank's share), else read.
+    (`working_set_bytes`) plus an untied head's wider copy (`step_copy_bytes`; a tied head's is held, not made per
+    step). `manifest`: the store's as opened (a pipeline rank's share), else read.
 
     In RAM a layer's call holds no read experts, only its compute's copy: the float32 copy of a 16-bit stack, twice
-    the layer's expert bytes, within the working set's three times every expert a 2048-row pass can select. The head
-    copy is the same as streamed, made and freed every step: at MLX's 32 MB CPU default the in-RAM moe128-mixtral
-    mapped and faulted its 113 MB anew every token (27 650 page faults a token; docs/runs/inram-head.csv). Bounded:
-    MLX keeps no more freed buffers than this (a GPU's default is its memory limit); the prompt pass's fill it first,
-    which raised that model's peak RSS in RAM from 546 to 639 MB.
+    the layer's expert bytes, within the working set's three times every expert a 2048-row pass can select. Bounded:
+    MLX keeps no more freed buffers than this (a GPU's default is its memory limit); the prompt pass's fill it first.
     """
     manifest = manifest or read_manifest(store)
-    cap_buffer_cache(working_set_bytes(manifest), head_copy_bytes(store / manifest.trunk["file"]))
+    cap_buffer_cache(working_set_bytes(manifest), step_copy_bytes(store / manifest.trunk["file"]))
 
 
 def load_streaming(
@@ -107,4 +106,5 @@ def load_streaming(
         stream.close()
         raise ModelFormatError(f"the store at {store} does not match its model: {exc}") from exc
     mx.eval(model.parameters())
+    hold_wide_heads(model, manifest.config)
     return model, manifest.config, stream

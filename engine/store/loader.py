@@ -17,6 +17,7 @@ import numpy as np
 from nightshift.engine.errors import ModelFormatError
 from nightshift.engine.store.drafter import drop_routed_experts, routed_dropped
 from nightshift.engine.store.families import build_model, quantize_as_stored
+from nightshift.engine.store.head import hold_wide_heads
 from nightshift.engine.store.manifest import Manifest, MoeLayer, read_manifest, sha256_bytes
 from nightshift.engine.store.safetensors_io import DTYPES, read_header, read_tensor
 
@@ -79,4 +80,5 @@ def load_store(store: Path) -> tuple[nn.Module, dict]:
     except ValueError as exc:
         raise ModelFormatError(f"the store at {store} does not match its model: {exc}") from exc
     mx.eval(model.parameters())
+    hold_wide_heads(model, manifest.config)
     return model, manifest.config
