@@ -1,12 +1,12 @@
 """What the expert cache holds in RAM per expert, measured: MLX's active memory and the process's RSS after
-filling an `ExpertCache` with experts decoded as the reader decodes them, beside what the cache counts.
+filling layer slabs with experts decoded as the reader decodes them, beside what the cache counts.
 
     .venv/bin/python -m bench.cache_held STORE [--experts 3000]
 
-The store's expert files, layer by layer (round again with new copies if it has fewer), each read whole, copied
-out of an aligned buffer by `decode`, viewed in their dtypes (`as_stored`) and kept under its own key, counted by
-`held_bytes`. Prints one JSON line; run it in a fresh process (its RSS grows by what it keeps).
-tests/test_cache_memory.py runs it on padded stores.
+The store's expert files, layer by layer (round again under new expert numbers if it has fewer), each read whole,
+copied out of an aligned buffer by `decode` and put in its layer's slab (engine/moe/slab.py) as the engine keeps
+an expert it reads, counted by `held_bytes`. Prints one JSON line; run it in a fresh process (its RSS grows by
+what it keeps). tests/test_cache_memory.py runs it on padded stores.
 """
 
 from __future__ import annotations
@@ -19,33 +19,35 @@ import mlx.core as mx
 import psutil
 
 import nightshift.engine  # noqa: F401  (before mlx.core: its BLAS first)
-from nightshift.engine.moe.cache import ExpertCache
+from nightshift.engine.io.arenas import trim_heap
 from nightshift.engine.moe.held import held_bytes
-from nightshift.engine.moe.reads import as_stored, decode
+from nightshift.engine.moe.reads import decode
+from nightshift.engine.moe.slab import Slabs
 from nightshift.engine.store.manifest import read_manifest
 
 
 def fill(store: Path, experts: int) -> dict:
-    """Fill a cache with `experts` decoded experts of `store`; what it counted, and the memory they took."""
+    """Fill the slabs with `experts` decoded experts of `store`; what the cache counts, and the memory they took."""
     manifest = read_manifest(store)
     specs = [(spec, e) for spec in manifest.layers for e in range(spec.num_experts)]
     buffer = bytearray(max(spec.file_bytes for spec in manifest.layers))
-    cache: ExpertCache[dict] = ExpertCache(1 << 62)
+    slabs = Slabs(manifest.layers)
     mx.eval(mx.zeros(1))
     rss, active = psutil.Process().memory_info().rss, mx.get_active_memory()
-    counted_files = tensor_bytes = tensors = 0
+    counted = counted_files = tensor_bytes = 0
     for n in range(experts):
         spec, expert = specs[n % len(specs)]
         with open(manifest.replica_paths(spec.layer, expert)[0][1], "rb") as f:
             f.readinto(memoryview(buffer)[: spec.file_bytes])
-        held = as_stored(decode(buffer, spec), spec)
-        mx.eval(held)
-        cache.put((n, expert), held, held_bytes(spec))
+        slabs.layers[spec.layer].put(n, decode(buffer, spec))
+        counted += held_bytes(spec)
         counted_files += spec.file_bytes
         tensor_bytes += sum(slot.nbytes for slot in spec.tensors)
-        tensors += len(spec.tensors)
-    return {"experts": len(cache), "counted": cache.used, "file_bytes": counted_files, "tensor_bytes": tensor_bytes,
-            "tensors": tensors, "active": mx.get_active_memory() - active,
+    mx.clear_cache()  # the arrays each expert was decoded into, and slabs outgrown: freed, held for reuse by MLX,
+    trim_heap()  # and by the heap (as the engine gives RAM back: `Residency.give_back`)
+    return {"experts": sum(len(slab.rows) for slab in slabs.layers.values()), "counted": counted,
+            "file_bytes": counted_files, "tensor_bytes": tensor_bytes, "slab_bytes": slabs.nbytes(),
+            "active": mx.get_active_memory() - active,
             "rss": psutil.Process().memory_info().rss - rss}  # fmt: skip
 
 

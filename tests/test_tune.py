@@ -91,7 +91,8 @@ def test_the_cache_policy_record_counts_the_bytes_the_cache_holds(mixtral_store)
     figure its "holds every expert" is decided by: a budget of exactly that replays no eviction."""
     manifest = read_manifest(mixtral_store)
     every = held_expert_bytes(manifest)
-    assert every != manifest.expert_bytes  # tensors and their overhead, not the 4 KiB-aligned files
+    # the tensors' bytes (a slab row each), not the 4 KiB-aligned files
+    assert every == sum(sum(slot.nbytes for slot in spec.tensors) * spec.num_experts for spec in manifest.layers)
     layer = manifest.layers[0]
     calls = [Call(layer.layer, (expert,), 1) for expert in [0, 1, 2, 0, 3, 1, 0, 2] * 4]
     record, chosen = policy_record(calls, manifest, every, LRFU)

@@ -34,7 +34,7 @@ import heapq
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from nightshift.engine.moe.settings import FREQUENCY, LRFU, LRU, LRU_ADMIT, S3FIFO
@@ -50,9 +50,11 @@ LRFU_DECAY = 0.1  # LRFU: a score's halvings per call of its layer (half-life 10
 class ExpertCache(Generic[V]):
     """Experts kept in RAM within `budget` bytes; hits and misses counted; thread-safe."""
 
-    def __init__(self, budget_bytes: int, policy: str = LRU):
+    def __init__(self, budget_bytes: int, policy: str = LRU, on_evict: Callable[[Key], None] | None = None):
+        """`on_evict(key)`: told of each key the cache lets go (where its value is held elsewhere: the slabs)."""
         self.budget = budget_bytes
         self.policy = policy
+        self.on_evict = on_evict
         self.used = 0
         self.hits = 0
         self.misses = 0
@@ -197,6 +199,8 @@ class ExpertCache(Generic[V]):
         self._main.pop(key, None)
         self._turns.pop(key, None)
         self._warm.discard(key)
+        if self.on_evict is not None:
+            self.on_evict(key)
 
     def _admits(self, key: Key, victim: Key) -> bool:
         """Whether newcomer `key` may take `victim`'s place. Under `lrfu` it must lead by at least one call's

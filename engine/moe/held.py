@@ -1,9 +1,10 @@
 """What an expert takes in RAM once read: what the expert cache, its budget and its simulators count.
 
-The reader copies each tensor out of the 4 KiB-aligned read buffer (engine/moe/reads.py `decode`), so the file's
-padding is not kept: a cached expert holds its tensors' bytes, and per tensor an MLX array and the allocation
-around it. Counting the file instead (18.5 % over the tensors' bytes on moe128-mixtral's bf16 experts, 58 % on its
-4-bit copy) left 11 % and 26 % of the budget unused (docs/results.md, "The expert cache counts what it holds").
+The cache holds an expert's tensors as one row of its layer's slab (engine/moe/slab.py), copied out of the 4 KiB-
+aligned read buffer, so neither the file's padding nor an MLX array per tensor is kept: its tensors' bytes. Counting
+the file instead (18.5 % over the tensors' bytes on moe128-mixtral's bf16 experts, 58 % on its 4-bit copy) left 11 %
+and 26 % of the budget unused (docs/results.md, "The expert cache counts what it holds"); held as arrays of their
+own, the experts took ~0.7 KB more a tensor (9 an expert on the 4-bit copy).
 """
 
 from __future__ import annotations
@@ -12,18 +13,9 @@ from collections.abc import Iterable
 
 from nightshift.engine.store.manifest import Manifest, MoeLayer
 
-# RSS per cached expert less its tensors' bytes, per tensor, measured on Linux (`bench.cache_held`): 781-821 B on
-# moe128-mixtral's bf16 experts (3 tensors of 13.8 KB), 702-722 B on its 4-bit copy (9 of 2.3-9.2 KB).
-TENSOR_OVERHEAD = 768
-
 
 def held_bytes(layer: MoeLayer) -> int:
-    """What one expert of `layer` holds in RAM once read: its tensors' bytes and each tensor's overhead."""
-    return tensor_bytes(layer) + TENSOR_OVERHEAD * len(layer.tensors)
-
-
-def tensor_bytes(layer: MoeLayer) -> int:
-    """One expert of `layer`'s tensors' bytes: what MLX counts of it (its active memory)."""
+    """What one expert of `layer` holds in RAM once read: its tensors' bytes (a row of the layer's slab)."""
     return sum(slot.nbytes for slot in layer.tensors)
 
 

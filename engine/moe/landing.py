@@ -7,26 +7,32 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+import numpy as np
+
 from nightshift.engine.instruments.trace import CACHE, ExpertRead, PassTrace
-from nightshift.engine.moe.held import held_bytes
 from nightshift.engine.moe.reads import LoadedExpert, Tensors, as_stored
 from nightshift.engine.store.manifest import MoeLayer
 
 
 @dataclass
 class Landing:
-    """One pass's experts as they come: `found` holds the cached ones, then each read as it lands.
+    """One pass's experts as they come: `found` holds the cached ones (their rows in `slab`, the layer's slab as it
+    was at the lookup: a later put may make the slab anew, never write these rows), then each read as it lands.
 
     With a `landed` callback the experts run the moment they are here, timed into the trace, while the other
-    reads are still in flight (the overlap): the cached ones handed over together, then each read as it lands;
-    without one, the pass only waits and the layer runs them stacked.
+    reads are still in flight (the overlap): the cached ones handed over together, then each read as it lands,
+    each time as `landed(places, stack, index)`: their places in `unique`, a stack holding them (the slab, or a
+    read expert as a stack of one) and each one's index in it. Without one, the pass only waits and the layer
+    runs them `stacked`.
     """
 
     record: PassTrace
     unique: list[int]  # the pass's experts, sorted; `landed` is told their places in this list
-    found: dict[int, Tensors]
+    found: dict[int, Tensors | int]  # an expert's tensors as read, or a cached one's row in `slab`
+    slab: Tensors
     spec: MoeLayer
-    landed: Callable[[list[int], list[Tensors]], None] | None
+    landed: Callable[[list[int], Tensors, list[int]], None] | None
     missing: list[int] = field(init=False)  # not cached: read from the drives, in `unique` order
     loaded: list[LoadedExpert] = field(default_factory=list)  # the reads of `missing`, once all have landed
     start: float = 0.0  # when the wait began (perf_counter)
@@ -47,14 +53,13 @@ class Landing:
         self.found[self.missing[i]] = as_stored(loaded.tensors, self.spec)
         self._run([self.missing[i]], still_reading)
 
-    def read(self) -> list[tuple[int, Tensors, int]]:
-        """(expert, tensors in their stored dtypes, bytes held) of every read expert, once all have landed (those not
-        run as they landed are viewed in their dtypes here)."""
+    def read(self) -> list[tuple[int, Tensors]]:
+        """(expert, tensors as read) of every read expert, once all have landed (those not run as they landed are
+        viewed in their dtypes into `found` here)."""
         for expert, loaded in zip(self.missing, self.loaded):
             if expert not in self.found:
                 self.found[expert] = as_stored(loaded.tensors, self.spec)
-        held = held_bytes(self.spec)
-        return [(expert, self.found[expert], held) for expert in self.missing[: len(self.loaded)]]
+        return [(expert, loaded.tensors) for expert, loaded in zip(self.missing, self.loaded)]
 
     def traced(self) -> PassTrace:
         """The pass's trace record with its reads, in demand order, then its cache hits."""
@@ -62,8 +67,28 @@ class Landing:
         self.record.reads += [ExpertRead(e, CACHE) for e in self.unique if e not in self.missing]
         return self.record
 
+    def stacked(self) -> tuple[Tensors, np.ndarray]:
+        """Every expert of the pass in one stack (the cached ones gathered from the slab, then the read ones), and
+        the index in it of each expert in `unique` order."""
+        cached = [e for e in self.unique if isinstance(self.found[e], int)]
+        parts = []
+        if cached:
+            rows = mx.array(np.array([self.found[e] for e in cached], dtype=np.uint32))
+            parts.append({name: t[rows] for name, t in self.slab.items()})
+        if self.missing:
+            names = [slot.name for slot in self.spec.tensors]
+            parts.append({name: mx.stack([self.found[e][name] for e in self.missing]) for name in names})
+        stack = parts[0] if len(parts) == 1 else {name: mx.concatenate([p[name] for p in parts]) for name in parts[0]}
+        index = np.empty(len(self.unique), dtype=np.uint32)
+        index[[self._place[e] for e in cached + self.missing]] = np.arange(len(self.unique))
+        return stack, index
+
     def _run(self, experts: list[int], still_reading: int) -> None:
         began = time.perf_counter()
-        self.landed([self._place[e] for e in experts], [self.found[e] for e in experts])
+        places = [self._place[e] for e in experts]
+        if not isinstance(self.found[experts[0]], int):  # one read expert, as it landed
+            self.landed(places, {name: t[None] for name, t in self.found[experts[0]].items()}, [0])
+        else:
+            self.landed(places, self.slab, [self.found[e] for e in experts])
         self.record.expert_s += time.perf_counter() - began
         self.record.overlapped += len(experts) * (still_reading > 0)

@@ -1,13 +1,14 @@
 """What a stream holds in RAM: the expert cache, layers stacked as in RAM, the warm start; RAM given back.
 
+The cached experts' tensors are held in one slab a layer (engine/moe/slab.py), the cache deciding which.
 When the cache's budget holds every expert of the model, a layer whose experts have all been read is made
-resident: its experts are stacked once (as the model held in RAM has them) and its calls skip the stream's
+resident: its slab is put in expert order (as the model held in RAM stacks them) and its calls skip the stream's
 reads, running the family's switch on the stack with the router's own indices, as in RAM; their lookups are
 counted as cache hits afterwards (`count_resident`), from the indices once evaluated, so nothing waits on them.
 With `warm_start`, the cache is filled from the store's routing profile at open in the background
 (engine/moe/warm.py), each expert kept at the next layer call (`take_warm`), and its counts start from it.
 An auto budget is checked against the RAM available now and then (`budget.Pressure`); when another process
-takes RAM, resident layers are unstacked and the cache evicts down to what is left (`give_back`). Inside a memory
+takes RAM, resident layers are let go of and the cache evicts down to what is left (`give_back`). Inside a memory
 cgroup's limit it may also grow, into what the model measurably leaves of the limit (`held`: MLX's memory less the
 cache's tensors), so an auto cache sized at 0 there is still made.
 """
@@ -24,9 +25,10 @@ from nightshift.engine.io.arenas import trim_heap
 from nightshift.engine.moe.budget import Budget, Pressure, working_set_bytes
 from nightshift.engine.moe.cache import ExpertCache
 from nightshift.engine.moe.figures import Tally
-from nightshift.engine.moe.held import held_sizes, tensor_bytes
+from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.moe.reader import ExpertReader
-from nightshift.engine.moe.reads import Tensors, as_stored
+from nightshift.engine.moe.reads import Tensors
+from nightshift.engine.moe.slab import Slabs
 from nightshift.engine.moe.warm import RoutingProfile, WarmFill
 
 RESIDENT_BACKLOG, RESIDENT_KEEP = 1024, 64  # resident calls held before counting; the newest left to evaluate
@@ -47,38 +49,44 @@ class Residency:
         self.reader = reader
         self.tally = tally
         grows = budget.auto and budget.limited  # inside a cgroup limit an auto budget may grow from 0
-        self.cache: ExpertCache[Tensors | None] | None = (
-            ExpertCache(budget.bytes, reader.settings.cache_policy) if budget.bytes or grows else None
+        self.slabs = Slabs(list(reader.layers.values()))
+        self.cache: ExpertCache[None] | None = (
+            ExpertCache(budget.bytes, reader.settings.cache_policy, self.slabs.drop) if budget.bytes or grows else None
         )
         grower = {"held": self.held, "working_set": partial(working_set_bytes, reader.manifest)}
         self.pressure = Pressure(budget, **grower) if budget.auto and (budget.bytes or grows) else None
         self.sizes = held_sizes(reader.layers.values())  # what the cache counts per expert: its RAM, not its file
-        self.tensor_sizes = {spec.layer: tensor_bytes(spec) for spec in reader.layers.values()}
-        self.stacks: dict[int, Tensors] = {}  # resident layers: every expert stacked, as in RAM
+        self.stacks: dict[int, Tensors] = {}  # resident layers: their slabs in expert order, as in RAM
         self.warm: WarmFill | None = None
         self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
         self._calls: list[tuple[int, mx.array]] = []  # resident (layer, indices) not yet counted as hits
         self._warm_taken = False  # every warm read kept: nothing left to look for
 
-    def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, Tensors]:
-        """The experts of `unique` the RAM cache holds (each lookup counts as a hit or a miss, weighed by `shares`:
-        the share of the call's rows that chose it)."""
+    def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, int]:
+        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab (each lookup counts as a
+        hit or a miss, weighed by `shares`: the share of the call's rows that chose it)."""
         if self.cache is None:
             return {}
-        return {e: t for e, t in zip(unique, self.cache.look_up(layer, unique, shares)) if t is not None}
+        self.cache.look_up(layer, unique, shares)
+        rows = self.slabs.layers[layer].rows
+        return {e: rows[e] for e in unique if e in rows}
 
     def uncached(self, layer: int, experts: list[int]) -> list[int]:
         return [e for e in experts if self.cache is None or (layer, e) not in self.cache]
 
-    def keep(self, layer: int, read: list[tuple[int, Tensors, int]]) -> None:
-        """Every read (expert, tensors, bytes) of `layer` in the cache; the layer made resident once all its experts
-        are, when the budget holds every expert."""
+    def keep(self, layer: int, read: list[tuple[int, Tensors]]) -> None:
+        """Every read (expert, tensors as read) of `layer` in the cache, if it admits it; the layer made resident
+        once all its experts are, when the budget holds every expert."""
         if self.cache is None:
             return
-        for expert, tensors, nbytes in read:
-            self.cache.put((layer, expert), tensors, nbytes)
+        for expert, raw in read:
+            self._put((layer, expert), raw)
         if read and self.cache.budget >= self.budget.expert_bytes:
             self._stack(layer)
+
+    def settle(self) -> None:
+        """A router was just read back: nothing queued reads an evicted expert's row any more (`Slabs.settle`)."""
+        self.slabs.settle()
 
     def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> Tensors | None:
         """`layer`'s stacked experts if it is resident (its call is then counted later), else None.
@@ -128,9 +136,7 @@ class Residency:
     def held(self) -> int:
         """What the model holds now besides the cache's tensors, as MLX counts it: its active memory and the freed
         buffers it keeps for reuse (a pass's transients: capped at the working set)."""
-        keys = self.cache.keys() if self.cache is not None else []
-        tensors = sum(self.tensor_sizes[layer] for layer, _ in keys)
-        return mx.get_active_memory() + mx.get_cache_memory() - tensors
+        return mx.get_active_memory() + mx.get_cache_memory() - self.slabs.held_bytes()
 
     def warm_from(self, profile: RoutingProfile) -> None:
         """Start the cache's counts from `profile` and fill it with its hottest experts in the background."""
@@ -155,8 +161,7 @@ class Residency:
         for key, future, loaded in landed:
             self.reader.settle_warm(key, future)
             self.tally.read.add(key)
-            spec = self.reader.layers[key[0]]
-            if self.cache.put(key, as_stored(loaded.tensors, spec), self.sizes[key[0]], warm=True):
+            if self._put(key, loaded.tensors, warm=True):
                 self.warm.counts.kept += 1
                 self.warm.counts.kept_bytes += self.sizes[key[0]]
                 layers.add(key[0])
@@ -169,26 +174,21 @@ class Residency:
         if self.warm is not None:
             self.warm.close()
 
+    def _put(self, key: tuple[int, int], raw: Tensors, warm: bool = False) -> bool:
+        """`key` in the cache if it admits it, its tensors (as read) in its layer's slab; True if kept."""
+        kept = self.cache.put(key, None, self.sizes[key[0]], warm=warm)
+        if kept:
+            self.slabs.layers[key[0]].put(key[1], raw)
+        return kept
+
     def _stack(self, layer: int) -> None:
-        """Stack `layer`'s experts once all are cached; the cache keeps their keys and bytes, not the copies."""
-        keys = [(layer, e) for e in range(self.reader.layers[layer].num_experts)]
-        experts = self.cache.values(keys)
-        if any(tensors is None for tensors in experts):
-            return
-        names = self.reader.layers[layer].tensors
-        stack = {slot.name: mx.stack([tensors[slot.name] for tensors in experts]) for slot in names}
-        mx.eval(stack)
-        self.stacks[layer] = stack
-        for key in keys:
-            self.cache.update(key, None)
+        """Make `layer` resident once all its experts are cached: its slab in expert order is its stack."""
+        slab = self.slabs.layers[layer]
+        if len(slab.rows) == slab.spec.num_experts:
+            self.stacks[layer] = slab.by_expert()
 
     def _unstack(self) -> None:
-        """Resident layers back to one cache entry per expert (one layer's copy in flight at a time)."""
-        for layer, stack in list(self.stacks.items()):
+        """Resident layers back to streamed ones (their experts stay in their slabs, in the cache)."""
+        for layer in list(self.stacks):
             self._holders.pop(layer, lambda: None)()
-            for expert in range(self.reader.layers[layer].num_experts):
-                tensors = {name: stacked[expert] for name, stacked in stack.items()}
-                mx.eval(tensors)
-                self.cache.update((layer, expert), tensors)
-            del self.stacks[layer], stack
-            mx.clear_cache()
+            del self.stacks[layer]

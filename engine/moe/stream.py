@@ -2,7 +2,8 @@
 
     ExpertStream.experts(layer, x, indices)          a streaming layer's call (StreamingSwitch)
       1 read back the router's choice              the MLX stall; in decode, the window a read-ahead can fill;
-                                                   Residency.give_back: an auto budget follows the RAM free
+                                                   Residency.give_back: an auto budget follows the RAM free;
+                                                   Residency.settle: evicted experts' rows free (engine/moe/slab.py)
       2 count the pass                             Tally (lookups, the prompt's needs), ReadAhead.score (recall)
       3 look up the RAM cache, demand the rest     Residency.look_up, ExpertReader.demand
       4 guess the next layer, hold the tail        ReadAhead.guess, ReadAhead.hold_tail
@@ -89,25 +90,28 @@ class ExpertStream:
         layer: int,
         x: mx.array,
         indices: mx.array,
-        landed: Callable[[list[int], list[Tensors]], None] | None = None,
-    ) -> tuple[list[int], np.ndarray, list[Tensors]]:
-        """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, their tensors).
+        landed: Callable[[list[int], Tensors, list[int]], None] | None = None,
+    ) -> tuple[list[int], np.ndarray, tuple[Tensors, np.ndarray] | None]:
+        """The experts `indices` select in `layer`: (sorted unique ids, indices on the host, and without `landed`
+        all of them in one stack with each unique id's index in it).
 
-        `landed(places, tensors)`, if given, is called as soon as experts are here (places: theirs in the sorted
-        ids): once with the cached ones, then with each read as it lands, so the caller can run them while the
-        rest are still being read.
+        `landed(places, stack, index)`, if given, is called as soon as experts are here (places: theirs in the
+        sorted ids; index: theirs in `stack`): once with the cached ones, then with each read as it lands, so the
+        caller can run them while the rest are still being read.
         """
         # The steps of the module docstring, in order.
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
         self.residency.give_back(layer, record.rows)
+        self.residency.settle()
         step = decode_step(host.shape)
         unique, counts = routed(host)
         self.tally.note(layer, unique, record.rows, counts)
         self.tally.need(layer, unique)
         self.ahead.score(layer, unique)
         cached = self.residency.look_up(layer, unique, [count / record.rows for count in counts])
-        landing = Landing(record, unique, cached, self.reader.layers[layer], landed)
+        slab = self.residency.slabs.layers[layer].tensors
+        landing = Landing(record, unique, cached, slab, self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
         self.tally.read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
         guess = self.ahead.guess(layer, x, host.shape[-1], record, step)
@@ -120,7 +124,7 @@ class ExpertStream:
         self.residency.keep(layer, landing.read())
         self.tally.call(record.rows, len(unique), record.overlapped)
         self.trace.add(landing.traced())
-        return unique, host, [landing.found[e] for e in unique]
+        return unique, host, None if landed else landing.stacked()
 
     def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> Tensors | None:
         """`layer`'s stacked experts if it is resident, else None (`Residency.resident`)."""

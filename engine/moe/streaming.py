@@ -66,10 +66,10 @@ class StreamingSwitch(nn.Module):
             return self._switch(x, indices)
         if self._stream.settings.overlap and (self.per_pair or decode_step(indices.shape)):
             return self._overlapped(x, indices)
-        unique, host, experts = self._stream.experts(self.layer_index, x, indices)
-        stacked = [(name, mx.stack([e[name] for e in experts])) for name in self.tensor_names]
-        local = mx.array(np.searchsorted(unique, host).astype(np.uint32)).astype(indices.dtype)
-        return self._run(stacked, x, local)
+        unique, host, called = self._stream.experts(self.layer_index, x, indices)
+        stack, index = called
+        local = mx.array(index[np.searchsorted(unique, host)]).astype(indices.dtype)
+        return self._run(list(stack.items()), x, local)
 
     def _release(self) -> None:
         """Let go of the resident stack (the stream unstacks the layer to give RAM back)."""
@@ -90,8 +90,9 @@ class StreamingSwitch(nn.Module):
         row's slot order.
 
         The experts' compute hides behind the reads still landing instead of following the last one. The cached
-        experts come together: those every row selected once run as one call on their stack, which the switch
-        linears spread over the CPU streams as the in-RAM call is (`_run_stacked`). One expert a call, queued on its
+        experts come together: those every row selected once run as one call on the layer's slab (their rows in
+        it, engine/moe/slab.py), which the switch linears spread over the CPU streams as the in-RAM call is
+        (`_run_stacked`). One expert a call, queued on its
         own stream, kept MLX's task window of about 20 operations full with one or two experts' chains, and the
         second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0-3.2 s stacked
         (docs/results.md, [13] cached experts in one call). 16-bit experts run alone, cached ones too: their
@@ -115,7 +116,7 @@ class StreamingSwitch(nn.Module):
         # (docs/results.md, [22] a decode step's copies).
         most = 1 if self.per_pair else max((MIN_ROWS - 1) // rows.shape[0], 1)
 
-        def run(places: list[int], tensors: list[dict[str, mx.array]]) -> None:
+        def run(places: list[int], stack: dict[str, mx.array], index: list[int]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
                 host = np.array(indices).reshape(-1)
                 picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
@@ -127,11 +128,10 @@ class StreamingSwitch(nn.Module):
                 if len(group) < 2:
                     alone += group
                 else:
-                    self._run_stacked(rows, [places[j] for j in group], [tensors[j] for j in group], dealt, blocks)
+                    self._run_stacked(rows, [places[j] for j in group], stack, [index[j] for j in group], dealt, blocks)
             for j in sorted(alone):
-                self._run_one(
-                    rows, None if once[j] else picked[places[j]], places[j], tensors[j], streams, dealt, blocks
-                )
+                picks = None if once[j] else picked[places[j]]
+                self._run_one(rows, picks, places[j], stack, index[j], streams, dealt, blocks)
 
         try:
             with rows_as_sorted(self._switch, self.per_pair and indices.size >= SORTED_PAIRS):
@@ -140,27 +140,28 @@ class StreamingSwitch(nn.Module):
             self._switch.update(self._empty)
         return in_slot_order(blocks, picked, unique, host, indices.shape)
 
-    def _set_experts(self, tensors: list[dict[str, mx.array]]) -> None:
-        """The switch's experts: `tensors` stacked, set leaf by leaf (no tree rebuilt)."""
+    def _set_stack(self, stack: dict[str, mx.array]) -> None:
+        """The switch's experts: `stack`, set leaf by leaf (no tree rebuilt)."""
         for name, (owner, leaf) in zip(self.tensor_names, self._leaves):
-            owner[leaf] = tensors[0][name][None] if len(tensors) == 1 else mx.stack([t[name] for t in tensors])
+            owner[leaf] = stack[name]
 
     def _run_stacked(
         self,
         rows: mx.array,
         places: list[int],
-        tensors: list[dict[str, mx.array]],
+        stack: dict[str, mx.array],
+        index: list[int],
         dealt: list[int],
         blocks: list[tuple[list[int], mx.array]],
     ) -> None:
-        """Experts every row selected once, in one call on their stack, queued: stacked on the current stream,
+        """Experts every row selected once (`index` theirs in `stack`), in one call, queued: on the current stream,
         the switch linears split the call over the CPU streams (`split_experts`) as the in-RAM call is. (Each
         part stacked and run whole on its own stream instead ran 0.56 of the roofline at 50 %, against 0.88.)"""
         count = len(places)
         if self._stream.instruments is not None:
             self._stream.instruments.stacked_experts += count
-        self._set_experts(tensors)
-        local = mx.broadcast_to(mx.arange(count, dtype=mx.uint32), (rows.shape[0], 1, count))
+        self._set_stack(stack)
+        local = mx.broadcast_to(mx.array(np.array(index, dtype=np.uint32)), (rows.shape[0], 1, count))
         out = self._switch(rows, local)  # (rows, 1, count, out)
         bounds = part_bounds(count, self.expert_bytes, len(dealt))
         for turn, (begin, end) in enumerate(itertools.pairwise(bounds)):
@@ -175,14 +176,15 @@ class StreamingSwitch(nn.Module):
         rows: mx.array,
         picked: np.ndarray | None,
         place: int,
-        tensors: dict[str, mx.array],
+        stack: dict[str, mx.array],
+        index: int,
         streams: list[mx.Stream],
         dealt: list[int],
         blocks: list[tuple[list[int], mx.array]],
     ) -> None:
-        """One expert on the rows that selected it (`picked`; None: every row, once), a stack of one, queued on
-        the stream with the fewest experts of the call so far (the first alone where experts are too small to pay
-        for another)."""
+        """One expert (`index` in `stack`) on the rows that selected it (`picked`; None: every row, once), queued
+        on the stream with the fewest experts of the call so far (the first alone where experts are too small to
+        pay for another)."""
         usable = dealt if worth_spreading(self.expert_bytes) else dealt[:1]
         turn = usable.index(min(usable))
         dealt[turn] += 1
@@ -190,9 +192,9 @@ class StreamingSwitch(nn.Module):
             self._stream.instruments.spread_experts += turn > 0
         with mx.stream(streams[turn]):
             mine = rows if picked is None else rows[mx.array(picked.astype(np.uint32))]
-            self._set_experts([tensors])
+            self._set_stack(stack)
             # Made on the host, not queued behind the experts already on this stream.
-            out = self._switch(mine, mx.array(np.zeros((mine.shape[0], 1, 1), dtype=np.uint32)))
+            out = self._switch(mine, mx.array(np.full((mine.shape[0], 1, 1), index, dtype=np.uint32)))
         blocks.append(([place], out))
         mx.async_eval(out)  # queued on its stream: this thread goes back to the landing reads
 
