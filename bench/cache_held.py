@@ -4,8 +4,8 @@ filling layer slabs with experts decoded as the reader decodes them, beside what
     .venv/bin/python -m bench.cache_held STORE [--experts 3000]
 
 The store's expert files, layer by layer (round again under new expert numbers if it has fewer), each read whole,
-copied out of an aligned buffer by `decode` and put in its layer's slab (engine/moe/slab.py) as the engine keeps
-an expert it reads, counted by `held_bytes`. Prints one JSON line; run it in a fresh process (its RSS grows by
+copied out of an aligned buffer by `decode` and put in a slab (engine/moe/slab.py, made for the experts kept) as
+the engine keeps an expert it reads, counted by `held_bytes`. Prints one JSON line; run it in a fresh process (its RSS grows by
 what it keeps). tests/test_cache_memory.py runs it on padded stores.
 """
 
@@ -27,11 +27,11 @@ from nightshift.engine.store.manifest import read_manifest
 
 
 def fill(store: Path, experts: int) -> dict:
-    """Fill the slabs with `experts` decoded experts of `store`; what the cache counts, and the memory they took."""
+    """Fill slabs with `experts` decoded experts of `store`; what the cache counts, and the memory they took."""
     manifest = read_manifest(store)
     specs = [(spec, e) for spec in manifest.layers for e in range(spec.num_experts)]
     buffer = bytearray(max(spec.file_bytes for spec in manifest.layers))
-    slabs = Slabs(manifest.layers)
+    slabs = Slabs(manifest.layers, lambda: experts * max(held_bytes(spec) for spec in manifest.layers))
     mx.eval(mx.zeros(1))
     rss, active = psutil.Process().memory_info().rss, mx.get_active_memory()
     counted = counted_files = tensor_bytes = 0
@@ -39,13 +39,13 @@ def fill(store: Path, experts: int) -> dict:
         spec, expert = specs[n % len(specs)]
         with open(manifest.replica_paths(spec.layer, expert)[0][1], "rb") as f:
             f.readinto(memoryview(buffer)[: spec.file_bytes])
-        slabs.layers[spec.layer].put(n, decode(buffer, spec))
+        slabs.put((spec.layer, n), decode(buffer, spec))
         counted += held_bytes(spec)
         counted_files += spec.file_bytes
         tensor_bytes += sum(slot.nbytes for slot in spec.tensors)
     mx.clear_cache()  # the arrays each expert was decoded into, and slabs outgrown: freed, held for reuse by MLX,
     trim_heap()  # and by the heap (as the engine gives RAM back: `Residency.give_back`)
-    return {"experts": sum(len(slab.rows) for slab in slabs.layers.values()), "counted": counted,
+    return {"experts": sum(len(slab.where) for slab in set(slabs.layers.values())), "counted": counted,
             "file_bytes": counted_files, "tensor_bytes": tensor_bytes, "slab_bytes": slabs.nbytes(),
             "active": mx.get_active_memory() - active,
             "rss": psutil.Process().memory_info().rss - rss}  # fmt: skip

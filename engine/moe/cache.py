@@ -167,16 +167,6 @@ class ExpertCache(Generic[V]):
                 if key in self._items:
                     self._evict(key)
 
-    def values(self, keys: list[Key]) -> list[V | None]:
-        """The values of `keys` (None where not resident), without counting a lookup."""
-        with self._lock:
-            return [item[0] if (item := self._items.get(key)) else None for key in keys]
-
-    def update(self, key: Key, value: V) -> None:
-        """Replace a resident key's value (its bytes and place in the policy unchanged)."""
-        with self._lock:
-            self._items[key] = (value, self._items[key][1])
-
     def keys(self) -> list[Key]:
         with self._lock:
             return list(self._items)

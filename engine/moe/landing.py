@@ -17,20 +17,20 @@ from nightshift.engine.store.manifest import MoeLayer
 
 @dataclass
 class Landing:
-    """One pass's experts as they come: `found` holds the cached ones (their rows in `slab`, the layer's slab as it
-    was at the lookup: a later put may make the slab anew, never write these rows), then each read as it lands.
+    """One pass's experts as they come: `found` holds the cached ones (their rows in `chunks`, the layer's slab's
+    as they were at the lookup: no later put writes these rows), then each read as it lands.
 
     With a `landed` callback the experts run the moment they are here, timed into the trace, while the other
     reads are still in flight (the overlap): the cached ones handed over together, then each read as it lands,
-    each time as `landed(places, stack, index)`: their places in `unique`, a stack holding them (the slab, or a
-    read expert as a stack of one) and each one's index in it. Without one, the pass only waits and the layer
+    each time as `landed(places, stack, index)`: their places in `unique`, a stack holding them (a chunk of the
+    slab, or a read expert as a stack of one) and each one's index in it. Without one, the pass only waits and the layer
     runs them `stacked`.
     """
 
     record: PassTrace
     unique: list[int]  # the pass's experts, sorted; `landed` is told their places in this list
-    found: dict[int, Tensors | int]  # an expert's tensors as read, or a cached one's row in `slab`
-    slab: Tensors
+    found: dict[int, Tensors | tuple[int, int]]  # an expert's tensors as read, or a cached one's (chunk, row)
+    chunks: list[Tensors]
     spec: MoeLayer
     landed: Callable[[list[int], Tensors, list[int]], None] | None
     missing: list[int] = field(init=False)  # not cached: read from the drives, in `unique` order
@@ -70,11 +70,11 @@ class Landing:
     def stacked(self) -> tuple[Tensors, np.ndarray]:
         """Every expert of the pass in one stack (the cached ones gathered from the slab, then the read ones), and
         the index in it of each expert in `unique` order."""
-        cached = [e for e in self.unique if isinstance(self.found[e], int)]
+        cached = sorted((e for e in self.unique if isinstance(self.found[e], tuple)), key=self.found.__getitem__)
         parts = []
-        if cached:
-            rows = mx.array(np.array([self.found[e] for e in cached], dtype=np.uint32))
-            parts.append({name: t[rows] for name, t in self.slab.items()})
+        for chunk, rows in self._by_chunk(cached):
+            index = mx.array(np.array(rows, dtype=np.uint32))
+            parts.append({name: t[index] for name, t in self.chunks[chunk].items()})
         if self.missing:
             names = [slot.name for slot in self.spec.tensors]
             parts.append({name: mx.stack([self.found[e][name] for e in self.missing]) for name in names})
@@ -83,12 +83,26 @@ class Landing:
         index[[self._place[e] for e in cached + self.missing]] = np.arange(len(self.unique))
         return stack, index
 
+    def _by_chunk(self, cached: list[int]) -> list[tuple[int, list[int]]]:
+        """Cached experts (sorted by their place in the slab) as (chunk, their rows in it), chunk by chunk."""
+        out: list[tuple[int, list[int]]] = []
+        for expert in cached:
+            chunk, row = self.found[expert]
+            if not out or out[-1][0] != chunk:
+                out.append((chunk, []))
+            out[-1][1].append(row)
+        return out
+
     def _run(self, experts: list[int], still_reading: int) -> None:
         began = time.perf_counter()
         places = [self._place[e] for e in experts]
-        if not isinstance(self.found[experts[0]], int):  # one read expert, as it landed
+        if not isinstance(self.found[experts[0]], tuple):  # one read expert, as it landed
             self.landed(places, {name: t[None] for name, t in self.found[experts[0]].items()}, [0])
-        else:
-            self.landed(places, self.slab, [self.found[e] for e in experts])
+        else:  # the cached ones: a call a chunk
+            order = sorted(range(len(experts)), key=lambda i: self.found[experts[i]])
+            start = 0
+            for chunk, rows in self._by_chunk([experts[i] for i in order]):
+                self.landed([places[i] for i in order[start : start + len(rows)]], self.chunks[chunk], rows)
+                start += len(rows)
         self.record.expert_s += time.perf_counter() - began
         self.record.overlapped += len(experts) * (still_reading > 0)

@@ -1,9 +1,8 @@
 """What a stream holds in RAM: the expert cache, layers stacked as in RAM, the warm start; RAM given back.
 
-The cached experts' tensors are held in one slab a layer (engine/moe/slab.py), the cache deciding which.
+The cached experts' tensors are rows of a slab (engine/moe/slab.py), the cache deciding which.
 When the cache's budget holds every expert of the model, a layer whose experts have all been read is made
-resident: its slab is put in expert order (as the model held in RAM stacks them) and its calls skip the stream's
-reads, running the family's switch on the stack with the router's own indices, as in RAM; their lookups are
+resident: the router's choice is mapped to their rows by a table, and its calls skip the stream's reads, running the family's switch on the stack with the router's own indices, as in RAM; their lookups are
 counted as cache hits afterwards (`count_resident`), from the indices once evaluated, so nothing waits on them.
 With `warm_start`, the cache is filled from the store's routing profile at open in the background
 (engine/moe/warm.py), each expert kept at the next layer call (`take_warm`), and its counts start from it.
@@ -49,27 +48,27 @@ class Residency:
         self.reader = reader
         self.tally = tally
         grows = budget.auto and budget.limited  # inside a cgroup limit an auto budget may grow from 0
-        self.slabs = Slabs(list(reader.layers.values()))
+        self.slabs = Slabs(list(reader.layers.values()), lambda: self.cache.budget)
         self.cache: ExpertCache[None] | None = (
             ExpertCache(budget.bytes, reader.settings.cache_policy, self.slabs.drop) if budget.bytes or grows else None
         )
         grower = {"held": self.held, "working_set": partial(working_set_bytes, reader.manifest)}
         self.pressure = Pressure(budget, **grower) if budget.auto and (budget.bytes or grows) else None
         self.sizes = held_sizes(reader.layers.values())  # what the cache counts per expert: its RAM, not its file
-        self.stacks: dict[int, Tensors] = {}  # resident layers: their slabs in expert order, as in RAM
+        self.stacks: dict[int, tuple[Tensors, mx.array]] = {}  # resident layers: a slab chunk, each expert's row in it
         self.warm: WarmFill | None = None
         self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
         self._calls: list[tuple[int, mx.array]] = []  # resident (layer, indices) not yet counted as hits
         self._warm_taken = False  # every warm read kept: nothing left to look for
 
-    def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, int]:
-        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab (each lookup counts as a
-        hit or a miss, weighed by `shares`: the share of the call's rows that chose it)."""
+    def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, tuple[int, int]]:
+        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab, (chunk, row) (each
+        lookup counts as a hit or a miss, weighed by `shares`: the share of the call's rows that chose it)."""
         if self.cache is None:
             return {}
         self.cache.look_up(layer, unique, shares)
-        rows = self.slabs.layers[layer].rows
-        return {e: rows[e] for e in unique if e in rows}
+        where = self.slabs.layers[layer].where
+        return {e: where[layer, e] for e in unique if (layer, e) in where}
 
     def uncached(self, layer: int, experts: list[int]) -> list[int]:
         return [e for e in experts if self.cache is None or (layer, e) not in self.cache]
@@ -88,8 +87,9 @@ class Residency:
         """A router was just read back: nothing queued reads an evicted expert's row any more (`Slabs.settle`)."""
         self.slabs.settle()
 
-    def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> Tensors | None:
-        """`layer`'s stacked experts if it is resident (its call is then counted later), else None.
+    def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> tuple[Tensors, mx.array] | None:
+        """`layer`'s experts if it is resident (its call is then counted later): the slab chunk holding them, and the
+        row of each expert in it (the router's indices mapped through it); else None.
 
         The caller may keep the stack between calls; `release()` is how it lets go when the layer stops being
         resident. Also where memory pressure and the warm start are looked at: a resident model calls nothing
@@ -178,14 +178,16 @@ class Residency:
         """`key` in the cache if it admits it, its tensors (as read) in its layer's slab; True if kept."""
         kept = self.cache.put(key, None, self.sizes[key[0]], warm=warm)
         if kept:
-            self.slabs.layers[key[0]].put(key[1], raw)
+            self.slabs.put(key, raw)
         return kept
 
     def _stack(self, layer: int) -> None:
-        """Make `layer` resident once all its experts are cached: its slab in expert order is its stack."""
+        """Make `layer` resident once all its experts are cached, in one chunk of its slab (a chunk is one call)."""
         slab = self.slabs.layers[layer]
-        if len(slab.rows) == slab.spec.num_experts:
-            self.stacks[layer] = slab.by_expert()
+        rows = [slab.where.get((layer, e)) for e in range(self.reader.layers[layer].num_experts)]
+        if all(rows) and len({chunk for chunk, _ in rows}) == 1:
+            table = mx.array(np.array([row for _, row in rows], dtype=np.uint32))
+            self.stacks[layer] = slab.chunks[rows[0][0]], table
 
     def _unstack(self) -> None:
         """Resident layers back to streamed ones (their experts stay in their slabs, in the cache)."""

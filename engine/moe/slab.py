@@ -1,21 +1,25 @@
-"""The expert cache's tensors: one layer's cached experts as the rows of one array per tensor (its slab).
+"""The expert cache's tensors: the cached experts of every layer as rows of one array per expert tensor (a slab).
 
-A decode step's cached experts then run as one call of the family's switch on the layer's slab, the router's
-choice mapped to their rows, as the model held in RAM runs a layer on its stack: no stack of them is built at
-every call (nine `mx.stack`s of 14 experts a layer call on moe128-mixtral's 4-bit copy, and an `async_eval` of
-that many operations waits for most of them to run: MLX's CPU scheduler keeps few tasks in flight), and an expert
-costs its tensors' bytes, not an MLX array and its allocation per tensor (~0.7 KB each, 9 an expert on that copy).
-A layer whose every expert is cached is ordered by expert (`by_expert`), and its slab is the resident stack.
+A decode step's cached experts then run as one call of the family's switch on the slab, the router's choice mapped
+to their rows, as the model held in RAM runs a layer on its stack: no stack of them is built at every call (nine
+`mx.stack`s of 14 experts a layer call on moe128-mixtral's 4-bit copy, and an `async_eval` of that many operations
+waits for most of them to run: MLX's CPU scheduler keeps few tasks in flight), and an expert costs its tensors'
+bytes, not an MLX array and its allocation per tensor (~0.7 KB each, 9 an expert on that copy). Layers whose
+experts have one layout (names, shapes and dtypes: every layer of most models) share a slab, so an expert evicted
+from one layer leaves its row to a read of any other, and the slab never has to grow or shrink with the mix of
+layers the cache holds: it is made at the cache's budget (and a little more, `spare`) with the first expert kept,
+and grows by a chunk, another array, only when the budget does (a chunk's rows are a call of their own).
 
 Rows are written in place, through a NumPy view of the slab's memory (MLX exposes its buffers), and only where
 nothing queued can still read them: an evicted expert's row is retired, and freed at `settle`, which the stream
 calls right after a layer's router is read back: every computation queued before has run by then (the router's
-input is the previous layer's output). A full slab grows by an eighth (at least `GROW` rows) into new arrays
-(whatever is queued keeps reading the old ones) and is packed into smaller ones when more than twice that are
-free. Everything here runs on the thread that runs the layers.
+input is the previous layer's output). When the budget falls, the last chunk's experts move there into free rows of
+the others as soon as they fit, and the chunk is let go of. Everything here runs on the thread that runs the layers.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -25,105 +29,129 @@ from nightshift.engine.moe.reads import Tensors
 from nightshift.engine.store.manifest import MoeLayer
 from nightshift.engine.store.safetensors_io import DTYPES
 
-GROW = 4  # the fewest rows a full slab grows by
+Key = tuple[int, int]  # (layer, expert)
+Row = tuple[int, int]  # (chunk, row in it)
+FEWEST_ROWS = 16  # the smallest chunk made
 
 
-def headroom(rows: int) -> int:
-    """Rows a slab of `rows` grows by when full; more than twice as many free and it is packed."""
-    return max(GROW, rows // 8)
+def spare(rows: int) -> int:
+    """Rows made beyond the budget's `rows`: room for the reads a call keeps while its evictions' rows are retired."""
+    return max(FEWEST_ROWS, rows // 32)
 
 
-class LayerSlab:
-    """One layer's cached experts, each a row of one array per expert tensor."""
+class Slab:
+    """The cached experts of the layers sharing one layout, each a row of a chunk: one array per expert tensor."""
 
-    def __init__(self, spec: MoeLayer):
+    def __init__(self, spec: MoeLayer, experts: int):
+        """`spec`: any of the layers' (their tensors are laid out alike); `experts`: theirs all told (the most rows)."""
         self.spec = spec
-        self.rows: dict[int, int] = {}  # expert -> its row
-        self.tensors: Tensors = {}  # the rows as the switch reads them: in the store's dtypes
-        self.capacity = 0
-        self._raw: list[np.ndarray] = []  # the same memory as unsigned integers, writable (one per tensor)
-        self._free: list[int] = []
-        self._retired: list[int] = []  # rows of experts evicted since the last `settle`: a queued call may read them
+        self.experts = experts
+        self.where: dict[Key, Row] = {}
+        self.chunks: list[Tensors] = []  # the rows as the switch reads them: in the store's dtypes
+        self._raw: list[list[np.ndarray]] = []  # the same memory as unsigned integers, writable, a list a chunk
+        self._free: list[Row] = []
+        self._retired: list[Row] = []  # rows of experts evicted since the last `settle`: a queued call may read them
+        self._live: list[int] = []  # experts held, a chunk
 
     @property
     def row_bytes(self) -> int:
         return held_bytes(self.spec)
 
-    def put(self, expert: int, raw: Tensors) -> None:
-        """Copy `raw` (the expert's tensors as unsigned integers, as the reader decodes them) into a free row."""
-        if not self._free:
-            self._remake(self.capacity + headroom(self.capacity), list(range(self.capacity)))
-        row = self._free.pop()
-        for view, slot in zip(self._raw, self.spec.tensors):
-            view[row] = np.asarray(raw[slot.name])
-        self.rows[expert] = row
+    @property
+    def rows(self) -> int:
+        return sum(len(raw[0]) for raw in self._raw)
 
-    def drop(self, expert: int) -> None:
-        """`expert` left the cache: its row is free from the next `settle` on."""
-        self._retired.append(self.rows.pop(expert))
+    def put(self, key: Key, raw: Tensors, budget_rows: int) -> None:
+        """Copy `raw` (the expert's tensors as unsigned integers, as the reader decodes them) into a free row; with
+        none, a new chunk of the rows `budget_rows` asks for beyond those made (and `spare`)."""
+        if not self._free:
+            wanted = max(budget_rows - self.rows, 0) + spare(budget_rows)
+            self._add_chunk(max(FEWEST_ROWS, min(wanted, self.experts - self.rows + spare(budget_rows))))
+        chunk, row = self._free.pop()
+        for view, slot in zip(self._raw[chunk], self.spec.tensors):
+            view[row] = np.asarray(raw[slot.name])
+        self.where[key] = (chunk, row)
+        self._live[chunk] += 1
+
+    def drop(self, key: Key) -> None:
+        """`key` left the cache: its row is free from the next `settle` on."""
+        self._retired.append(self.where.pop(key))
+        self._live[self._retired[-1][0]] -= 1
 
     def settle(self) -> None:
-        """Nothing queued reads the retired rows any more: free them, and pack the slab if it holds few experts."""
+        """Nothing queued reads the retired rows any more: free them; let go of the last chunk once what it holds
+        fits in the others' free rows (moved there)."""
         self._free += self._retired
         self._retired = []
-        if len(self._free) > 2 * headroom(self.capacity):
-            self._remake(len(self.rows) + headroom(len(self.rows)), sorted(self.rows.values()))
+        while self.chunks:
+            last = len(self.chunks) - 1
+            elsewhere = [(chunk, row) for chunk, row in self._free if chunk != last]
+            if self._live[last] > len(elsewhere) or (last == 0 and self._live[0]):
+                return
+            for key in [key for key, (chunk, _) in self.where.items() if chunk == last]:
+                chunk, row = elsewhere.pop()
+                old = self.where[key][1]
+                for view, moved in zip(self._raw[chunk], self._raw[last]):
+                    view[row] = moved[old]
+                self.where[key] = (chunk, row)
+                self._live[chunk] += 1
+            self._free = elsewhere
+            del self.chunks[last], self._raw[last], self._live[last]
 
-    def by_expert(self) -> Tensors:
-        """Every expert of the layer cached: its rows put in expert order, so that the slab is the layer's stack."""
-        order = sorted(self.rows)
-        assert order == list(range(self.spec.num_experts)), "a layer is stacked only with every expert cached"
-        if self.capacity != len(order) or any(self.rows[e] != e for e in order):
-            self._remake(len(order), [self.rows[e] for e in order])
-        return self.tensors
-
-    def expert(self, expert: int) -> Tensors:
+    def expert(self, key: Key) -> Tensors:
         """One cached expert's tensors as a stack of one (views of its row)."""
-        row = self.rows[expert]
-        return {name: t[row : row + 1] for name, t in self.tensors.items()}
+        chunk, row = self.where[key]
+        return {name: t[row : row + 1] for name, t in self.chunks[chunk].items()}
 
-    def _remake(self, capacity: int, kept: list[int]) -> None:
-        """New arrays of `capacity` rows, the old rows `kept` copied into the first ones in that order (a row
-        not kept is dropped; a retired row kept stays retired); whatever is queued reads the old arrays."""
+    def _add_chunk(self, rows: int) -> None:
         raw, tensors = [], {}
-        for i, slot in enumerate(self.spec.tensors):
+        for slot in self.spec.tensors:
             dtype, itemsize = DTYPES[slot.dtype]
-            array = mx.zeros((capacity, *slot.shape), dtype=getattr(mx, f"uint{8 * itemsize}"))
+            array = mx.zeros((rows, *slot.shape), dtype=getattr(mx, f"uint{8 * itemsize}"))
             mx.eval(array)
             raw.append(np.asarray(array))
-            if kept:
-                raw[-1][: len(kept)] = self._raw[i][kept]
             tensors[slot.name] = array if array.dtype == dtype else array.view(dtype)
         mx.eval(tensors)
-        place = {row: i for i, row in enumerate(kept)}
-        self.rows = {expert: place[row] for expert, row in self.rows.items()}
-        self._retired = [place[row] for row in self._retired if row in place]
-        self._free = [place[row] for row in self._free if row in place] + list(range(capacity - 1, len(kept) - 1, -1))
-        self._raw, self.tensors, self.capacity = raw, tensors, capacity
+        self.chunks.append(tensors)
+        self._raw.append(raw)
+        self._live.append(0)
+        self._free += [(len(self.chunks) - 1, row) for row in reversed(range(rows))]  # popped lowest first
 
 
 class Slabs:
-    """Every streamed layer's slab (`LayerSlab`), and the layers with rows to free at the next `settle`."""
+    """Every streamed layer's slab (one a layout), sized from the cache's budget (`budget()`, bytes)."""
 
-    def __init__(self, specs: list[MoeLayer]):
-        self.layers = {spec.layer: LayerSlab(spec) for spec in specs}
-        self._retiring: set[int] = set()
+    def __init__(self, specs: list[MoeLayer], budget: Callable[[], int]):
+        layouts: dict[tuple, list[MoeLayer]] = {}
+        for spec in specs:
+            layouts.setdefault(tuple((t.name, t.dtype, tuple(t.shape)) for t in spec.tensors), []).append(spec)
+        self.layers: dict[int, Slab] = {}
+        for group in layouts.values():
+            slab = Slab(group[0], sum(spec.num_experts for spec in group))
+            self.layers.update((spec.layer, slab) for spec in group)
+        self._budget = budget
+        self._retiring: set[Slab] = set()
 
-    def drop(self, key: tuple[int, int]) -> None:
+    def put(self, key: Key, raw: Tensors) -> None:
+        """`key`'s tensors as read, into its layer's slab."""
+        slab = self.layers[key[0]]
+        slab.put(key, raw, self._budget() // slab.row_bytes)
+
+    def drop(self, key: Key) -> None:
         """The cache evicted `key`: retire its row (the cache's eviction callback)."""
-        self.layers[key[0]].drop(key[1])
-        self._retiring.add(key[0])
+        self.layers[key[0]].drop(key)
+        self._retiring.add(self.layers[key[0]])
 
     def settle(self) -> None:
         """Free the retired rows (called once nothing queued can read them: a router just read back)."""
-        for layer in self._retiring:
-            self.layers[layer].settle()
+        for slab in self._retiring:
+            slab.settle()
         self._retiring = set()
 
     def nbytes(self) -> int:
         """The slabs' memory, free rows included."""
-        return sum(slab.capacity * slab.row_bytes for slab in self.layers.values())
+        return sum(slab.rows * slab.row_bytes for slab in set(self.layers.values()))
 
     def held_bytes(self) -> int:
         """The bytes of the cached experts' rows."""
-        return sum(len(slab.rows) * slab.row_bytes for slab in self.layers.values())
+        return sum(len(slab.where) * slab.row_bytes for slab in set(self.layers.values()))

@@ -33,6 +33,7 @@ import numpy as np
 
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.instruments.trace import PassTrace, Trace
+from nightshift.engine.io.arenas import trim_heap
 from nightshift.engine.io.ceilings import Ceilings
 from nightshift.engine.io.counters import DriveReadCounters
 from nightshift.engine.moe.budget import Budget
@@ -110,8 +111,8 @@ class ExpertStream:
         self.tally.need(layer, unique)
         self.ahead.score(layer, unique)
         cached = self.residency.look_up(layer, unique, [count / record.rows for count in counts])
-        slab = self.residency.slabs.layers[layer].tensors
-        landing = Landing(record, unique, cached, slab, self.reader.layers[layer], landed)
+        chunks = list(self.residency.slabs.layers[layer].chunks)
+        landing = Landing(record, unique, cached, chunks, self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
         self.tally.read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
         guess = self.ahead.guess(layer, x, host.shape[-1], record, step)
@@ -126,8 +127,8 @@ class ExpertStream:
         self.trace.add(landing.traced())
         return unique, host, None if landed else landing.stacked()
 
-    def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> Tensors | None:
-        """`layer`'s stacked experts if it is resident, else None (`Residency.resident`)."""
+    def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> tuple[Tensors, mx.array] | None:
+        """`layer`'s slab chunk and its experts' rows in it if it is resident, else None (`Residency.resident`)."""
         return self.residency.resident(layer, indices, release)
 
     def begin_prefill(self) -> None:
@@ -135,6 +136,10 @@ class ExpertStream:
         self.tally.begin_prefill(self._bytes_read())
 
     def end_prefill(self) -> PrefillReads:
+        """The prompt's reads; and the heap's free pages given back: a prompt pass reads many experts, each freed
+        once run (or copied into the cache's slab), and their holes held 13 MB of RSS on moe128-mixtral's bf16
+        export after a 16-token prompt."""
+        trim_heap()
         return self.tally.end_prefill(self._bytes_read(), self.reader.layers)
 
     def open_profile(self, store: Path) -> None:

@@ -41,7 +41,7 @@ class StreamingSwitch(nn.Module):
         object.__setattr__(self, "_switch", switch)
         object.__setattr__(self, "_stream", stream)
         object.__setattr__(self, "_empty", {n: switch[n].parameters() for n in expert_projections(switch)})
-        object.__setattr__(self, "_holding", None)  # the resident stack the switch holds, if any
+        object.__setattr__(self, "_holding", None)  # the slab chunk a resident layer's switch holds, if any
         # A prompt pass's experts run as they land too, one by one, where that gives the stacked call's bits; the
         # stack and its float32 copies were what set the peak of a prompt pass on 16-bit experts.
         self.per_pair = sums_per_pair(switch, {DTYPES[slot.dtype][0] for slot in layer.tensors})
@@ -59,11 +59,12 @@ class StreamingSwitch(nn.Module):
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         resident = self._stream.resident(self.layer_index, indices, self._release)
-        if resident is not None:  # every expert of the layer in RAM, stacked: the in-RAM model's own call
-            if self._holding is not resident:  # kept in the switch from call to call (~0.2 ms a call saved)
-                self._switch.update(tree_unflatten(list(resident.items())))
-                object.__setattr__(self, "_holding", resident)
-            return self._switch(x, indices)
+        if resident is not None:  # every expert of the layer in RAM: the in-RAM model's own call, on their rows
+            chunk, rows = resident
+            if self._holding is not chunk:  # kept in the switch from call to call (~0.2 ms a call saved)
+                self._switch.update(tree_unflatten(list(chunk.items())))
+                object.__setattr__(self, "_holding", chunk)
+            return self._switch(x, rows[indices])
         if self._stream.settings.overlap and (self.per_pair or decode_step(indices.shape)):
             return self._overlapped(x, indices)
         unique, host, called = self._stream.experts(self.layer_index, x, indices)
@@ -72,7 +73,7 @@ class StreamingSwitch(nn.Module):
         return self._run(list(stack.items()), x, local)
 
     def _release(self) -> None:
-        """Let go of the resident stack (the stream unstacks the layer to give RAM back)."""
+        """Let go of the resident chunk (the layer streams again, to give RAM back)."""
         self._switch.update(self._empty)
         object.__setattr__(self, "_holding", None)
 
@@ -185,6 +186,8 @@ class StreamingSwitch(nn.Module):
         """One expert (`index` in `stack`) on the rows that selected it (`picked`; None: every row, once), queued
         on the stream with the fewest experts of the call so far (the first alone where experts are too small to
         pay for another)."""
+        if self.per_pair and next(iter(stack.values())).shape[0] > 1:  # upcast whole (`_float32_gather`): its row
+            stack, index = {name: t[index : index + 1] for name, t in stack.items()}, 0
         usable = dealt if worth_spreading(self.expert_bytes) else dealt[:1]
         turn = usable.index(min(usable))
         dealt[turn] += 1
