@@ -6,12 +6,13 @@ into one arena is not reused by the others. Measured on a store larger than RAM 
 (docs/results.md, [22], runs 11 and 12, side by side): the process's memory beside the cache grew 27 MB per token
 by default and 3.7 MB per token with two arenas, at the same speed and with the same tokens.
 
-Mappings: below glibc's mmap threshold an expert's tensors come from the heap, where an evicted expert leaves a
+Mappings: below glibc's mmap threshold an expert's tensors come from the heap, where a freed expert leaves a
 hole that the step's other allocations split, so the next expert read lands at the heap's top: the heap's free
-bytes grow with the cache's churn, and glibc's threshold itself rises (up to 32 MiB) each time a mapped chunk is
+bytes grow with the churn of reads, and glibc's threshold itself rises (up to 32 MiB) each time a mapped chunk is
 freed. With the threshold fixed at the store's expert tensors, each tensor is a mapping of its own, unmapped when
-evicted. Measured on the padded trained-routing model (docs/results.md, [22] memory section): peak RSS at a 50 %
-budget 1 163-1 181 MB by default, 1 040 with the threshold fixed, the same tokens.
+freed. Measured on the padded trained-routing model (docs/results.md, [22] memory section), when the cache still
+held each expert's tensors (it holds rows of a slab now, engine/moe/slab.py): peak RSS at a 50 % budget
+1 163-1 181 MB by default, 1 040 with the threshold fixed, the same tokens.
 
 Trimming: memory freed on the heap stays the process's (its RSS, a cgroup's usage) until glibc gives its free pages
 back, which `trim_heap` asks for when the cache has shrunk, so that what an eviction frees is seen as free.
