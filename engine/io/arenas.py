@@ -14,6 +14,9 @@ freed. Measured on the padded trained-routing model (docs/results.md, [22] memor
 held each expert's tensors (it holds rows of a slab now, engine/moe/slab.py): peak RSS at a 50 % budget
 1 163-1 181 MB by default, 1 040 with the threshold fixed, the same tokens.
 
+Pages: a slab of the expert cache is made at its budget, zero-filled by MLX; its pages are handed back at once
+(`discard_pages`), so it takes RAM as its rows are written, as a cache of separate experts did.
+
 Trimming: memory freed on the heap stays the process's (its RSS, a cgroup's usage) until glibc gives its free pages
 back, which `trim_heap` asks for when the cache has shrunk, so that what an eviction frees is seen as free.
 
@@ -24,9 +27,12 @@ other C libraries (macOS's, musl) have no such settings and are left alone.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import sys
 from collections.abc import Iterable
+
+import numpy as np
 
 M_ARENA_MAX = -8  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -34,6 +40,8 @@ ARENAS = 2
 MAP_FROM = 64 << 10  # expert tensors smaller than this stay on the heap: a mapping costs a syscall and page faults
 MAP_CEILING = 32 << 20  # glibc's largest threshold on 64-bit; larger allocations are always mapped
 _threshold: int | None = None  # the threshold set in this process (the lowest asked for)
+MADV_DONTNEED = 4  # Linux's madvise advice: the pages' contents dropped, zero-filled on the next touch
+PAGE = mmap.PAGESIZE
 
 
 def _mallopt(param: int, value: int, variable: str, tunable: str) -> bool:
@@ -62,6 +70,21 @@ def map_expert_tensors(sizes: Iterable[int]) -> int | None:
     if _mallopt(M_MMAP_THRESHOLD, wanted, "MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold"):
         _threshold = wanted
     return _threshold
+
+
+def discard_pages(buffer: np.ndarray) -> int:
+    """Hand the pages wholly inside `buffer` back to the system (madvise MADV_DONTNEED): memory made ahead of use (a
+    slab's rows, zero-filled by MLX) then takes no RSS until written, and reads as zeros. Bytes handed back; 0 where
+    not Linux (elsewhere the advice does not promise zeros: nothing is done)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    start = -(-buffer.ctypes.data // PAGE) * PAGE
+    end = (buffer.ctypes.data + buffer.nbytes) // PAGE * PAGE
+    if end <= start:
+        return 0
+    madvise = ctypes.CDLL(None).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return end - start if madvise(start, end - start, MADV_DONTNEED) == 0 else 0
 
 
 def trim_heap() -> bool:

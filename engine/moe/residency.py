@@ -134,9 +134,10 @@ class Residency:
             trim_heap()  # and so does the heap: an expert's small tensors leave holes in it
 
     def held(self) -> int:
-        """What the model holds now besides the cache's tensors, as MLX counts it: its active memory and the freed
-        buffers it keeps for reuse (a pass's transients: capped at the working set)."""
-        return mx.get_active_memory() + mx.get_cache_memory() - self.slabs.held_bytes()
+        """What the model holds now besides the cache's slabs (their free rows too: made ahead, they take no RAM
+        until written), as MLX counts it: its active memory and the freed buffers it keeps for reuse (a pass's
+        transients: capped at the working set)."""
+        return mx.get_active_memory() + mx.get_cache_memory() - self.slabs.nbytes()
 
     def warm_from(self, profile: RoutingProfile) -> None:
         """Start the cache's counts from `profile` and fill it with its hottest experts in the background."""

@@ -8,7 +8,8 @@ bytes, not an MLX array and its allocation per tensor (~0.7 KB each, 9 an expert
 experts have one layout (names, shapes and dtypes: every layer of most models) share a slab, so an expert evicted
 from one layer leaves its row to a read of any other, and the slab never has to grow or shrink with the mix of
 layers the cache holds: it is made at the cache's budget (and a little more, `spare`) with the first expert kept,
-and grows by a chunk, another array, only when the budget does (a chunk's rows are a call of their own).
+its pages handed back until rows are written (so it takes RAM as the cache fills), and grows by a chunk, another
+array, only when the budget does (a chunk's rows are a call of their own).
 
 Rows are written in place, through a NumPy view of the slab's memory (MLX exposes its buffers), and only where
 nothing queued can still read them: an evicted expert's row is retired, and freed at `settle`, which the stream
@@ -24,6 +25,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
+from nightshift.engine.io.arenas import discard_pages
 from nightshift.engine.moe.held import held_bytes
 from nightshift.engine.moe.reads import Tensors
 from nightshift.engine.store.manifest import MoeLayer
@@ -110,6 +112,7 @@ class Slab:
             array = mx.zeros((rows, *slot.shape), dtype=getattr(mx, f"uint{8 * itemsize}"))
             mx.eval(array)
             raw.append(np.asarray(array))
+            discard_pages(raw[-1])  # zero-filled by MLX: no RAM taken until a row is written
             tensors[slot.name] = array if array.dtype == dtype else array.view(dtype)
         mx.eval(tensors)
         self.chunks.append(tensors)
