@@ -4,11 +4,15 @@ keeps the tokens of the model in RAM."""
 
 from __future__ import annotations
 
+import sys
+
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from bench.helpers.moe_families import tiny_config, write_checkpoint
 from bench.helpers.reference import greedy_tokens
+from nightshift.engine.io.arenas import PAGE
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.held import held_bytes
 from nightshift.engine.moe.load import load_streaming
@@ -24,7 +28,8 @@ from nightshift.engine.store.manifest import MoeLayer, read_manifest
 def quantized_store(tmp_path_factory):
     """A tiny mixtral checkpoint in bf16, its experts imported as 4-bit with bf16 scales (what people download)."""
     root = tmp_path_factory.mktemp("slab")
-    config = {**tiny_config("mixtral"), "num_local_experts": 16, "num_hidden_layers": 3, "intermediate_size": 64}
+    config = {**tiny_config("mixtral"), "num_local_experts": 16, "num_hidden_layers": 3, "intermediate_size": 128}
+    config["hidden_size"] = 256  # a row of its widest tensor holds whole pages (16 KiB)
     src = write_checkpoint("mixtral", root / "src", "mlx", config=config, dtype=mx.bfloat16)
     store = root / "store"
     import_checkpoint(src, store, [Drive("d0", root / "d0")], ImportOptions(trunk_bits=16, quantize_experts=True))
@@ -129,3 +134,26 @@ def test_a_streamed_4bit_model_whose_cache_evicts_keeps_the_tokens_of_the_model_
         stream.close()
     assert figures.cache_evictions > 0 and figures.cache_hits > 0
     assert tokens == greedy_tokens(load_store(quantized_store)[0], 24)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise's zero-filled pages are Linux's")
+def test_when_the_budget_falls_the_free_rows_pages_go_back(quantized_store):
+    specs, experts = experts_of(quantized_store)
+    keys = list(experts)[:24]
+    slabs = Slabs(specs, lambda: 24 * held_bytes(specs[0]))
+    slab = slabs.layers[specs[0].layer]
+    for key in keys:
+        slabs.put(key, experts[key])
+    widest = max(range(len(slab.spec.tensors)), key=lambda i: slab.spec.tensors[i].nbytes)
+    assert slab.spec.tensors[widest].nbytes >= 2 * PAGE  # a row holds whole pages
+    dropped = [slab.where[key] for key in keys[::2]]
+    for key in keys[::2]:
+        slabs.drop(key)
+    slabs.settle()
+    slabs.discard_free()
+    for chunk, row in dropped:  # the pages inside the row were handed back: they read as zeros
+        view = slab._raw[chunk][widest][row]
+        start = -(-view.ctypes.data // PAGE) * PAGE - view.ctypes.data
+        assert not view.view(np.uint8)[start : start + PAGE].any()
+    for key in keys[1::2]:
+        assert_holds(slab, experts, key)

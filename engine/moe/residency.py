@@ -60,6 +60,7 @@ class Residency:
         self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
         self._calls: list[tuple[int, mx.array]] = []  # resident (layer, indices) not yet counted as hits
         self._warm_taken = False  # every warm read kept: nothing left to look for
+        self._shrunk = False  # the budget fell since the last settle
 
     def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, tuple[int, int]]:
         """The experts of `unique` the RAM cache holds, and their rows in the layer's slab, (chunk, row) (each
@@ -84,8 +85,12 @@ class Residency:
             self._stack(layer)
 
     def settle(self) -> None:
-        """A router was just read back: nothing queued reads an evicted expert's row any more (`Slabs.settle`)."""
+        """A router was just read back: nothing queued reads an evicted expert's row any more (`Slabs.settle`); after
+        the budget fell, the free rows' pages go back to the system."""
         self.slabs.settle()
+        if self._shrunk:
+            self.slabs.discard_free()
+            self._shrunk = False
 
     def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> tuple[Tensors, mx.array] | None:
         """`layer`'s experts if it is resident (its call is then counted later): the slab chunk holding them, and the
@@ -130,8 +135,9 @@ class Residency:
             self.count_resident()
             self._unstack()
         if self.cache.resize(budget):
+            self._shrunk = True  # the evicted experts' rows handed back at the next settle
             mx.clear_cache()  # MLX keeps freed buffers for reuse; hand them back to the system
-            trim_heap()  # and so does the heap: an expert's small tensors leave holes in it
+            trim_heap()  # and so does the heap: a read expert's small tensors leave holes in it
 
     def held(self) -> int:
         """What the model holds now besides the cache's slabs (their free rows too: made ahead, they take no RAM

@@ -14,8 +14,9 @@ array, only when the budget does (a chunk's rows are a call of their own).
 Rows are written in place, through a NumPy view of the slab's memory (MLX exposes its buffers), and only where
 nothing queued can still read them: an evicted expert's row is retired, and freed at `settle`, which the stream
 calls right after a layer's router is read back: every computation queued before has run by then (the router's
-input is the previous layer's output). When the budget falls, the last chunk's experts move there into free rows of
-the others as soon as they fit, and the chunk is let go of. Everything here runs on the thread that runs the layers.
+input is the previous layer's output). When the budget falls, the free rows' pages are handed back there, and the
+last chunk's experts move into free rows of the others as soon as they fit, the chunk let go of. Everything here runs
+on the thread that runs the layers.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ class Slab:
             self._free = elsewhere
             del self.chunks[last], self._raw[last], self._live[last]
 
+    def discard_free(self) -> None:
+        """The free rows' pages handed back to the system (the budget fell: what its evictions freed goes back)."""
+        for chunk, row in self._free:
+            for view in self._raw[chunk]:
+                discard_pages(view[row])
+
     def expert(self, key: Key) -> Tensors:
         """One cached expert's tensors as a stack of one (views of its row)."""
         chunk, row = self.where[key]
@@ -150,6 +157,11 @@ class Slabs:
         for slab in self._retiring:
             slab.settle()
         self._retiring = set()
+
+    def discard_free(self) -> None:
+        """Every slab's free rows' pages handed back (`Slab.discard_free`); call after `settle`."""
+        for slab in set(self.layers.values()):
+            slab.discard_free()
 
     def nbytes(self) -> int:
         """The slabs' memory, free rows included."""
