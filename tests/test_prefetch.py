@@ -10,7 +10,7 @@ import time
 from bench.helpers.reference import greedy_tokens
 from nightshift.engine.bench.decode import streamed_decode
 from nightshift.engine.moe.load import load_streaming
-from nightshift.engine.moe.prefetch import predict
+from nightshift.engine.moe.prefetch import router_logits, top_experts
 from nightshift.engine.moe.readahead import Guess, RankOdds
 from nightshift.engine.moe.settings import StreamSettings
 from tests.helpers.stores import delay_reads, streamed_tokens, tiny_store
@@ -58,14 +58,14 @@ def test_the_prefetch_limit_reads_ahead_only_the_most_confident_experts(mixtral_
     assert one.reads.prefetch_reads <= predicting_calls  # at most one read ahead per predicting call
 
 
-def test_predict_orders_the_union_of_rows_by_confidence():
+def test_the_guess_orders_the_union_of_rows_by_confidence():
     import mlx.core as mx
 
     weight = mx.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [3.0, 0.0]])  # 4 experts over 2 dims
     router = lambda x: x @ weight.T  # noqa: E731
     rows = mx.array([[1.0, 0.0], [0.0, 2.0]])  # row 0 likes experts 3 then 1; row 1 likes expert 2 (logit 2)
     # top-2 per row: row 0 -> {3, 1}, row 1 -> {2, and one of the 0-logit experts 0 or 1}
-    ranked = predict(router, rows, 2)
+    ranked = top_experts(router_logits(router, rows), 2)
     assert ranked[:2] == [3, 2] and set(ranked) <= {0, 1, 2, 3} and 1 in ranked
 
 

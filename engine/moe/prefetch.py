@@ -40,10 +40,18 @@ def router_of(block: nn.Module, num_experts: int, input_dims: int) -> Router | N
     return None
 
 
-def predict(router: Router, x: mx.array, k: int) -> list[int]:
-    """Union over rows of the top-k experts of `router(x)`, most confident first (by best logit over rows)."""
+def router_logits(router: Router, x: mx.array) -> mx.array:
+    """`router(x)`, rows of float32 expert logits, queued (`async_eval`): computed while the caller goes on."""
     logits = router(x)
-    logits = np.array(logits.reshape(-1, logits.shape[-1]).astype(mx.float32))
+    logits = logits.reshape(-1, logits.shape[-1]).astype(mx.float32)
+    mx.async_eval(logits)
+    return logits
+
+
+def top_experts(logits: mx.array, k: int) -> list[int]:
+    """Union over rows of the top-k experts of `logits` (`router_logits`), most confident first (by best logit over
+    rows)."""
+    logits = np.array(logits)
     top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
     union = np.unique(top)
     best = logits[:, union].max(axis=0)

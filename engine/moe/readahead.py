@@ -27,7 +27,7 @@ import mlx.nn as nn
 from nightshift.engine.instruments.probes import ForeseenCall
 from nightshift.engine.instruments.trace import PassTrace
 from nightshift.engine.moe.figures import CallCounts
-from nightshift.engine.moe.prefetch import Recall, Router, predict, router_of
+from nightshift.engine.moe.prefetch import Recall, Router, router_logits, router_of, top_experts
 from nightshift.engine.moe.reader import ExpertReader
 from nightshift.engine.moe.residency import Residency
 from nightshift.engine.moe.settings import GUESSES, ODDS
@@ -128,11 +128,22 @@ class ReadAhead:
         recall.predicted_hits += len(predicted.intersection(unique))
         recall.read_ahead_hits += len(read_ahead.intersection(unique))
 
-    def guess(self, layer: int, x: mx.array, k: int, record: PassTrace, step: bool) -> Guess | None:
-        """The next MoE layer's experts as predicted from `x`, or None where this pass does not read ahead."""
+    def queue(self, layer: int, x: mx.array, step: bool) -> mx.array | None:
+        """The next MoE layer's router on `x`, queued as soon as this layer's router is read back, so that it is
+        computed while the layer looks up and demands its experts (`guess` reads it back); None where this pass does
+        not read ahead or its guess is foreseen."""
         nxt = self._next.get(layer)
-        wanted_here = self.settings.prefetch or (not step and self.settings.prefill_prefetch)
-        if nxt is None or not wanted_here or nxt.layer in self.settings.prefetch_off:
+        if not self._reads_ahead(nxt, step) or self._foresight is not None:
+            return None
+        if not nxt.resolved:
+            nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
+        return None if nxt.router is None else router_logits(nxt.router, x)
+
+    def guess(self, layer: int, logits: mx.array | None, k: int, record: PassTrace, step: bool) -> Guess | None:
+        """The next MoE layer's experts as predicted by its router's `logits` (`queue`), or None where this pass
+        does not read ahead."""
+        nxt = self._next.get(layer)
+        if not self._reads_ahead(nxt, step):
             return None
         if self._foresight is not None:  # this call is counted when it ends: the next one's place is one on
             after = self.calls.calls + 1
@@ -142,16 +153,19 @@ class ReadAhead:
             if step:
                 self._predicted[nxt.layer] = set(known[1])
             return Guess(nxt.layer, list(known[1]))
-        if not nxt.resolved:
-            nxt.router, nxt.resolved = router_of(nxt.block, nxt.num_experts, x.shape[-1]), True
-        if nxt.router is None:
+        if logits is None:
             return None
         start = time.perf_counter()
-        experts = predict(nxt.router, x, k)
+        experts = top_experts(logits, k)
         record.predict_s = time.perf_counter() - start
         if step:
             self._predicted[nxt.layer] = set(experts)
         return Guess(nxt.layer, experts)
+
+    def _reads_ahead(self, nxt: NextLayer | None, step: bool) -> bool:
+        """Whether a pass (a decode step or not) reads ahead into the next MoE layer `nxt` (None: there is none)."""
+        wanted_here = self.settings.prefetch or (not step and self.settings.prefill_prefetch)
+        return nxt is not None and wanted_here and nxt.layer not in self.settings.prefetch_off
 
     def hold_tail(self, guess: Guess | None, step: bool) -> bool:
         """In a decode step, hold the guessed experts not cached (within the prefetch limit) for drives done

@@ -6,7 +6,8 @@
                                                    Residency.settle: evicted experts' rows free (engine/moe/slab.py)
       2 count the pass                             Tally (lookups, the prompt's needs), ReadAhead.score (recall)
       3 look up the RAM cache, demand the rest     Residency.look_up, ExpertReader.demand
-      4 guess the next layer, hold the tail        ReadAhead.guess, ReadAhead.hold_tail
+      4 guess the next layer, hold the tail        ReadAhead.guess (its router queued at 1: ReadAhead.queue),
+                                                   ReadAhead.hold_tail
       5 land the experts                           Landing: the cached ones run first, then each read as it lands
       6 read ahead the next layer's guesses        ReadAhead.prefetch: the drives are idle until it asks
       7 keep, record                               Residency.keep (cache, stacking), Tally.call, Trace.add
@@ -103,9 +104,10 @@ class ExpertStream:
         # The steps of the module docstring, in order.
         record = self.trace.begin(layer)
         host = self._read_back(indices, record)
+        step = decode_step(host.shape)
+        logits = self.ahead.queue(layer, x, step)  # computed while the rest of this step runs up to `guess`
         self.residency.give_back(layer, record.rows)
         self.residency.settle()
-        step = decode_step(host.shape)
         unique, counts = routed(host)
         self.tally.note(layer, unique, record.rows, counts)
         self.tally.need(layer, unique)
@@ -115,7 +117,7 @@ class ExpertStream:
         landing = Landing(record, unique, cached, chunks, self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
         self.tally.read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
-        guess = self.ahead.guess(layer, x, host.shape[-1], record, step)
+        guess = self.ahead.guess(layer, logits, host.shape[-1], record, step)
         tail = self.ahead.hold_tail(guess, step)
         read_in_tail = self._land(layer, landing, pending, tail)
         # Only now: the drives are idle until the next layer asks, so its predicted reads take no
