@@ -8,7 +8,9 @@
 - `streamed`: nightshift's streamed decode with its cache held to `--budget`.
 - `slab-bound`: the streamed decode whose one-row layer calls still look up, read, cache and guess as usual, but
   compute the experts with the in-RAM model's own call on the layer's full stack (one gather, no stack of the cached
-  experts, no call per read expert, no reordering): the most a cache held as slabs the reads land in could give.
+  experts, no call per read expert, no reordering): the estimate, before it was built, of what a cache held as a
+  slab could give. The slab (engine/moe/slab.py) runs above it: it computes only the chosen experts' rows
+  (docs/results.md, session 12).
 
 Greedy tokens are printed per side (all four are mlx-lm's on the store). Each run is recorded in the run catalogue
 (kind `decode-bounds`) with the load at its start. A study of the engine's costs, not a setting users choose.

@@ -1,15 +1,16 @@
-"""What a stream holds in RAM: the expert cache, layers stacked as in RAM, the warm start; RAM given back.
+"""What a stream holds in RAM: the expert cache, layers held whole as in RAM, the warm start; RAM given back.
 
-The cached experts' tensors are rows of a slab (engine/moe/slab.py), the cache deciding which.
-When the cache's budget holds every expert of the model, a layer whose experts have all been read is made
-resident: the router's choice is mapped to their rows by a table, and its calls skip the stream's reads, running the family's switch on the stack with the router's own indices, as in RAM; their lookups are
-counted as cache hits afterwards (`count_resident`), from the indices once evaluated, so nothing waits on them.
+The cached experts' tensors are rows of a slab (engine/moe/slab.py), the cache deciding which. When the cache's budget
+holds every expert of the model, a layer whose experts have all been read is made resident: its calls skip the stream's
+reads, running the family's switch on the slab with the router's own indices mapped to the experts' rows by a table, as
+in RAM; their lookups are counted as cache hits afterwards (`count_resident`), from the indices once evaluated, so
+nothing waits on them.
 With `warm_start`, the cache is filled from the store's routing profile at open in the background
 (engine/moe/warm.py), each expert kept at the next layer call (`take_warm`), and its counts start from it.
 An auto budget is checked against the RAM available now and then (`budget.Pressure`); when another process
 takes RAM, resident layers are let go of and the cache evicts down to what is left (`give_back`). Inside a memory
 cgroup's limit it may also grow, into what the model measurably leaves of the limit (`held`: MLX's memory less the
-cache's tensors), so an auto cache sized at 0 there is still made.
+cache's slabs), so an auto cache sized at 0 there is still made.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Residency:
         self.sizes = held_sizes(reader.layers.values())  # what the cache counts per expert: its RAM, not its file
         self.stacks: dict[int, tuple[Tensors, mx.array]] = {}  # resident layers: a slab chunk, each expert's row in it
         self.warm: WarmFill | None = None
-        self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of the stack
+        self._holders: dict[int, Callable[[], None]] = {}  # layer -> how its switch lets go of its resident chunk
         self._calls: list[tuple[int, mx.array]] = []  # resident (layer, indices) not yet counted as hits
         self._warm_taken = False  # every warm read kept: nothing left to look for
         self._shrunk = False  # the budget fell since the last settle

@@ -90,17 +90,16 @@ class StreamingSwitch(nn.Module):
         """A decode step (one row per sequence): run the experts as they come, then put the outputs back in each
         row's slot order.
 
-        The experts' compute hides behind the reads still landing instead of following the last one. The cached
-        experts come together: those every row selected once run as one call on the layer's slab (their rows in
-        it, engine/moe/slab.py), which the switch linears spread over the CPU streams as the in-RAM call is
-        (`_run_stacked`). One expert a call, queued on its
-        own stream, kept MLX's task window of about 20 operations full with one or two experts' chains, and the
-        second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0-3.2 s stacked
-        (docs/results.md, [13] cached experts in one call). 16-bit experts run alone, cached ones too: their
-        product is one float32 copy's each, stacked or not, and a stack was one more copy. Each read expert runs
-        alone as it lands (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the same
-        bits as the sequence decoded alone), and the model's block sums the slots in their order, as it would
-        the stacked call's output.
+        The experts' compute hides behind the reads still landing instead of following the last one. The cached experts
+        come together: those every row selected once run as one call on the slab (their rows in it, engine/moe/slab.py),
+        which the switch linears spread over the CPU streams as the in-RAM call is (`_run_stacked`). One expert a call,
+        queued on its own stream, kept MLX's task window of about 20 operations full with one or two experts' chains,
+        and the second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0-3.2 s
+        stacked (docs/results.md, [13] cached experts in one call). 16-bit experts run alone, cached ones too: their
+        product is one float32 copy's each, stacked or not, and a stack was one more copy. Each read expert runs alone
+        as it lands (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the
+        same bits as the sequence decoded alone), and the model's block sums the slots in their order, as it would the
+        stacked call's output.
         """
         rows = x.reshape(-1, 1, x.shape[-1])
         # Per expert (sorted ids), the row of each slot that selected it, in slot order: a row may select one
