@@ -51,6 +51,10 @@ MIN_ROWS = 32
 # transposed one-row matrices: another BLAS path, other float32 bits for the same product (measured here). A part of
 # a sorted call therefore lays its rows out as the sorted call would (`rows_as_sorted`).
 SORTED_PAIRS = 64
+# The float32 copies of the experts a 16-bit call uses come in multiples of this many experts, the padding unused: MLX's
+# buffer cache reuses a copy's buffer only for one of the same size, and copies sized by each call's count of experts
+# faulted their pages in afresh every time (docs/results.md, [22] a decode step's copies; session 12).
+COPY_STEP = 8
 
 
 def _float32_kernel(layer: nn.Module, x: mx.array) -> bool:
@@ -161,9 +165,12 @@ def _float32_gather(layer: nn.Module, x: mx.array, indices: mx.array, sorted_ind
         experts, slots = weight, indices
     else:
         used, host = np.unique(np.array(indices), return_inverse=True)  # evaluates the router
-        # The stack a streamed call brings holds exactly the experts it uses: upcast whole, not gathered first.
-        experts = weight if len(used) == weight.shape[0] else weight[mx.array(used.astype(np.uint32))]
-        slots = mx.array(host.reshape(indices.shape).astype(np.uint32))
+        size = min(-(-len(used) // COPY_STEP) * COPY_STEP, weight.shape[0])
+        if size == weight.shape[0]:  # every expert's copy (a streamed call's stack holds only those it uses)
+            experts, slots = weight, indices
+        else:  # the used ones gathered, padded to `size` with copies the slots never name
+            experts = weight[mx.array(np.resize(used, size).astype(np.uint32))]
+            slots = mx.array(host.reshape(indices.shape).astype(np.uint32))
     if layer.instruments is not None:
         layer.instruments.float32_copy_bytes += experts.size * 4
     rows = x.astype(mx.float32)

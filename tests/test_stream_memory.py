@@ -26,7 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from bench.helpers.moe_families import tiny_config, write_checkpoint
 from nightshift.engine.bench.decode import time_decode
-from nightshift.engine.cpu_prefill import use_gemm_prefill
+from nightshift.engine.cpu_prefill import COPY_STEP, use_gemm_prefill
 from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.io.drives import Drive
 from nightshift.engine.moe.load import load_streaming
@@ -124,10 +124,11 @@ def test_an_opened_store_holds_its_trunk_and_no_placeholder_experts(tmp_path):
     assert held <= trunk + 64 * 1024
 
 
-def test_a_decode_step_runs_cached_16bit_experts_alone_with_the_in_ram_tokens(tmp_path):
-    """Half the bf16 store's experts cached: the decode's experts run from the cache and as they land, none copied
-    into a stack; each used expert's weights are copied to float32 once a call (3 projections of 256 x 1024), and
-    the greedy tokens are the in-RAM model's."""
+def test_a_decode_steps_cached_16bit_experts_run_together_with_the_in_ram_tokens(tmp_path):
+    """Half the bf16 store's experts cached: a decode step's cached experts run as one call on the slab, the read
+    ones as they land; each used expert's weights are copied to float32 once a call (3 projections of 256 x 1024),
+    a call's copies padded to a multiple of COPY_STEP experts (sizes MLX's buffer cache reuses); the greedy tokens
+    are the in-RAM model's."""
     store, config = bf16_mixtral_store(tmp_path)
     manifest = read_manifest(store)
     instruments = Instruments(routing=[])
@@ -140,8 +141,10 @@ def test_a_decode_step_runs_cached_16bit_experts_alone_with_the_in_ram_tokens(tm
     finally:
         stream.close()
     used = sum(len(experts) for _, experts, _, _ in instruments.routing)  # (layer, expert) pairs the calls ran
-    assert hits > 0 and streamed.counts["stacked_experts"] == 0
-    assert streamed.counts["float32_copy_bytes"] == used * 3 * config["hidden_size"] * config["intermediate_size"] * 4
+    expert = 3 * config["hidden_size"] * config["intermediate_size"] * 4  # one expert's float32 copy
+    assert hits > 0 and streamed.counts["stacked_experts"] > 0
+    padding = (COPY_STEP - 1) * len(instruments.routing) * expert  # at most, a call's cached experts padded
+    assert used * expert <= streamed.counts["float32_copy_bytes"] <= used * expert + padding
     in_ram = load_store(store)[0]
     use_gemm_prefill(in_ram)
     assert time_decode(in_ram, 12, list(range(1, 9))).tokens == streamed.tokens

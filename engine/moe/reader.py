@@ -38,8 +38,9 @@ from nightshift.engine.store.manifest import Manifest, MoeLayer
 # step's stacks and reads were mapped afresh, 65 000 page faults a token on the padded trained-routing model
 # against 28 000 on the heap (40 MiB: 56 000, 48 MiB: 42 000, 64 MiB: 28 000; docs/results.md, [22] memory).
 # On the 192-neuron export 32 MiB gave 25 MB of peak RSS back for a decode 6-18 % slower, so it stays (same section).
-# Since a decode step's 16-bit experts run alone (engine/moe/streaming.py), every buffer a step frees is one of a
-# few sizes and the cache holds 15-19 MiB after decoding that export at 10-50 %; at 25 % a limit of 4 to 64 MiB
+# Since a decode step's 16-bit experts' float32 copies come in few sizes (a read expert's alone, the cached ones' in
+# multiples of `cpu_prefill.COPY_STEP`), every buffer a step frees is one of a few sizes; run alone, the cache held
+# 15-19 MiB after decoding that export at 10-50 %; at 25 % a limit of 4 to 64 MiB
 # left the peak at 910-913 MB (the prompt pass's now) while 8 / 4 MiB faulted 3 300 / 22 600 times a token against
 # ~200: the limit costs nothing there, so it stays ([22] a decode step's copies).
 RECYCLE_BYTES = 64 << 20

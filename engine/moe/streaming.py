@@ -95,9 +95,10 @@ class StreamingSwitch(nn.Module):
         which the switch linears spread over the CPU streams as the in-RAM call is (`_run_stacked`). One expert a call,
         queued on its own stream, kept MLX's task window of about 20 operations full with one or two experts' chains,
         and the second stream's gain was lost: at 100 % hits a bench-model token took 3.4 s one by one, 3.0-3.2 s
-        stacked (docs/results.md, [13] cached experts in one call). 16-bit experts run alone, cached ones too: their
-        product is one float32 copy's each, stacked or not, and a stack was one more copy. Each read expert runs alone
-        as it lands (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the
+        stacked (docs/results.md, [13] cached experts in one call). 16-bit cached experts run together too: each
+        product is one float32 copy's whatever the call holds, and the call's copy of them comes in multiples of
+        `cpu_prefill.COPY_STEP` experts, sizes MLX's buffer cache reuses. Each read expert runs alone as it lands
+        (`_run_one`). Either way each row takes the quantized kernel row by row, as in a one-row call (the
         same bits as the sequence decoded alone), and the model's block sums the slots in their order, as it would the
         stacked call's output.
         """
@@ -109,12 +110,10 @@ class StreamingSwitch(nn.Module):
         blocks: list[tuple[list[int], mx.array]] = []  # (expert places, their outputs: each one's rows in turn)
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
         # A stacked call takes the quantized kernel below MIN_ROWS (row, expert) products, as a one-row call does
-        # (1: a prompt pass of MIN_ROWS rows or more, none together). 16-bit experts never stack (`per_pair`): their
-        # product is a float32 copy's, expert by expert, whatever the call holds, so a stack only added a copy of the
-        # cached experts and a float32 copy of that, sized by the layer's hits, which MLX's buffer cache could not
-        # reuse: 178 000 page faults a token on the 192-neuron export at 25 %, against 200 alone, 2.5x the speed
-        # (docs/results.md, [22] a decode step's copies).
-        most = 1 if self.per_pair else max((MIN_ROWS - 1) // rows.shape[0], 1)
+        # (1: a prompt pass of MIN_ROWS rows or more, none together). 16-bit experts (`per_pair`) run together too:
+        # their product is a float32 copy's whatever the call holds, and the copy of the cached ones, gathered from
+        # the slab, comes in sizes MLX's buffer cache reuses (`cpu_prefill.COPY_STEP`).
+        most = max((MIN_ROWS - 1) // rows.shape[0], 1)
 
         def run(places: list[int], stack: dict[str, mx.array], index: list[int]) -> None:
             if not picked:  # the stream has read the router's choice back before anything lands
