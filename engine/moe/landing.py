@@ -20,11 +20,11 @@ class Landing:
     """One pass's experts as they come: `found` holds the cached ones (their rows in `chunks`, the layer's slab's
     as they were at the lookup: no later put writes these rows), then each read as it lands.
 
-    With a `landed` callback the experts run the moment they are here, timed into the trace, while the other
-    reads are still in flight (the overlap): the cached ones handed over together, then each read as it lands,
-    each time as `landed(places, stack, index)`: their places in `unique`, a stack holding them (a chunk of the
-    slab, or a read expert as a stack of one) and each one's index in it. Without one, the pass only waits and the layer
-    runs them `stacked`.
+    With a `landed` callback the experts run the moment they are here, timed into the trace, while the other reads
+    are still in flight (the overlap): the cached ones handed over together, then each read as it lands, each time
+    as `landed(places, stack, index)`: their places in `unique`, a stack holding them (a chunk of the slab, or a
+    read expert as a stack of one) and each one's index in it. Without one, the pass only waits and the layer runs
+    them `stacked`.
     """
 
     record: PassTrace
