@@ -1,6 +1,6 @@
 """The expert cache's slab (engine/moe/slab.py): rows hold what was put, an evicted expert's row is not written
-before the next `settle`, a chunk made beyond a fallen budget goes, and a streamed 4-bit model whose cache evicts
-keeps the tokens of the model in RAM."""
+before the next `settle`, a chunk made beyond a fallen budget goes and free rows' pages go back, and a streamed 4-bit
+model whose cache evicts keeps the tokens of the model in RAM."""
 
 from __future__ import annotations
 
