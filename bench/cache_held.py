@@ -1,12 +1,12 @@
 """What the expert cache holds in RAM per expert, measured: MLX's active memory and the process's RSS after
-filling layer slabs with experts decoded as the reader decodes them, beside what the cache counts.
+filling a slab with experts decoded as the reader decodes them, beside what the cache counts.
 
     .venv/bin/python -m bench.cache_held STORE [--experts 3000]
 
 The store's expert files, layer by layer (round again under new expert numbers if it has fewer), each read whole,
-copied out of an aligned buffer by `decode` and put in a slab (engine/moe/slab.py, made for the experts kept) as
-the engine keeps an expert it reads, counted by `held_bytes`. Prints one JSON line; run it in a fresh process (its RSS grows by
-what it keeps). tests/test_cache_memory.py runs it on padded stores.
+copied out of an aligned buffer by `decode` and put in a slab (engine/moe/slab.py, made for the experts kept) as the
+engine keeps an expert it reads, counted by `held_bytes`. Prints one JSON line; run it in a fresh process (its RSS
+grows by what it keeps). tests/test_cache_memory.py runs it on padded stores.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def fill(store: Path, experts: int) -> dict:
         counted += held_bytes(spec)
         counted_files += spec.file_bytes
         tensor_bytes += sum(slot.nbytes for slot in spec.tensors)
-    mx.clear_cache()  # the arrays each expert was decoded into, and slabs outgrown: freed, held for reuse by MLX,
+    mx.clear_cache()  # the arrays each expert was decoded into: freed, held for reuse by MLX,
     trim_heap()  # and by the heap (as the engine gives RAM back: `Residency.give_back`)
     return {"experts": sum(len(slab.where) for slab in set(slabs.layers.values())), "counted": counted,
             "file_bytes": counted_files, "tensor_bytes": tensor_bytes, "slab_bytes": slabs.nbytes(),

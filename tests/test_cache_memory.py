@@ -1,5 +1,5 @@
-"""The expert cache counts what it holds in RAM: an expert's tensors, a row of its layer's slab (copied out of the
-4 KiB-aligned read buffer), not the padded file it was read from."""
+"""The expert cache counts what it holds in RAM: an expert's tensors, a row of a slab (copied out of the 4 KiB-aligned
+read buffer), not the padded file it was read from."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def test_the_cache_counts_the_memory_its_experts_take(padded_stores, name):
 
 
 def test_a_streamed_cache_counts_each_expert_as_its_row(padded_stores):
-    """After a streamed decode every cached expert is counted as its tensors' bytes and holds a row of its layer's
-    slab, and the cache holds more experts than its budget has room for files."""
+    """After a streamed decode every cached expert is counted as its tensors' bytes and holds a row of a slab, and
+    the cache holds more experts than its budget has room for files."""
     store = padded_stores["bf16"]
     manifest = read_manifest(store)
     spec = manifest.layers[0]
