@@ -45,7 +45,7 @@ def fill(store: Path, experts: int) -> dict:
         tensor_bytes += sum(slot.nbytes for slot in spec.tensors)
     mx.clear_cache()  # the arrays each expert was decoded into: freed, held for reuse by MLX,
     trim_heap()  # and by the heap (as the engine gives RAM back: `Residency.give_back`)
-    return {"experts": sum(len(slab.where) for slab in set(slabs.layers.values())), "counted": counted,
+    return {"experts": sum(len(slab.where) for slab in slabs.by_layout), "counted": counted,
             "file_bytes": counted_files, "tensor_bytes": tensor_bytes, "slab_bytes": slabs.nbytes(),
             "active": mx.get_active_memory() - active,
             "rss": psutil.Process().memory_info().rss - rss}  # fmt: skip

@@ -66,7 +66,7 @@ def test_a_streamed_cache_counts_each_expert_as_its_row(padded_stores):
     try:
         greedy_tokens(model, 12)
         cache, slabs = stream.residency.cache, stream.residency.slabs
-        rows = {key for slab in set(slabs.layers.values()) for key in slab.where}
+        rows = {key for slab in slabs.by_layout for key in slab.where}
     finally:
         stream.close()
     assert rows == set(cache.keys()) and len(cache) > budget // spec.file_bytes

@@ -49,7 +49,8 @@ def experts_of(store) -> tuple[list[MoeLayer], dict[tuple[int, int], dict[str, m
 
 def assert_holds(slab: Slab, experts: dict, key: tuple[int, int]) -> None:
     """The slab's row of `key` is, tensor by tensor and bit for bit, what the reader decoded, in stored dtypes."""
-    held = slab.expert(key)
+    chunk, row = slab.where[key]
+    held = {name: t[row : row + 1] for name, t in slab.chunks[chunk].items()}  # its row, as a stack of one
     for name, want in as_stored(experts[key], slab.spec).items():
         assert held[name].dtype == want.dtype and held[name].shape == (1, *want.shape)
         assert mx.array_equal(held[name][0].view(mx.uint8), want.view(mx.uint8)).item(), (key, name)
@@ -128,7 +129,7 @@ def test_a_streamed_4bit_model_whose_cache_evicts_keeps_the_tokens_of_the_model_
         tokens = greedy_tokens(model, 24)
         figures = stream.figures()
         slabs, cache = stream.residency.slabs, stream.residency.cache
-        cached = {key for slab in set(slabs.layers.values()) for key in slab.where}
+        cached = {key for slab in slabs.by_layout for key in slab.where}
         assert cached == set(cache.keys()) and slabs.held_bytes() == cache.used <= budget
     finally:
         stream.close()

@@ -40,7 +40,7 @@ class PassTrace:
     began: float
     rows: int = 1  # token rows in this call: 1 in decode, a chunk in prefill, k+1 in a speculative verify
     readback_s: float = 0.0  # router indices evaluated and copied to the host
-    predict_s: float = 0.0  # next layer's router on this hidden state (prefetch prediction)
+    predict_s: float = 0.0  # the next layer's router logits (queued at the readback) read back, their top-k taken
     asked: float = 0.0  # when the wait for the pass's reads began (trace time)
     wait_s: float = 0.0  # from asking for the experts until the last one landed
     expert_s: float = 0.0  # queueing experts on MLX's stream as they landed, inside the wait (overlap; 0 when off)

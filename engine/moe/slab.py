@@ -88,8 +88,10 @@ class Slab:
         self._retired = []
         while self.chunks:
             last = len(self.chunks) - 1
+            if last == 0 and self._live[0]:  # one chunk holding experts (the usual case): nothing to move
+                return
             elsewhere = [(chunk, row) for chunk, row in self._free if chunk != last]
-            if self._live[last] > len(elsewhere) or (last == 0 and self._live[0]):
+            if self._live[last] > len(elsewhere):
                 return
             for key in [key for key, (chunk, _) in self.where.items() if chunk == last]:
                 chunk, row = elsewhere.pop()
@@ -106,11 +108,6 @@ class Slab:
         for chunk, row in self._free:
             for view in self._raw[chunk]:
                 discard_pages(view[row])
-
-    def expert(self, key: Key) -> Tensors:
-        """One cached expert's tensors as a stack of one (views of its row)."""
-        chunk, row = self.where[key]
-        return {name: t[row : row + 1] for name, t in self.chunks[chunk].items()}
 
     def _add_chunk(self, rows: int) -> None:
         raw, tensors = [], {}
@@ -135,10 +132,8 @@ class Slabs:
         layouts: dict[tuple, list[MoeLayer]] = {}
         for spec in specs:
             layouts.setdefault(tuple((t.name, t.dtype, tuple(t.shape)) for t in spec.tensors), []).append(spec)
-        self.layers: dict[int, Slab] = {}
-        for group in layouts.values():
-            slab = Slab(group[0], sum(spec.num_experts for spec in group))
-            self.layers.update((spec.layer, slab) for spec in group)
+        self.by_layout = [Slab(group[0], sum(spec.num_experts for spec in group)) for group in layouts.values()]
+        self.layers = {spec.layer: slab for slab, group in zip(self.by_layout, layouts.values()) for spec in group}
         self._budget = budget
         self._retiring: set[Slab] = set()
 
@@ -160,13 +155,13 @@ class Slabs:
 
     def discard_free(self) -> None:
         """Every slab's free rows' pages handed back (`Slab.discard_free`); call after `settle`."""
-        for slab in set(self.layers.values()):
+        for slab in self.by_layout:
             slab.discard_free()
 
     def nbytes(self) -> int:
         """The slabs' memory, free rows included."""
-        return sum(slab.rows * slab.row_bytes for slab in set(self.layers.values()))
+        return sum(slab.rows * slab.row_bytes for slab in self.by_layout)
 
     def held_bytes(self) -> int:
         """The bytes of the cached experts' rows."""
-        return sum(len(slab.where) * slab.row_bytes for slab in set(self.layers.values()))
+        return sum(len(slab.where) * slab.row_bytes for slab in self.by_layout)
