@@ -20,7 +20,7 @@ from nightshift.engine.errors import NightshiftError
 from nightshift.engine.moe.load import load_streaming
 from nightshift.engine.moe.reads import ExpertReadError
 from nightshift.engine.moe.settings import StreamSettings
-from nightshift.engine.moe.streaming import in_slot_order
+from nightshift.engine.moe.slots import Slots, in_slot_order
 from nightshift.engine.store.loader import load_store
 from nightshift.engine.store.manifest import read_manifest
 from tests.helpers.stores import QUICK, import_tiny, streamed, streamed_tokens, tiny_checkpoint
@@ -193,12 +193,41 @@ def test_outputs_in_any_landing_order_go_back_to_each_rows_slot_order():
     them as one stacked block. Each output is tagged 100 * expert + 10 * row + its turn among the expert's slots."""
     host = np.array([[[5, 2, 5]], [[7, 2, 5]]], dtype=np.uint32)  # (rows, positions, k)
     unique = [2, 5, 7]
-    picked = [np.flatnonzero(host.reshape(-1) == e) // 3 for e in unique]  # rows per expert, in slot order
+    slots = Slots.of(host)
+    assert [slots.picked(place).tolist() for place in range(3)] == [[0, 1], [0, 0, 1], [1]]  # rows, in slot order
+    assert slots.once == [True, False, False]
 
     def tags(place: int) -> mx.array:
-        return mx.array([[100 * unique[place] + 10 * int(row) + turn] * 2 for turn, row in enumerate(picked[place])])
+        rows = slots.picked(place)
+        return mx.array([[100 * unique[place] + 10 * int(row) + turn] * 2 for turn, row in enumerate(rows)])
 
     blocks = [([2], tags(2)), ([0, 1], mx.concatenate([tags(0), tags(1)]))]
-    out = in_slot_order(blocks, picked, unique, host, host.shape)
+    out = in_slot_order(blocks, slots, host.shape)
     assert out.shape == (2, 1, 3, 2)
     assert out[..., 0].tolist() == [[[500, 200, 501]], [[710, 211, 512]]]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 8), (1, 1, 16), (3, 1, 4), (2, 2, 3), (4, 1, 6)])
+def test_slots_put_any_routing_back_in_slot_order(shape: tuple[int, ...]):
+    """Random routings, repeats within a row included (experts drawn from few), blocks in a random order and grouping:
+    every slot gets its own expert's output for its row and its turn; `once` says every row chose it, once."""
+    rng = np.random.default_rng(sum(shape))
+    for trial in range(20):
+        host = rng.integers(0, 3 if trial % 2 else 40, size=shape).astype(np.uint32)
+        if trial % 4 == 0:  # distinct experts, the decode step's usual case
+            host = rng.permutation(40)[: host.size].reshape(shape).astype(np.uint32)
+        unique = sorted(set(host.reshape(-1).tolist()))
+        slots = Slots.of(host)
+        rows = host.size // shape[-1]
+        per_row = host.reshape(rows, -1)
+        assert slots.once == [all(list(row).count(e) == 1 for row in per_row) for e in unique]
+        places = rng.permutation(len(unique)).tolist()
+        cuts = sorted(rng.choice(range(1, len(unique)), size=min(2, len(unique) - 1), replace=False).tolist())
+        blocks = []
+        for group in np.split(np.array(places), cuts):
+            tagged = [[100 * unique[p] + 10 * int(r) + turn] for p in group for turn, r in enumerate(slots.picked(p))]
+            blocks.append((group.tolist(), mx.array(tagged)))
+        out = np.array(in_slot_order(blocks, slots, shape))[..., 0].reshape(-1)
+        flat = host.reshape(-1)
+        expected = [100 * int(e) + 10 * (i // shape[-1]) + int(np.sum(flat[:i] == e)) for i, e in enumerate(flat)]
+        assert out.tolist() == expected

@@ -36,6 +36,10 @@ RESIDENT_BACKLOG, RESIDENT_KEEP = 1024, 64  # resident calls held before countin
 
 def routed(host: np.ndarray) -> tuple[list[int], list[int]]:
     """A call's router indices on the host: its sorted unique experts, and how many rows chose each."""
+    flat = host.reshape(-1).tolist()
+    distinct = sorted(set(flat))
+    if len(distinct) == len(flat):  # each chosen once (a decode step of one row): no NumPy call (~8 against 1 us)
+        return distinct, [1] * len(flat)
     unique, counts = np.unique(host, return_counts=True)
     return unique.tolist(), counts.tolist()
 

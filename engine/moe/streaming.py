@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from nightshift.engine.cpu_prefill import MIN_ROWS, SORTED_PAIRS, rows_as_sorted, sums_per_pair, use_gemm_prefill
 from nightshift.engine.cpu_streams import cpu_streams, part_bounds, worth_spreading
 from nightshift.engine.errors import ModelFormatError
+from nightshift.engine.moe.slots import Slots, in_slot_order
 from nightshift.engine.moe.stream import ExpertStream, decode_step
 from nightshift.engine.store.families import SWITCH_LINEAR_TYPES, module_at, switch_sites
 from nightshift.engine.store.manifest import Manifest, MoeLayer
@@ -103,9 +104,9 @@ class StreamingSwitch(nn.Module):
         stacked call's output.
         """
         rows = x.reshape(-1, 1, x.shape[-1])
-        # Per expert (sorted ids), the row of each slot that selected it, in slot order: a row may select one
-        # expert in several slots (longcat_flash maps its zero experts to expert 0), each needs its output.
-        picked: list[np.ndarray] = []
+        # Each expert's slots (a row may select one expert in several: longcat_flash maps its zero experts to expert
+        # 0, each needs its output), worked out once the stream has read the router's choice back.
+        slots: list[Slots] = []
         streams = cpu_streams()
         blocks: list[tuple[list[int], mx.array]] = []  # (expert places, their outputs: each one's rows in turn)
         dealt = [0] * len(streams)  # experts given to each stream so far in this call
@@ -116,28 +117,26 @@ class StreamingSwitch(nn.Module):
         most = max((MIN_ROWS - 1) // rows.shape[0], 1)
 
         def run(places: list[int], stack: dict[str, mx.array], index: list[int]) -> None:
-            if not picked:  # the stream has read the router's choice back before anything lands
-                host = np.array(indices).reshape(-1)
-                picked.extend(np.flatnonzero(host == e) // indices.shape[-1] for e in np.unique(host))
-            every_row = np.arange(rows.shape[0])
-            once = [np.array_equal(picked[place], every_row) for place in places]  # every row selected it once
-            together = [j for j in range(len(places)) if most > 1 and once[j]]
-            alone = [j for j in range(len(places)) if not (most > 1 and once[j])]
+            if not slots:  # the stream has read the router's choice back before anything lands
+                slots.append(Slots.of(np.array(indices)))
+            once = [most > 1 and slots[0].once[place] for place in places]  # every row selected it, once
+            together = [j for j in range(len(places)) if once[j]]
+            alone = [j for j in range(len(places)) if not once[j]]
             for group in (together[i : i + most] for i in range(0, len(together), most)):
                 if len(group) < 2:
                     alone += group
                 else:
                     self._run_stacked(rows, [places[j] for j in group], stack, [index[j] for j in group], dealt, blocks)
             for j in sorted(alone):
-                picks = None if once[j] else picked[places[j]]
+                picks = None if slots[0].once[places[j]] else slots[0].picked(places[j])
                 self._run_one(rows, picks, places[j], stack, index[j], streams, dealt, blocks)
 
         try:
             with rows_as_sorted(self._switch, self.per_pair and indices.size >= SORTED_PAIRS):
-                unique, host, _ = self._stream.experts(self.layer_index, x, indices, landed=run)
+                self._stream.experts(self.layer_index, x, indices, landed=run)
         finally:
             self._switch.update(self._empty)
-        return in_slot_order(blocks, picked, unique, host, indices.shape)
+        return in_slot_order(blocks, slots[0], indices.shape)
 
     def _set_stack(self, stack: dict[str, mx.array]) -> None:
         """The switch's experts: `stack`, set leaf by leaf (no tree rebuilt)."""
@@ -198,33 +197,6 @@ class StreamingSwitch(nn.Module):
             out = self._switch(mine, mx.array(np.full((mine.shape[0], 1, 1), index, dtype=np.uint32)))
         blocks.append(([place], out))
         mx.async_eval(out)  # queued on its stream: this thread goes back to the landing reads
-
-
-def in_slot_order(
-    blocks: list[tuple[list[int], mx.array]],
-    picked: list[np.ndarray],
-    unique: list[int],
-    host: np.ndarray,
-    shape: tuple[int, ...],
-) -> mx.array:
-    """The experts' outputs, `blocks` in the order they ran (each block's experts in turn, each expert's rows in
-    `picked` order; an expert's place is its index in the sorted `unique`), as the switch's output for indices
-    `host` of `shape`: every row's slots in their order."""
-    width = blocks[0][1].shape[-1]
-    start = np.empty(len(picked), dtype=np.int64)  # where each expert's rows begin in the joined blocks
-    offset = 0
-    for places, _ in blocks:
-        for place in places:
-            start[place], offset = offset, offset + len(picked[place])
-    # Each slot's expert, and its turn among that expert's slots (slots of one expert are picked in slot order).
-    place = np.searchsorted(unique, host.reshape(-1))
-    by_expert = np.argsort(place, kind="stable")
-    rank = np.empty_like(by_expert)
-    rank[by_expert] = np.arange(by_expert.size)
-    first = np.concatenate([[0], np.cumsum([len(p) for p in picked])[:-1]])
-    where = start[place] + rank - first[place]
-    done = mx.concatenate([out.reshape(-1, width) for _, out in blocks])
-    return done[mx.array(where.astype(np.uint32))].reshape(*shape, width)
 
 
 def expert_projections(switch: nn.Module) -> list[str]:
