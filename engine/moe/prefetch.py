@@ -53,7 +53,7 @@ def top_experts(logits: mx.array, k: int) -> list[int]:
     rows)."""
     logits = np.array(logits)
     top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
-    union = np.unique(top)
+    union = np.sort(top[0]) if len(top) == 1 else np.unique(top)  # one row (a decode step): no repeats to drop
     best = logits[:, union].max(axis=0)
     return union[np.argsort(-best, kind="stable")].tolist()
 

@@ -5,8 +5,9 @@ prefetch.py). In a decode step the most confident are held for drives done early
 (the tail, engine/moe/tail.py); once the layer's reads have landed and the drives are idle, the rest are
 read ahead within the compute window before the next router (`StreamSettings.prefetch_cap`): by default each
 uncached guess, most confident first, only while the time it saves if right beats what it costs if wrong
-(`odds`: a read that runs past the window delays the next layer's own reads), from how often guesses of its
-rank among the uncached were used so far (`RankOdds`); or as many as the window holds (`window_fill`).
+(`odds`: a read that runs past the window delays the next layer's own reads, and a wrong one's CPU is lost to
+the compute), from how often guesses of its rank among the uncached were used so far (`RankOdds`); or as many
+as the window holds (`window_fill`).
 With `spare_demand_drives`, a read-ahead that would end past the window on a drive likely to hold one of the next
 layer's demand reads (an uncached guess not read ahead) is held back: it would share that drive with the demands.
 Each decode step's guess is scored when its layer asks: its recall is the share of the experts the layer asked
@@ -131,7 +132,8 @@ class ReadAhead:
     def queue(self, layer: int, x: mx.array, step: bool) -> mx.array | None:
         """The next MoE layer's router on `x`, queued as soon as this layer's router is read back, so that it is
         computed while the layer looks up and demands its experts (`guess` reads it back); None where this pass does
-        not read ahead or its guess is foreseen."""
+        not read ahead or its guess is foreseen. (Queued instead after the cached experts, on a second CPU stream,
+        it ran beside them but the decode was ~8 % slower: docs/results.md, session 13.)"""
         nxt = self._next.get(layer)
         if not self._reads_ahead(nxt, step) or self._foresight is not None:
             return None
@@ -169,8 +171,10 @@ class ReadAhead:
 
     def hold_tail(self, guess: Guess | None, step: bool) -> bool:
         """In a decode step, hold the guessed experts not cached (within the prefetch limit) for drives done
-        with their share of this layer while another still reads; True when held (the reader ends the tail)."""
-        if guess is None or not step or not self.settings.prefetch_tail:
+        with their share of this layer while another still reads; True when held (the reader ends the tail).
+        With one drive in use there is no tail: none is done while another reads (holding cost ~75 us a layer
+        call for nothing on moe128-mixtral's 4-bit copy)."""
+        if guess is None or not step or not self.settings.prefetch_tail or len(self._drives_in_use()) < 2:
             return False
         held = self.residency.uncached(guess.layer, guess.experts)[: self.settings.prefetch_limit or None]
         self.reader.hold_tail(guess.layer, held)
@@ -208,16 +212,22 @@ class ReadAhead:
 
         The n-th read ahead starts n reads into the window W, with W_n = W - n x t left (t: one expert at the
         drives' bandwidth). Right (odds p), it saves min(t, W_n) of the next layer's reads; wrong, it holds the
-        drives for max(0, t - W_n) after the next layer asks. Read while p x min(t, W_n) > (1 - p) x
-        max(0, t - W_n), i.e. while W_n > (1 - p) x t: a full window always pays, a read that would run past
-        it only when it is likely to be used.
+        drives for max(0, t - W_n) after the next layer asks, and its read's CPU c (measured: the reader's
+        `cpu_per_read`) was spent for nothing, taken from the compute where the cores are busy. Read while
+        p x min(t, W_n) > (1 - p) x (max(0, t - W_n) + c): with slow drives (t >> c) a full window always pays
+        and a read that would run past it only when it is likely to be used; with drives so fast that a read
+        takes about its own CPU, only a guess likely to be used pays (on moe128-mixtral's 4-bit copy at 25 %,
+        guesses used 7-18 % of the time were read 70 a token for 12 % of the decode's speed; docs/results.md,
+        session 13).
         """
         window, read_s = self.windows[rows], self._read_seconds(layer)
         if math.isinf(read_s):  # the drives deliver nothing in a window: no read ahead pays
             return []
+        cpu_s = self.reader.counts.cpu_per_read()
         paying: list[int] = []
         for rank, expert in ranked:
-            if window - len(paying) * read_s <= (1 - self.odds.odds(rank)) * read_s:
+            left, odds = window - len(paying) * read_s, self.odds.odds(rank)
+            if odds * min(read_s, left) <= (1 - odds) * (max(0.0, read_s - left) + cpu_s):
                 break
             paying.append(expert)
         return paying
@@ -264,9 +274,11 @@ class ReadAhead:
 
     def _read_seconds(self, layer: int) -> float:
         """One of `layer`'s experts read at the drives' aggregate bandwidth (a layer's reads are balanced)."""
-        in_use = set(self.settings.use_drives or self.reader.manifest.drives)
-        bandwidth = self.reader.dispatcher.bandwidth(in_use)
+        bandwidth = self.reader.dispatcher.bandwidth(self._drives_in_use())
         return self.reader.layers[layer].file_bytes / bandwidth if bandwidth > 0 else math.inf  # delivering nothing
+
+    def _drives_in_use(self) -> set[str]:
+        return set(self.settings.use_drives or self.reader.manifest.drives)
 
     def recall_counts(self) -> tuple[int, int, int]:
         """(experts predicted layers needed in decode steps, of them named by their guess, of them read ahead),

@@ -17,6 +17,7 @@ the reader's lock and its counts.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
@@ -223,11 +224,16 @@ class ExpertReader:
     def _load(
         self, spec: MoeLayer, expert: int, source: str, tickets: list[Ticket], abort: Abort | None
     ) -> LoadedExpert:
+        """Carry a placed read out on this reader thread, its CPU counted (what a read-ahead costs the compute
+        on a machine whose cores are busy: `ReadAhead`'s odds weigh it)."""
+        began = time.thread_time()
         try:
             return self.files.load(spec, expert, source, tickets, abort)
         finally:
-            if source == DEMAND:
-                with self._lock:
+            with self._lock:
+                self.counts.read_cpu_s += time.thread_time() - began
+                self.counts.timed_reads += 1
+                if source == DEMAND:
                     self.tail.demand_done(tickets)
 
     def _cancel(self, placed: Placed) -> bool:

@@ -119,6 +119,12 @@ class ReadCounts:
     aborted_prefetch: int = 0  # started prefetches the layer did not use, stopped part way (`prefetch_abort`)
     aborted_prefetch_bytes: int = 0  # bytes those did not read (counted in wasted_prefetch_bytes, never read)
     tail_prefetch: int = 0  # read-aheads started by drives done with their share of a layer (hold_tail)
+    read_cpu_s: float = 0.0  # CPU the reader threads spent in the reads they carried out (`timed_reads` of them)
+    timed_reads: int = 0
+
+    def cpu_per_read(self) -> float:
+        """The CPU seconds a read has cost so far, on average (0 before any: nothing known)."""
+        return self.read_cpu_s / self.timed_reads if self.timed_reads else 0.0
 
 
 def decode(buffer, layer: MoeLayer) -> Tensors:

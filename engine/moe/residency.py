@@ -67,14 +67,19 @@ class Residency:
         self._warm_taken = False  # every warm read kept: nothing left to look for
         self._shrunk = False  # the budget fell since the last settle
 
-    def look_up(self, layer: int, unique: list[int], shares: list[float]) -> dict[int, tuple[int, int]]:
-        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab, (chunk, row) (each
-        lookup counts as a hit or a miss, weighed by `shares`: the share of the call's rows that chose it)."""
+    def found(self, layer: int, unique: list[int]) -> dict[int, tuple[int, int]]:
+        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab, (chunk, row); not yet
+        counted (`count`): a call's cached experts are queued first, its bookkeeping done while they compute."""
         if self.cache is None:
             return {}
-        self.cache.look_up(layer, unique, shares)
         where = self.slabs.layers[layer].where
         return {e: where[layer, e] for e in unique if (layer, e) in where}
+
+    def count(self, layer: int, unique: list[int], shares: list[float]) -> None:
+        """A call's lookups into the cache: each a hit or a miss, weighed by `shares` (the share of the call's rows
+        that chose it); before anything this call reads is kept."""
+        if self.cache is not None:
+            self.cache.look_up(layer, unique, shares)
 
     def uncached(self, layer: int, experts: list[int]) -> list[int]:
         return [e for e in experts if self.cache is None or (layer, e) not in self.cache]

@@ -138,8 +138,8 @@ class StreamSettings:
         default=ODDS,
         metadata=option(
             "how the fill bounds a decode step's read-ahead: odds (an uncached guess is read only while the time a "
-            "right one saves beats what a wrong one costs the next layer past the window, from how often guesses "
-            "of its rank were used), reads (as many uncached guesses as the window holds, at least one), guesses "
+            "right one saves beats what a wrong one costs: the next layer's reads past the window, and its read's "
+            "CPU; from how often guesses of its rank were used), reads (as many uncached guesses as the window holds, at least one), guesses "
             "(the window counts the most confident guesses, cached ones included)",
             PREFETCH_CAPS,
         ),

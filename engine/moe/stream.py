@@ -4,9 +4,10 @@
       1 read back the router's choice              the MLX stall; in decode, the window a read-ahead can fill;
                                                    Residency.give_back: an auto budget follows the RAM free;
                                                    Residency.settle: evicted experts' rows free (engine/moe/slab.py)
-      2 count the pass                             Tally (lookups, the prompt's needs), ReadAhead.score (recall)
-      3 look up the RAM cache, demand the rest     Residency.look_up, ExpertReader.demand
-      4 run the cached experts                     Landing.run_cached: queued, MLX computes them from here on
+      2 find the cached experts, demand the rest   Residency.found, ExpertReader.demand
+      3 run the cached experts                     Landing.run_cached: queued, MLX computes them from here on
+      4 count the pass                             Residency.count (the cache's lookups), Tally (lookups, the
+                                                   prompt's needs), ReadAhead.score (recall)
       5 guess the next layer, hold the tail        ReadAhead.guess (its router queued at 1: ReadAhead.queue),
                                                    ReadAhead.hold_tail
       6 land the reads                             Landing: each read runs as it lands
@@ -110,15 +111,16 @@ class ExpertStream:
         self.residency.give_back(layer, record.rows)
         self.residency.settle()
         unique, counts = routed(host)
-        self.tally.note(layer, unique, record.rows, counts)
-        self.tally.need(layer, unique)
-        self.ahead.score(layer, unique)
-        cached = self.residency.look_up(layer, unique, [count / record.rows for count in counts])
+        cached = self.residency.found(layer, unique)
         chunks = list(self.residency.slabs.layers[layer].chunks)
         landing = Landing(record, unique, cached, chunks, self.reader.layers[layer], landed)
         pending = self.reader.demand(layer, landing.missing)
         self.tally.read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
         self._start(landing, pending)
+        self.residency.count(layer, unique, [count / record.rows for count in counts])
+        self.tally.note(layer, unique, record.rows, counts)
+        self.tally.need(layer, unique)
+        self.ahead.score(layer, unique)
         guess = self.ahead.guess(layer, logits, host.shape[-1], record, step)
         tail = self.ahead.hold_tail(guess, step)
         read_in_tail = self._land(layer, landing, pending, tail)
