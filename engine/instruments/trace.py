@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 CACHE = "cache"
@@ -70,9 +71,12 @@ class DriveRead:
 
 class Trace:
     """The most recent passes (a ring of `keep`), appended by the streaming layer, and the drives' reads (a ring
-    of `keep` too); thread-safe reads."""
+    of `keep` too); thread-safe reads. `settle`, when set, is called before the passes are read: the stream adds a
+    layer call's record at the next call (`ExpertStream.settle_accounts`), so the reads of passes come from the
+    thread that runs the model, as the stream's figures do."""
 
     def __init__(self, keep: int = 100_000):
+        self.settle: Callable[[], None] | None = None
         self.origin = time.perf_counter()
         self._passes: deque[PassTrace] = deque(maxlen=keep)
         self._drive_reads: deque[DriveRead] = deque(maxlen=keep)
@@ -95,10 +99,14 @@ class Trace:
 
     def barrier_counts(self) -> dict[str, int]:
         """Per drive, how many kept passes its read landed last in; counted as passes are added (cheap per token)."""
+        if self.settle is not None:
+            self.settle()
         with self._lock:
             return {drive: n for drive, n in self._barriers.items() if n}
 
     def passes(self) -> list[PassTrace]:
+        if self.settle is not None:
+            self.settle()
         with self._lock:
             return list(self._passes)
 

@@ -6,13 +6,14 @@
                                                    Residency.settle: evicted experts' rows free (engine/moe/slab.py)
       2 find the cached experts, demand the rest   Residency.found, ExpertReader.demand
       3 run the cached experts                     Landing.run_cached: queued, MLX computes them from here on
-      4 count the pass                             Residency.count (the cache's lookups), Tally (lookups, the
-                                                   prompt's needs), ReadAhead.score (recall)
-      5 guess the next layer, hold the tail        ReadAhead.guess (its router queued at 1: ReadAhead.queue),
+      4 guess the next layer, hold the tail        ReadAhead.guess (its router queued at 1: ReadAhead.queue),
                                                    ReadAhead.hold_tail
-      6 land the reads                             Landing: each read runs as it lands
-      7 read ahead the next layer's guesses        ReadAhead.prefetch: the drives are idle until it asks
-      8 keep, record                               Residency.keep (cache, stacking), Tally.call, Trace.add
+      5 land the reads                             Landing: each read runs as it lands
+      6 read ahead the next layer's guesses        ReadAhead.prefetch: the drives are idle until it asks
+      7 count, keep, record (`_account`)           Residency.count (the cache's lookups), Tally (lookups, the
+                                                   prompt's needs), ReadAhead.score (recall), Residency.keep
+                                                   (cache, stacking), Tally.call, Trace.add: at the next call's
+                                                   readback, while MLX computes up to its router
 
 The parts: `ExpertReader` (engine/moe/reader.py: reads in flight, placed over the drives), `Residency`
 (engine/moe/residency.py: the cache, resident layers, the warm start, RAM given back), `ReadAhead`
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -88,6 +90,8 @@ class ExpertStream:
             self.reader, self.residency, self.tally.calls, instruments.foresight if instruments else None
         )
         self._profile_store: Path | None = None
+        self._unsettled: Callable[[], None] | None = None  # the last layer call's bookkeeping, while still to do
+        self.trace.settle = self.settle_accounts
 
     def experts(
         self,
@@ -117,10 +121,6 @@ class ExpertStream:
         pending = self.reader.demand(layer, landing.missing)
         self.tally.read.update((layer, e) for e in landing.missing)  # while in flight: the warm start skips them
         self._start(landing, pending)
-        self.residency.count(layer, unique, [count / record.rows for count in counts])
-        self.tally.note(layer, unique, record.rows, counts)
-        self.tally.need(layer, unique)
-        self.ahead.score(layer, unique)
         guess = self.ahead.guess(layer, logits, host.shape[-1], record, step)
         tail = self.ahead.hold_tail(guess, step)
         read_in_tail = self._land(layer, landing, pending, tail)
@@ -128,9 +128,7 @@ class ExpertStream:
         # bandwidth from this layer's own (before the wait or here measured the same on small2).
         if guess is not None:
             self.ahead.prefetch(guess, read_in_tail, record.rows, step)
-        self.residency.keep(layer, landing.read())
-        self.tally.call(record.rows, len(unique), record.overlapped)
-        self.trace.add(landing.traced())
+        self._unsettled = partial(self._account, layer, unique, counts, landing, landing.read())
         return unique, host, None if landed else landing.stacked()
 
     def resident(self, layer: int, indices: mx.array, release: Callable[[], None]) -> tuple[Tensors, mx.array] | None:
@@ -139,12 +137,14 @@ class ExpertStream:
 
     def begin_prefill(self) -> None:
         """Start counting what a prompt needs and what reading it costs (read amplification)."""
+        self.settle_accounts()
         self.tally.begin_prefill(self._bytes_read())
 
     def end_prefill(self) -> PrefillReads:
         """The prompt's reads; and the heap's free pages given back: a prompt pass reads many experts, each freed
         once run (or copied into the cache's slab), and their holes held 13 MB of RSS on moe128-mixtral's bf16
         export after a 16-token prompt."""
+        self.settle_accounts()
         trim_heap()
         return self.tally.end_prefill(self._bytes_read(), self.reader.layers)
 
@@ -158,6 +158,7 @@ class ExpertStream:
 
     def call_counts(self) -> CallCounts:
         """Streaming layer calls so far, resident ones included (they are counted when asked for)."""
+        self.settle_accounts()
         self.residency.count_resident()
         return replace(self.tally.calls)
 
@@ -169,6 +170,7 @@ class ExpertStream:
         for the pass and takes away the overlap of building one token's graph with computing the last (0.89 of
         the store in RAM counting it, 30 adjacent pairs on 2 cores: docs/results.md, [13]).
         """
+        self.settle_accounts()
         self.residency.count_resident(keep=len(self.reader.layers) if settled else 0)
         drives = {
             name: DriveFigures(s.bytes, s.reads) for name, s in zip(self.counters.names, self.counters.snapshot())
@@ -198,6 +200,7 @@ class ExpertStream:
 
     def close(self) -> None:
         """Stop the warm start and the reader; add this run's lookups to the store's routing profile."""
+        self.settle_accounts()
         self.residency.close()
         self.reader.close()
         self.residency.count_resident()
@@ -207,13 +210,39 @@ class ExpertStream:
             save_profile(self._profile_store, profile.merged(self.tally.lookups), experts)
             self.tally.lookups = {}
 
+    def settle_accounts(self) -> None:
+        """Do the last layer call's bookkeeping now, if it is still to do (`_account`)."""
+        if self._unsettled is not None:
+            account, self._unsettled = self._unsettled, None
+            account()
+
+    def _account(
+        self, layer: int, unique: list[int], counts: list[int], landing: Landing, read: list[tuple[int, Tensors]]
+    ) -> None:
+        """A layer call's bookkeeping: its lookups counted (the cache's, the tally's, the guess's recall), its reads
+        kept, its trace recorded. Done at the next call's readback while MLX computes up to its router (or when
+        figures are asked for): on moe128-mixtral's 4-bit copy the thread that builds the graph spent ~0.2 ms a
+        layer call on it while MLX, done with the cached experts, waited for the next layer's graph."""
+        rows = landing.record.rows
+        self.residency.count(layer, unique, [count / rows for count in counts])
+        self.tally.note(layer, unique, rows, counts)
+        self.tally.need(layer, unique)
+        self.ahead.score(layer, unique)
+        self.residency.keep(layer, read)
+        self.tally.call(rows, len(unique), landing.record.overlapped)
+        self.trace.add(landing.traced())
+
     def _read_back(self, indices: mx.array, record: PassTrace) -> np.ndarray:
-        """The router's choice on the host, timed: evaluating it is where MLX computes up to this router.
+        """The router's choice on the host, timed: evaluating it is where MLX computes up to this router, the last
+        call's bookkeeping done meanwhile (`async_eval` returns with up to 10 operations still to run: 0.65 ms of
+        compute a layer call on moe128-mixtral's 4-bit copy).
 
         In a decode step that stall is the compute between one layer's reads landing and this router: the
         window a read-ahead can fill (`ReadAhead.measured`).
         """
         start = time.perf_counter()
+        mx.async_eval(indices)
+        self.settle_accounts()
         host = np.array(indices)  # evaluates the graph up to the router: the MLX readback stall
         record.readback_s = time.perf_counter() - start
         record.rows = host.size // host.shape[-1]
