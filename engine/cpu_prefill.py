@@ -32,7 +32,7 @@ the same math and the same threads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
@@ -41,7 +41,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
-from nightshift.engine.cpu_streams import split_experts
+from nightshift.engine.cpu_streams import split_experts, spread_outputs
 from nightshift.engine.instruments.probes import Instruments
 
 # Below this many rows the quantized kernel wins (measured on this machine's 2 cores).
@@ -85,14 +85,41 @@ class PrefillQuantizedLinear(nn.QuantizedLinear):
     float32_prefill = False  # the GEMM path for 16-bit activations too (not mlx-lm's tokens): `use_gemm_prefill`
 
     def __call__(self, x: mx.array) -> mx.array:
-        exact = self.float32_prefill or _float32_kernel(self, x)
-        if x.size // x.shape[-1] < MIN_ROWS or not exact or self.get("global_scale") is not None:
+        if self.get("global_scale") is not None:
+            return super().__call__(x)
+        if x.size // x.shape[-1] < MIN_ROWS:  # few rows: the kernel, the outputs spread over the CPU streams
+            return _spread(self, x, super().__call__)
+        if not (self.float32_prefill or _float32_kernel(self, x)):
             return super().__call__(x)
         if self.instruments is not None:
             self.instruments.gemm_calls += 1
         weight = _dequantized(self, self["weight"], self["scales"], self.get("biases"))
         y = (x @ weight.T).astype(x.dtype)
         return y + self["bias"] if "bias" in self else y
+
+
+def _spread(layer: nn.Module, x: mx.array, whole: Callable[[mx.array], mx.array]) -> mx.array:
+    """`layer`'s product for few rows with its outputs spread over the CPU streams (`spread_outputs`: the same
+    bits), or `whole(x)` where that does not pay."""
+    spread = spread_outputs(layer, x)
+    if spread is None:
+        return whole(x)
+    if layer.instruments is not None:
+        layer.instruments.spread_calls += 1
+    return spread
+
+
+class SpreadQuantizedEmbedding(nn.QuantizedEmbedding):
+    """`nn.QuantizedEmbedding` whose output projection (a tied head, `as_linear`) spreads its outputs, the
+    vocabulary, over the CPU streams for few rows (`spread_outputs`)."""
+
+    instruments: Instruments | None = None  # where its spread calls are counted, if handed any
+    float32_prefill = False  # unused: a head's rows are few (the prompt's last), kept for `use_gemm_prefill`
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.size // x.shape[-1] >= MIN_ROWS or self.get("global_scale") is not None:
+            return super().as_linear(x)
+        return _spread(self, x, super().as_linear)
 
 
 def _grouped_gemm(layer: nn.Module, x: mx.array, indices: mx.array, weight_of, out_dtype: mx.Dtype) -> mx.array:
@@ -237,6 +264,7 @@ class PrefillSwitchLinear(SwitchLinear):
 
 GEMM_CLASSES = {
     nn.QuantizedLinear: PrefillQuantizedLinear,
+    nn.QuantizedEmbedding: SpreadQuantizedEmbedding,
     QuantizedSwitchLinear: PrefillQuantizedSwitchLinear,
     SwitchLinear: PrefillSwitchLinear,
 }
@@ -244,7 +272,7 @@ GEMM_CLASSES = {
 
 def use_gemm_prefill(model: nn.Module, instruments: Instruments | None = None, float32_prefill: bool = False) -> int:
     """Give every quantized linear layer and expert switch layer of `model` the GEMM prefill path when MLX
-    runs on the CPU; with `instruments`, those layers count their GEMM and split calls there. `float32_prefill`:
+    runs on the CPU, and their few-row calls (and a quantized tied head's) the outputs spread over the CPU streams; with `instruments`, those layers count their GEMM and split calls there. `float32_prefill`:
     take it for 16-bit activations too, where it is faster than MLX's kernel but gives other tokens than mlx-lm.
 
     The layers keep their parameters and paths (only their class changes), so weights load

@@ -1,10 +1,13 @@
-"""A decode step's experts spread over several MLX CPU streams.
+"""A decode step's experts, and the outputs of its wide quantized layers, spread over several MLX CPU streams.
 
 MLX runs each stream's work on its own thread, and its CPU quantized matrix-vector kernel uses one
 thread: a decode step's experts, computed in one call, keep one core busy while the others idle. Each
 expert's product is the same kernel on the same bits whichever thread runs it, so the output is
 identical, slot for slot, to the one-call result. On this 2-core machine two streams decoded the bench
 model in RAM 1.67x as fast and the default model 1.19x (docs/results.md, "[13] two CPU streams").
+So is each output of a quantized linear layer (`spread_outputs`): the kernel sums each output alone, so a part
+of the weight's rows gives those outputs' bits; a tied 4-bit head of 49 152 rows took 25 ms a token on one thread
+(moe128-mixtral's 4-bit copy, docs/results.md, session 13).
 
 `NIGHTSHIFT_CPU_STREAMS` sets how many streams (1 turns the split off); by default one per usable core,
 at most `MAX_STREAMS`. Only on the CPU: a GPU runs one call's experts in parallel already.
@@ -12,10 +15,12 @@ at most `MAX_STREAMS`. Only on the CPU: a GPU runs one call's experts in paralle
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from nightshift.engine.errors import SettingError
 
@@ -95,3 +100,36 @@ def split_experts(
             rows = x[..., start:stop, :, :] if per_slot else x
             outputs.append(call(rows, indices[..., start:stop]))
     return mx.concatenate(outputs, axis=-3)
+
+
+def spread_outputs(layer: nn.Module, x: mx.array) -> mx.array | None:
+    """A quantized linear `layer`'s product `x @ W.T` (with its bias, if it has one) for a few rows, W's rows (the
+    outputs) cut into one part per stream, each part's product on its own stream, joined in order; None where there
+    is nothing to split (one stream, parts under MIN_PART_BYTES). The parts are views of the weight, made once."""
+    streams = cpu_streams()
+    weight = layer["weight"]
+    if len(streams) < 2 or not worth_spreading(weight.nbytes // len(streams)):
+        return None
+    held = getattr(layer, "_parts", None)
+    if held is None or held[0] is not weight or len(held[1]) != len(streams):
+        keys = [key for key in ("weight", "scales", "biases", "bias") if key in layer]
+        bounds = [round(i * weight.shape[0] / len(streams)) for i in range(len(streams) + 1)]
+        parts = [{key: layer[key][begin:end] for key in keys} for begin, end in itertools.pairwise(bounds)]
+        mx.eval(parts)  # views of the weight's memory: no copy
+        held = (weight, parts)
+        object.__setattr__(layer, "_parts", held)  # not a parameter: the layer's tree stays its own
+    outputs = []
+    for stream, part in zip(streams, held[1]):
+        with mx.stream(stream):
+            y = mx.quantized_matmul(
+                x,
+                part["weight"],
+                scales=part["scales"],
+                biases=part.get("biases"),
+                transpose=True,
+                group_size=layer.group_size,
+                bits=layer.bits,
+                mode=layer.mode,
+            )
+            outputs.append(y + part["bias"] if "bias" in part else y)
+    return mx.concatenate(outputs, axis=-1)

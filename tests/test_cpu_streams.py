@@ -7,6 +7,7 @@ from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
@@ -157,3 +158,26 @@ def test_two_streams_in_one_process_count_apart(monkeypatch, small_store):
         for _, _, stream in opened:
             stream.close()
         bare.close()
+
+
+@pytest.mark.parametrize("mode", ["affine", "mxfp4"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_wide_quantized_layers_outputs_spread_over_streams_keep_its_bits(monkeypatch, mode, rows):
+    """A quantized linear with a bias and a quantized tied head (an embedding's `as_linear`), few rows: each part of
+    the outputs on its own stream gives the one-call product exactly; the spread is counted; one stream spreads
+    nothing, nor does a layer whose parts would hold under MIN_PART_BYTES of weight."""
+    mx.random.seed(5)
+    linear = nn.Linear(IN, 2 * OUT, bias=True).to_quantized(group_size=32, bits=4, mode=mode)  # 192 KiB
+    head = nn.Embedding(2 * OUT, IN).to_quantized(group_size=32, bits=4, mode=mode)
+    small = nn.Linear(IN, 64).to_quantized(group_size=32, bits=4, mode=mode)  # 16 KiB of weight
+    x = mx.random.normal((rows, 1, IN))
+    whole = [linear(x), head.as_linear(x), small(x)]
+    model = nn.Sequential(linear, head, small)
+    instruments = Instruments()
+    monkeypatch.setenv(ENV, "2")
+    assert use_gemm_prefill(model, instruments) == 3
+    spread = [linear(x), head.as_linear(x), small(x)]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(whole, spread))
+    assert instruments.spread_calls == 2 and linear.weight.nbytes // 2 >= MIN_PART_BYTES
+    monkeypatch.setenv(ENV, "1")
+    assert mx.array_equal(head.as_linear(x), whole[1]).item() and instruments.spread_calls == 2

@@ -20,6 +20,7 @@ class Instruments:
     """One model's counters (summed from its open; a benchmark takes differences of `counts()`) and hooks.
 
     split_calls: switch-linear calls whose experts were spread over the CPU streams (engine/cpu_streams.py).
+    spread_calls: quantized linear (and tied head) calls whose outputs were spread over the CPU streams.
     spread_experts: streamed decode experts dealt to a stream other than the first, as they landed.
     stacked_experts: streamed decode experts copied into a stack with others to run in one call (quantized ones).
     float32_copy_bytes: bytes of float32 copies of 16-bit expert weights made to multiply them (engine/cpu_prefill.py).
@@ -36,6 +37,7 @@ class Instruments:
     """
 
     split_calls: int = 0
+    spread_calls: int = 0
     spread_experts: int = 0
     stacked_experts: int = 0
     float32_copy_bytes: int = 0
@@ -48,6 +50,7 @@ class Instruments:
         """The counters now, by name (as a run records them)."""
         return {
             "split_calls": self.split_calls,
+            "spread_calls": self.spread_calls,
             "spread_experts": self.spread_experts,
             "stacked_experts": self.stacked_experts,
             "float32_copy_bytes": self.float32_copy_bytes,
