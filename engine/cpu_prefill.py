@@ -272,8 +272,9 @@ GEMM_CLASSES = {
 
 def use_gemm_prefill(model: nn.Module, instruments: Instruments | None = None, float32_prefill: bool = False) -> int:
     """Give every quantized linear layer and expert switch layer of `model` the GEMM prefill path when MLX
-    runs on the CPU, and their few-row calls (and a quantized tied head's) the outputs spread over the CPU streams; with `instruments`, those layers count their GEMM and split calls there. `float32_prefill`:
-    take it for 16-bit activations too, where it is faster than MLX's kernel but gives other tokens than mlx-lm.
+    runs on the CPU, and their few-row calls (and a quantized tied head's) the outputs spread over the CPU streams;
+    with `instruments`, those layers count their GEMM, split and spread calls there. `float32_prefill`: take it for
+    16-bit activations too, where it is faster than MLX's kernel but gives other tokens than mlx-lm.
 
     The layers keep their parameters and paths (only their class changes), so weights load
     and save as before. Returns how many layers were switched.

@@ -76,7 +76,7 @@ def test_converted_model_gets_gemm_prefill_and_keeps_its_tokens(tmp_path):
     assert PrefillQuantizedLinear in classes and nn.QuantizedLinear not in classes
     prompt = list(range(3, 3 + 2 * MIN_ROWS))
     switched = [c.token for c in model.generate_tokens(prompt, max_tokens=12)]
-    assert use_quantized_kernel(model.model) == 14  # 7 per layer, 2 layers
+    assert use_quantized_kernel(model.model) == 15  # 7 per layer, 2 layers, and the embedding (a tied head)
     quantized = [c.token for c in model.generate_tokens(prompt, max_tokens=12)]
     assert switched == quantized
-    assert use_gemm_prefill(model.model) == 14
+    assert use_gemm_prefill(model.model) == 15

@@ -87,10 +87,13 @@ def test_window_fill_reads_ahead_what_the_drives_deliver_during_the_compute_wind
         stream.close()
 
 
-def read_ahead(store, cap: str, window: float, odds: dict[int, int], cached: tuple[int, ...] = ()) -> tuple[int, int]:
+def read_ahead(
+    store, cap: str, window: float, odds: dict[int, int], cached: tuple[int, ...] = (), cpu: float = 0.0
+) -> tuple[int, int]:
     """(reads started, guesses declined) when a decode step reads ahead guesses 1, 2, 3 of the second MoE layer
     under `cap`: one expert read takes 0.2 s at the drives' bandwidth, the window is `window` s, `odds` are the
-    uses in 10 looks of each rank among the uncached guesses, `cached` guesses are in the RAM cache."""
+    uses in 10 looks of each rank among the uncached guesses, `cached` guesses are in the RAM cache, a read has
+    cost `cpu` s of CPU so far."""
     settings = StreamSettings(cache_bytes=1 << 30 if cached else 0, prefetch=True, prefetch_cap=cap)
     _, _, stream = load_streaming(store, settings)
     try:
@@ -101,6 +104,7 @@ def read_ahead(store, cap: str, window: float, odds: dict[int, int], cached: tup
         for expert in cached:
             stream.residency.cache.put((layer, expert), None, file_bytes)
         stream.ahead.windows[1] = window
+        stream.reader.counts.read_cpu_s, stream.reader.counts.timed_reads = 10 * cpu, 10
         for rank, used in odds.items():
             for look in range(10):
                 stream.ahead.odds.count([*[-1] * rank, 0], {0} if look < used else set())
@@ -122,6 +126,15 @@ def test_the_odds_cap_reads_past_the_window_only_guesses_likely_to_be_used(mixtr
     assert read_ahead(mixtral_store, "reads", 0.05, {0: 1}) == (1, 0)
     # A window of 2.5 reads: two always pay whatever their odds, the third (a half read) does not at 1 in 10.
     assert read_ahead(mixtral_store, "odds", 0.5, {0: 0, 1: 0, 2: 1}) == (2, 0)
+
+
+def test_the_odds_cap_weighs_a_wrong_reads_cpu(mixtral_store):
+    # Reads that cost more CPU than their drive time (1 s against 0.2 s): a guess used 1 time in 12 no longer pays
+    # even inside the window (0.2 x 1/12 < 11/12 x 1), one used 11 times in 12 still does (0.2 x 11/12 > 1/12 x 1).
+    # Declined: of the 2 reads the window holds.
+    assert read_ahead(mixtral_store, "odds", 0.5, {0: 0}, cpu=1.0) == (0, 2)
+    assert read_ahead(mixtral_store, "odds", 0.5, {0: 10}, cpu=1.0) == (1, 1)  # the next (odds 1/2) does not
+    assert read_ahead(mixtral_store, "odds", 0.5, {0: 0}, cpu=0.001) == (2, 0)  # cheap reads: the window's two
 
 
 def test_the_guesses_cap_counts_cached_guesses_in_the_window_and_the_reads_cap_does_not(mixtral_store):

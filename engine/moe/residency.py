@@ -68,8 +68,8 @@ class Residency:
         self._shrunk = False  # the budget fell since the last settle
 
     def found(self, layer: int, unique: list[int]) -> dict[int, tuple[int, int]]:
-        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab, (chunk, row); not yet
-        counted (`count`): a call's cached experts are queued first, its bookkeeping done while they compute."""
+        """The experts of `unique` the RAM cache holds, and their rows in the layer's slab, (chunk, row); the lookups
+        are counted apart (`count`), once the call's cached experts are queued."""
         if self.cache is None:
             return {}
         where = self.slabs.layers[layer].where
