@@ -217,7 +217,7 @@ class ReadAhead:
         p x min(t, W_n) > (1 - p) x (max(0, t - W_n) + c): with slow drives (t >> c) a full window always pays
         and a read that would run past it only when it is likely to be used; with drives so fast that a read
         takes about its own CPU, only a guess likely to be used pays (on moe128-mixtral's 4-bit copy at 25 %,
-        guesses used 7-18 % of the time were read 70 a token for 12 % of the decode's speed; docs/results.md,
+        guesses used 7-18 % of the time were read ~70 a token, and reading none was 9-12 % faster; docs/results.md,
         session 13).
         """
         window, read_s = self.windows[rows], self._read_seconds(layer)

@@ -3,7 +3,7 @@
 A decode step runs its experts as they come (the cached ones together, each read as it lands), each on the rows that
 selected it; the switch's output is then every row's slots in their order. `Slots` works out once a call, with a few
 vectorized steps, what the per-expert loops did with a NumPy call an expert (52 us a layer call for one row's 16
-experts, ~5 % of a 4-bit decode token on moe128-mixtral; docs/results.md, session 13).
+experts warm, more right after a router readback; moe128-mixtral's 4-bit copy, docs/results.md, session 13).
 """
 
 from __future__ import annotations
