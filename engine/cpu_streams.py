@@ -108,12 +108,12 @@ def spread_outputs(layer: nn.Module, x: mx.array) -> mx.array | None:
     is nothing to split (one stream, parts under MIN_PART_BYTES). The parts are views of the weight, made once."""
     streams = cpu_streams()
     weight = layer["weight"]
-    if len(streams) < 2 or not worth_spreading(weight.nbytes // len(streams)):
+    bounds = part_bounds(weight.shape[0], weight.nbytes // weight.shape[0], len(streams))  # outputs as experts
+    if len(bounds) < 3:
         return None
     held = getattr(layer, "_parts", None)
-    if held is None or held[0] is not weight or len(held[1]) != len(streams):
+    if held is None or held[0] is not weight or len(held[1]) != len(bounds) - 1:
         keys = [key for key in ("weight", "scales", "biases", "bias") if key in layer]
-        bounds = [round(i * weight.shape[0] / len(streams)) for i in range(len(streams) + 1)]
         parts = [{key: layer[key][begin:end] for key in keys} for begin, end in itertools.pairwise(bounds)]
         mx.eval(parts)  # views of the weight's memory: no copy
         held = (weight, parts)

@@ -139,8 +139,8 @@ class StreamSettings:
         metadata=option(
             "how the fill bounds a decode step's read-ahead: odds (an uncached guess is read only while the time a "
             "right one saves beats what a wrong one costs: the next layer's reads past the window, and its read's "
-            "CPU; from how often guesses of its rank were used), reads (as many uncached guesses as the window holds, at least one), guesses "
-            "(the window counts the most confident guesses, cached ones included)",
+            "CPU; from how often guesses of its rank were used), reads (as many uncached guesses as the window "
+            "holds, at least one), guesses (the window counts the most confident guesses, cached ones included)",
             PREFETCH_CAPS,
         ),
     )
