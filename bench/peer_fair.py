@@ -17,6 +17,11 @@ volume (bench/peer_striped.py), `drives` one file per drive. For each budget (a 
    queue) set to `--read-ahead-kb` (several, comma-separated: one llama.cpp run at each in every round);
    nightshift reads with O_DIRECT and no read-ahead applies.
 
+With `--forced` neither engine chooses its tokens: both are fed the bench text's ids after the prompt
+(bench/streaming_peers.py `forced_ids`), so they read for the same routing; free-running, each follows its own
+greedy tokens, which part at the first step (float32 against bf16-rounded activations), and a weak model's loops
+make one engine's text far more repetitive, so cheaper to cache, than the other's.
+
 With `--llama-limit experts` llama.cpp is held instead to the same bytes *for experts* as nightshift's cache
 ([13]'s definition): its own memory (RssAnon, measured once per layout in a run without a limit) + the GGUF's
 non-expert tensors (they stay in the page cache) + the budget + the slack; nightshift keeps its measured peak.
@@ -47,6 +52,7 @@ from bench.streaming_peers import (
     Engine,
     auto_cache,
     expert_bytes,
+    forced_ids,
     hit_rate,
     median_line,
     model_files,
@@ -121,6 +127,7 @@ class Bench:
         config = {"engine": side.engine.name, "layout": side.layout, "share": share, "budget_bytes": self.job["budget"],
                   "limit_bytes": limit, "limit_mode": self.limit_mode, "read_ahead_kb": read_ahead, "round": round_,
                   "tokens": self.job["tokens"], "prompt_tokens": len(self.job["prompt"]),
+                  "forced": "forced" in self.job,
                   "threads": self.job["threads"]}  # fmt: skip
         verdict = "fail" if "error" in figures else "measured"
         run = Run(KIND, self.store.name, config, {**figures, "hit_rate": rate, "load": load}, verdict,
@@ -155,6 +162,8 @@ def main() -> None:
     parser.add_argument("--shares", default="0.1,0.25,0.5", help="budgets as shares of the expert bytes")
     parser.add_argument("--tokens", type=int, default=16, help="tokens to generate")
     parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--forced", action="store_true",
+                        help="feed both engines the bench text's next ids, not each one's greedy choice")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds per budget")
     parser.add_argument(
@@ -183,12 +192,14 @@ def main() -> None:
     bench = Bench(args.store, {}, Catalogue(args.catalogue or catalogue_file()), args.llama_limit)
     total = expert_bytes(args.store)
     prompt = prompt_ids(args.store, args.prompt_tokens)[0]
-    print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens; load {os.getloadavg()}")
+    forced = {"forced": forced_ids(args.store, prompt, args.tokens)} if args.forced else {}
+    print(f"experts {total / 1e6:.1f} MB; prompt {len(prompt)} tokens; {args.tokens} tokens"
+          f"{' (forced: the bench text)' if forced else ''}; load {os.getloadavg()}")  # fmt: skip
     print(HEADER)
     own_need = {}  # per layout (--llama-limit experts): llama.cpp's memory besides the experts, its expert bytes
     if args.llama_limit == "experts":
         bench.job = {"budget": 0, "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
-                     "threads": args.threads, "width": 1}  # fmt: skip
+                     "threads": args.threads, "width": 1, **forced}  # fmt: skip
         for side in theirs:
             alone = bench.measure(side, 0.0, None, read_aheads[0], 0)
             gguf = read_gguf(sorted(side.engine.model.glob("*.gguf"))[0])
@@ -196,7 +207,7 @@ def main() -> None:
     for index, share in enumerate(shares):
         budget = AUTO_BUDGET if args.auto else int(share * total)
         bench.job = {"budget": budget, "prompt": prompt, "prompts": [prompt], "tokens": args.tokens,
-                     "threads": args.threads, "width": 1}  # fmt: skip
+                     "threads": args.threads, "width": 1, **forced}  # fmt: skip
         if given:
             limit = given[index]
         else:
@@ -226,9 +237,9 @@ def main() -> None:
                 if "error" in mine or "error" in other:
                     continue
                 parted = first_difference(mine["tokens"][0], other["tokens"][0])
+                said = "equal" + " (forced)" * bool(forced) if parted is None else f"part at step {parted}"
                 print(f"      share {share:.2f} round {round_}: nightshift / {side.label} at {kb} KB = "
-                      f"{ratios[side.label, kb][-1]:.2f}x; tokens "
-                      f"{'equal' if parted is None else f'part at step {parted}'}", flush=True)  # fmt: skip
+                      f"{ratios[side.label, kb][-1]:.2f}x; tokens {said}", flush=True)  # fmt: skip
         for (label, kb), each in ratios.items() if args.rounds > 1 else ():
             print("      " + median_line(f"share {share:.2f}, nightshift / {label} at {kb} KB", each), flush=True)
     print(f"recorded in {bench.catalogue.path}; load at the end {os.getloadavg()[0]:.2f}")

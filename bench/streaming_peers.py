@@ -17,7 +17,9 @@ With `--fill`, nightshift runs once more at each share after the peers, held to 
 what its first run left of that limit (the limit less its peak RSS, less `--fill-margin-mb`): the memory used as a
 page-cache engine uses it, where the share alone leaves the rest of the limit (its trunk file's page cache, mostly)
 to the peer. Each `--variant KEY=VALUE[,KEY=VALUE]` (nightshift's stream settings by field name, values as JSON,
-e.g. `prefetch=false`) adds one more nightshift run at each share, its budget and limit the share's.
+e.g. `prefetch=false`) adds one more nightshift run at each share, its budget and limit the share's. With `--forced`
+(nightshift alone) every run is fed the bench text's ids after the prompt (`forced_ids`), so the variants read for
+the same routing.
 
 With `--limits MB,...` (one per share) every side at a share, nightshift's first run included, is held to the limit
 given instead of nightshift's measured peak; with `--auto` nightshift's first run uses `--memory-budget auto` (sized
@@ -64,6 +66,20 @@ PROMPT_TEXT = (
     "The month-end close reconciles the ledger with the bank statements: every payment is matched to an invoice, "
     "every difference is explained, and the accruals are reviewed before the books are locked for the period."
 )
+# What a forced run feeds after the prompt (`forced_ids`): the bench text and more of the same kind, our own words,
+# so that both engines route over ordinary prose rather than over the loops a greedy run of a weak model falls into.
+FORCED_TEXT = (
+    " This month the review found three payments without an invoice, all to the same supplier, and one invoice paid "
+    "twice in the last week of the month. The supplier confirmed the double payment and will credit it next month; "
+    "the three payments were deposits on an order that has not yet been delivered, so they belong with the prepaid "
+    "expenses and not with the costs of the period. The bank charges were higher than usual because two transfers "
+    "went abroad, and the exchange difference on them was booked to the wrong account. Payroll matched the approved "
+    "list, but one employee who left in the middle of the month was paid for the whole of it, which the payroll team "
+    "has been asked to recover. The accruals for electricity and rent were made as in earlier months; the electricity "
+    "bill arrived before the close and was close to the accrual, so no change is needed. The report should say which "
+    "of these items change the result for the month, which only move amounts between accounts, and who will follow "
+    "each one up before the next close."
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,17 @@ def prompt_ids(store: Path, count: int, width: int = 1) -> list[list[int]]:
     if len(ids) < count + 2 * (width - 1):
         raise SystemExit(f"--prompt-tokens {count} at width {width}: the bench text has {len(ids)} tokens; ask less")
     return [ids[2 * i : 2 * i + count] for i in range(width)]
+
+
+def forced_ids(store: Path, prompt: list[int], count: int) -> list[int]:
+    """The `count` ids that follow `prompt` (the bench text's first ids, `prompt_ids`) in the bench text and
+    `FORCED_TEXT` after it, by the store's tokenizer: what a forced run feeds each engine, the same for every one."""
+    ids = Tokenizer.from_file(str(store / "tokenizer.json")).encode(PROMPT_TEXT + FORCED_TEXT).ids
+    if ids[: len(prompt)] != prompt or len(ids) < len(prompt) + count:
+        raise SystemExit(
+            f"--forced: the bench text gives {len(ids) - len(prompt)} ids after the prompt; ask fewer tokens"
+        )
+    return ids[len(prompt) : len(prompt) + count]
 
 
 def chat_prompts(store: Path, review: str, width: int) -> list[list[int]]:
@@ -266,7 +293,7 @@ def measure(engine: Engine, job: dict, share: float, limit: int | None, catalogu
     config = {"engine": engine.name, "share": share, "budget_bytes": job["budget"], "limit_bytes": limit,
               "prompt_tokens": prompt, "tokens": job["tokens"], "threads": job["threads"], "width": job["width"],
               "fill": bool(job.get("fill")), "settings": job.get("settings", {}), "pair": job.get("pair", 0),
-              "order": job.get("order", "")}  # fmt: skip
+              "order": job.get("order", ""), "forced": "forced" in job}  # fmt: skip
     verdict = "fail" if "error" in figures else "measured"
     run = Run("streaming-peers", engine.model.name, config, {**figures, "hit_rate": rate, "load": load},
               verdict, command=" ".join(sys.argv), note=figures.get("error", ""))  # fmt: skip
@@ -315,6 +342,8 @@ def main() -> None:
     parser.add_argument("--peers-first", action="store_true", help="each share's first pair starts with the peers")
     parser.add_argument("--variant", action="append", type=settings_of, default=[], metavar="KEY=VALUE[,...]",
                         help="one more nightshift run at each share with these stream settings")  # fmt: skip
+    parser.add_argument("--forced", action="store_true",
+                        help="nightshift alone (and its variants) fed the bench text's ids, not its greedy choice")  # fmt: skip
     args = parser.parse_args()
 
     nightshift = Engine("nightshift", Path(sys.executable), args.store)
@@ -326,6 +355,8 @@ def main() -> None:
     for why in filter(None, (p.missing() for p in peers)):
         print(f"skipped: {why}")
     peers = [p for p in peers if p.missing() is None]
+    if args.forced and (peers or args.width > 1):
+        raise SystemExit("--forced: only nightshift's side takes forced ids here (bench.peer_fair for llama.cpp's)")
     catalogue = Catalogue(args.catalogue or catalogue_file())
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
@@ -347,10 +378,11 @@ def main() -> None:
         )
     if args.width > 1 and not shares and args.batch_share is None:
         raise SystemExit("--shares '' measures only the batched pair: give its budget with --batch-share")
+    forced = {"forced": forced_ids(args.store, prompt, args.tokens)} if args.forced else {}
     for index, share in enumerate(shares):
         budget = int(share * total)
         job = {"budget": budget, "prompts": [prompt], "prompt": prompt, "tokens": args.tokens,
-               "threads": args.threads, "width": 1}  # fmt: skip
+               "threads": args.threads, "width": 1, **forced}  # fmt: skip
         order = peers[index % len(peers) :] + peers[: index % len(peers)] if peers else []
         limit, first = (limits[index] if limits else None), {}
         ratios: dict[str, list[float | None]] = {peer.name: [] for peer in order}

@@ -133,6 +133,7 @@ class Model:
         on_prefill: Callable[[GenerationStats], None] | None = None,
         decoding: Decoding | None = None,
         draft_switch_off: bool = True,
+        forced: list[int] | None = None,
     ) -> Iterator[Chunk]:
         """Stream a continuation of the token ids `prompt`, prefilled `prefill_chunk` rows at a time.
 
@@ -146,6 +147,9 @@ class Model:
         depth for this model and drafter, see `engine.speculative.default_depth`; 0: no drafting);
         drafting switches itself off when it stops paying unless `draft_switch_off` is False (sweeps).
 
+        `forced`: the ids to yield, `max_tokens` of them, each fed to the next step whatever the logits said (`temp`
+        unused): the model timed and routed over a given text, as a bench compares engines on the same tokens.
+
         The last chunk yields the first token and ends with the last row's EOS check, as
         mlx-lm's `stream_generate` does: an end token is yielded (its text empty) and ends the stream.
         """
@@ -156,6 +160,11 @@ class Model:
             stats.draft = DraftStats(depth=depth)
         elif draft_depth:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
+        if forced is not None and (len(forced) < max_tokens or stats.draft is not None):
+            raise NightshiftError(
+                f"forced: {len(forced)} ids for {max_tokens} tokens{' with a drafter' if stats.draft else ''}: give "
+                "at least one id a token, and open the model without a drafter"
+            )
         processors = logits_processors(decoding, self.tokenizer, str(self.path))
         if processors and stats.draft is not None:
             raise NightshiftError(
@@ -174,7 +183,7 @@ class Model:
                 on_prefill(stats)
 
         def timed() -> Iterator[tuple[int, float]]:
-            sampler = make_sampler(temp=temp)
+            sampler = make_sampler(temp=temp) if forced is None else forcing_sampler(forced)
             for token in self._token_ids(
                 prompt, max_tokens, sampler, prefill_chunk, stats, draft_switch_off, prefilled, processors
             ):
@@ -332,3 +341,14 @@ def open_model(
     if stream is None and is_store(model.path):
         cap_buffer_cache_for(model.path)
     return model
+
+
+def forcing_sampler(ids: list[int]) -> Callable[[mx.array], mx.array]:
+    """A sampler giving `ids` in turn whatever the logits (mlx-lm's sampler signature), then the last one again:
+    mlx-lm's decode loop queues one pass past its last token, whose token nobody reads."""
+    queue = iter(ids)
+
+    def sample(logits: mx.array) -> mx.array:
+        return mx.array([next(queue, ids[-1])], dtype=mx.uint32)
+
+    return sample

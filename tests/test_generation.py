@@ -10,6 +10,7 @@ import pytest
 
 from nightshift.engine.errors import NightshiftError
 from nightshift.engine.generation import GenerationStats, ReadFigures, token_chunks
+from nightshift.engine.instruments.probes import Instruments
 from nightshift.engine.moe.settings import StreamSettings
 from nightshift.engine.runtime import Model, open_model
 
@@ -62,3 +63,28 @@ def test_a_streamed_model_s_figures_are_the_sum_of_its_generations_reads(stores)
     assert sum(first.drive_bytes.values()) > 0 and set(first.drive_bytes) == {"d0", "d1"}
     for drive, read in now.drive_bytes.items():
         assert read - opened.drive_bytes.get(drive, 0) == first.drive_bytes[drive] + second.drive_bytes[drive]
+
+
+def test_a_forced_generation_yields_the_given_ids_and_routes_as_for_them(stores):
+    """A bench compares engines on the same tokens: each step is fed the given id whatever the logits said. Forced
+    to its own greedy ids a model routes every layer call as its free run did; forced to others, it does not."""
+    routing: list = []
+    streamed = open_model(
+        stores["qwen3_moe"], stream=StreamSettings(cache_bytes=0), instruments=Instruments(routing=routing)
+    )
+    runs = []
+    try:
+        free = [c.token for c in streamed.generate_tokens([1, 2, 3], max_tokens=4)]
+        given = [t for t in range(200, 240) if t not in free and t not in streamed.tokenizer.eos_token_ids][:4]
+        for ids in (None, free, given):
+            routing.clear()
+            chunks = list(streamed.generate_tokens([1, 2, 3], max_tokens=4, forced=ids))
+            streamed.figures(settled=True)
+            runs.append(([c.token for c in chunks], list(routing)))
+        with pytest.raises(NightshiftError, match="3 ids for 4 tokens"):
+            list(streamed.generate_tokens([1, 2, 3], max_tokens=4, forced=given[:3]))
+    finally:
+        streamed.close()
+    (again, free_calls), (same, same_calls), (other, other_calls) = runs
+    assert again == same == free and other == given
+    assert same_calls == free_calls and other_calls != free_calls

@@ -36,6 +36,15 @@ def test_every_engine_reads_the_same_prompts_each_two_tokens_further_on(peer_sto
         peers.prompt_ids(peer_store, 10_000)
 
 
+def test_a_forced_run_feeds_the_ids_that_follow_the_prompt_in_the_bench_text(peer_store):
+    [prompt] = peers.prompt_ids(peer_store, 12)
+    forced = peers.forced_ids(peer_store, prompt, 40)
+    whole = peers.Tokenizer.from_file(str(peer_store / "tokenizer.json")).encode(peers.PROMPT_TEXT + peers.FORCED_TEXT)
+    assert forced == whole.ids[12:52] and len(forced) == 40
+    with pytest.raises(SystemExit, match="ask fewer tokens"):
+        peers.forced_ids(peer_store, prompt, 10_000)
+
+
 def test_the_budgets_are_shares_of_the_stores_expert_bytes(peer_store):
     manifest = json.loads((peer_store / "manifest.json").read_text())
     layers = manifest["layers"]

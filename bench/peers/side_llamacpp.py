@@ -1,8 +1,8 @@
 """llama.cpp's side of bench/streaming_peers.py and bench/peer_fair.py (run with the peer venv's python, the one
 `bash bench/peer_setup.sh` builds): the GGUF in the job's `model` directory (its only model, or the first file of a
 split one) read through mmap, llama.cpp's default and how its users run a model larger than their RAM; greedy over
-the prompt's token ids (no chat template), `threads` threads. llama.cpp keeps no expert cache: the page cache is its
-cache, held to the process's memory cgroup limit; `budget` is not used. `logits_all`: without it these bindings
+the prompt's token ids (no chat template), or fed the job's `forced` ids in turn, `threads` threads. llama.cpp keeps
+no expert cache: the page cache is its cache, held to the process's memory cgroup limit; `budget` is not used. `logits_all`: without it these bindings
 (0.3.36) leave `scores` at zero here (every greedy token 0); a 16-token prompt's extra rows of logits cost nothing
 that shows."""
 
@@ -36,8 +36,9 @@ def main() -> None:
     clock = Clock()
     llm.eval(job["prompt"])
     tokens: list[int] = []
+    forced = job.get("forced")
     while True:
-        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        tokens.append(forced[len(tokens)] if forced else int(np.argmax(llm.scores[llm.n_tokens - 1])))
         clock.token()
         if len(tokens) == job["tokens"]:
             break

@@ -1,7 +1,7 @@
 """nightshift's side of bench/streaming_peers.py (run with the project's python): the store streamed through the
 public runtime (`open_model` with a cache of `budget` bytes, or -1: `--memory-budget auto`, sized for the job's prompt
 and tokens; the defaults otherwise or the job's `settings`: stream settings by field name, e.g. {"prefetch": false}),
-greedy, the prompt's token ids;
+greedy over the prompt's token ids, or fed the job's `forced` ids in turn (`generate_tokens`' `forced`);
 at a width over 1, the job's `prompts` decoded together (engine/batch.py, as the service batches reviews).
 With a `trace` path in the job, every streaming layer call's (layer, experts, rows) is written there as JSON lines,
 in the order the cache was asked (the format `nightshift bench cache --routing` and bench/peer_traces.py replay)."""
@@ -37,7 +37,7 @@ def main() -> None:
             return batch(model, job)
         clock = Clock()
         tokens, stats = [], None
-        for chunk in model.generate_tokens(job["prompt"], max_tokens=job["tokens"]):
+        for chunk in model.generate_tokens(job["prompt"], max_tokens=job["tokens"], forced=job.get("forced")):
             tokens.append(chunk.token)
             clock.token()
             stats = chunk.stats
