@@ -128,6 +128,16 @@ def test_the_odds_cap_reads_past_the_window_only_guesses_likely_to_be_used(mixtr
     assert read_ahead(mixtral_store, "odds", 0.5, {0: 0, 1: 0, 2: 1}) == (2, 0)
 
 
+def test_the_odds_cap_counts_a_read_on_its_own_drive(mixtral_store):
+    # A read takes 0.2 s at the 2 drives' summed bandwidth but holds its one drive 0.4 s. In a window of 0.15 s it
+    # would run 0.25 s into the next layer's reads: a guess used half the time does not pay (0.075 against 0.125
+    # s), one used 11 times in 12 does. In a window of 0.3 s the two drives start one each at once: the second,
+    # used 1 time in 3, pays (0.1 against 0.067 s), where one read after another it would have started 0.2 s in.
+    assert read_ahead(mixtral_store, "odds", 0.15, {}) == (0, 1)
+    assert read_ahead(mixtral_store, "odds", 0.15, {0: 10}) == (1, 0)
+    assert read_ahead(mixtral_store, "odds", 0.3, {0: 9, 1: 3}) == (2, 0)
+
+
 def test_the_odds_cap_weighs_a_wrong_reads_cpu(mixtral_store):
     # Reads that cost more CPU than their drive time (1 s against 0.2 s): a guess used 1 time in 12 no longer pays
     # even inside the window (0.2 x 1/12 < 11/12 x 1), one used 11 times in 12 still does (0.2 x 11/12 > 1/12 x 1).

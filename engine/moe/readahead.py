@@ -210,24 +210,30 @@ class ReadAhead:
     def _paying(self, layer: int, rows: int, ranked: list[tuple[int, int]]) -> list[int]:
         """The uncached guesses (rank among the uncached, expert) worth reading ahead, in order.
 
-        The n-th read ahead starts n reads into the window W, with W_n = W - n x t left (t: one expert at the
-        drives' bandwidth). Right (odds p), it saves min(t, W_n) of the next layer's reads; wrong, it holds the
-        drives for max(0, t - W_n) after the next layer asks, and its read's CPU c (measured: the reader's
-        `cpu_per_read`) was spent for nothing, taken from the compute where the cores are busy. Read while
-        p x min(t, W_n) > (1 - p) x (max(0, t - W_n) + c): with slow drives (t >> c) a full window always pays
-        and a read that would run past it only when it is likely to be used; with drives so fast that a read
-        takes about its own CPU, only a guess likely to be used pays (on moe128-mixtral's 4-bit copy at 25 %,
+        A read holds one of the D drives in use for T = D x t (t: one expert at the drives' summed bandwidth), so
+        the read-aheads start in waves of D: the n-th starts (n // D) x T into the window W and has W_n = W -
+        (n // D) x T of it left. Right (odds p), it saves min(T, W_n) of its drive's share of the next layer's
+        reads; wrong, it holds its drive for max(0, T - W_n) after the next layer asks, and its read's CPU c
+        (measured: the reader's `cpu_per_read`) was spent for nothing, taken from the compute where the cores are
+        busy. Read while p x min(T, W_n) > (1 - p) x (max(0, T - W_n) + c): with slow drives (T >> c) a full window
+        always pays and a read that would run past it only when it is likely to be used; with drives so fast that a
+        read takes about its own CPU, only a guess likely to be used pays (on moe128-mixtral's 4-bit copy at 25 %,
         guesses used 7-18 % of the time were read ~70 a token, and reading none was 9-12 % faster; docs/results.md,
-        session 13).
+        session 13). Counted as one drive of D times the bandwidth (T = t, one read after another), a window
+        shorter than one read on its drive looked like room for a read: on the 192-neuron export over 4 drives at
+        20 MB/s (W 6 ms, t 8 ms, T 33 ms) guesses used half the time were read into the next layer's reads, and
+        reading none was 1.19x faster (docs/results.md, session 14).
         """
         window, read_s = self.windows[rows], self._read_seconds(layer)
         if math.isinf(read_s):  # the drives deliver nothing in a window: no read ahead pays
             return []
+        drives = len(self._drives_in_use())
+        drive_s = read_s * drives
         cpu_s = self.reader.counts.cpu_per_read()
         paying: list[int] = []
         for rank, expert in ranked:
-            left, odds = window - len(paying) * read_s, self.odds.odds(rank)
-            if odds * min(read_s, left) <= (1 - odds) * (max(0.0, read_s - left) + cpu_s):
+            left, odds = window - len(paying) // drives * drive_s, self.odds.odds(rank)
+            if odds * min(drive_s, left) <= (1 - odds) * (max(0.0, drive_s - left) + cpu_s):
                 break
             paying.append(expert)
         return paying
