@@ -4,7 +4,9 @@ Each engine's cache hit rate is counted on its own run, and the runs route diffe
 other experts now and then). Here every trace a run wrote (nightshift's, and nunspark's own `--expert-trace`) is
 replayed through the same simulator (engine/bench/cache_sim.py) at each budget: nightshift's policy (`frequency`),
 LRU (what nunspark's piece cache and a page cache do), the static oracle and Belady. So "nightshift's policy on
-nunspark's trace" and "Belady on nightshift's trace" are on one footing.
+nunspark's trace" and "Belady on nightshift's trace" are on one footing. For a trace with decode passes (one-row
+calls) it also prints the bytes LRU and `lrfu` read a decode pass, and the least any policy can (`decode_reads`,
+`decode_reads_floor`): what a cache of that size can do for a disk-bound decode.
 
     python -m bench.peer_traces STORE TRACE... [--shares 0.1,0.25,0.5] [--catalogue PATH]
 """
@@ -17,9 +19,10 @@ import sys
 from pathlib import Path
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine.bench.cache_sim import Call, sweep
+from nightshift.engine.bench.cache_sim import Call, decode_reads, decode_reads_floor, sweep
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.moe.held import held_sizes
+from nightshift.engine.moe.settings import LRFU, LRU
 from nightshift.engine.store.manifest import read_manifest
 
 
@@ -55,6 +58,17 @@ def main() -> None:
         for share, row in table.items():
             print(f"| {share:.0%} | " + " | ".join(f"{row[name].hit_rate:.1%}" for name in names) + " |")
         figures = {f"{name} {share:g}": round(r.hit_rate, 4) for share, row in table.items() for name, r in row.items()}
+        if any(call.rows == 1 for call in calls):
+            print("| budget | MB | decode MB a pass: lru | lrfu | any policy, at least |")
+            for share in table:
+                budget = int(share * manifest.expert_bytes)
+                read = [decode_reads(calls, sizes, budget, p) for p in (LRU, LRFU)] + [
+                    decode_reads_floor(calls, sizes, budget)
+                ]
+                print(f"| {share:.1%} | {budget / 1e6:.0f} | " + " | ".join(f"{r / 1e6:.1f}" for r in read) + " |")
+                figures |= {
+                    f"decode MB {name} {share:g}": round(r / 1e6, 2) for name, r in zip(("lru", LRFU, "floor"), read)
+                }
         run = Run("peer-traces", args.store.name, {"trace": str(path), "calls": len(calls)}, figures, "measured",
                   command=" ".join(sys.argv), note="replay of a recorded trace (no timing)")  # fmt: skip
         print(f"recorded run {catalogue.record(run)}")

@@ -160,11 +160,10 @@ class Model:
             stats.draft = DraftStats(depth=depth)
         elif draft_depth:
             raise NightshiftError(f"draft depth {draft_depth} needs a drafter: open the model with one (--drafter)")
-        if forced is not None and (len(forced) < max_tokens or stats.draft is not None):
-            raise NightshiftError(
-                f"forced: {len(forced)} ids for {max_tokens} tokens{' with a drafter' if stats.draft else ''}: give "
-                "at least one id a token, and open the model without a drafter"
-            )
+        if forced is not None and len(forced) < max_tokens:
+            raise NightshiftError(f"forced: {len(forced)} ids for {max_tokens} tokens: give at least one id a token")
+        if forced is not None and stats.draft is not None:
+            raise NightshiftError("forced ids are not drafted: open the model without a drafter")
         processors = logits_processors(decoding, self.tokenizer, str(self.path))
         if processors and stats.draft is not None:
             raise NightshiftError(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from bench.cache_foresight import Learned, fit, foreseen_replay, next_call, rest_of_token
-from nightshift.engine.bench.cache_sim import Call, belady, replay
-from nightshift.engine.moe.settings import LRFU
+from nightshift.engine.bench.cache_sim import Call, belady, decode_reads, decode_reads_floor, replay
+from nightshift.engine.moe.settings import LRFU, LRU
 
 
 def test_belady_keeps_a_call_s_misses_over_its_own_hits_needed_no_more():
@@ -84,3 +84,18 @@ def test_the_learned_forecast_ranks_an_expert_used_every_token_above_one_used_on
         for expert in missing:
             cache.put((call.layer, expert), None, 1)
     assert (1, 0) in cache and cache.hits >= 199
+
+
+def test_a_decode_pass_s_reads_leave_out_the_prompt_s_and_no_policy_reads_less_than_the_floor():
+    """A 4-row prompt call of experts 0-3, then one-row calls over one layer, budget 2 of 1-byte experts: LRU reads
+    what it misses after the prompt (the prompt's own reads left out), and no policy reads less a pass than the
+    floor, Belady's reads less the prompt's distinct experts, which every cache reads once from empty."""
+    decode = [(0, 1), (2, 3), (0, 1), (2, 3)]
+    calls = [Call(0, (0, 1, 2, 3), 4, (1, 1, 1, 1)), *(Call(0, pair, 1, (1, 1)) for pair in decode)]
+    assert decode_reads(calls, {0: 1}, 2, LRU) == 2.0  # every pass misses both: {2, 3} held after the prompt
+    floor = decode_reads_floor(calls, {0: 1}, 2)
+    assert floor == (belady(calls, {0: 1}, 2).bytes_read - 4) / 4
+    for seed in range(4):
+        more = [calls[0], *random_calls(seed, tokens=20, layers=1, experts=6, k=2)]
+        lowest = decode_reads_floor(more, {0: 1}, 3)
+        assert all(decode_reads(more, {0: 1}, 3, policy) >= lowest for policy in (LRU, LRFU))

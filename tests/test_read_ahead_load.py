@@ -87,6 +87,7 @@ def test_a_read_ahead_past_the_window_is_held_back_from_a_drive_the_next_layer_w
     # of 0.3 s would still be reading when they are asked for, so it is held back...
     assert read_ahead(mixtral_store, 0.3, 9, spare=True) == ([], 1)
     assert read_ahead(mixtral_store, 0.3, 9, spare=False) == ([0], 0)
-    # ...but not when it ends within the window, nor when the unread guesses are unlikely to be asked for
+    # ...but not when it ends within the window, nor when the unread guesses are unlikely to be asked for (in a
+    # window of 0.38 s, where the odds read a guess used 1 time in 10 that runs 0.02 s past it)
     assert read_ahead(mixtral_store, 0.5, 9, spare=True) == ([0], 0)
-    assert read_ahead(mixtral_store, 0.3, 1, spare=True) == ([0], 0)
+    assert read_ahead(mixtral_store, 0.38, 1, spare=True) == ([0], 0)

@@ -2,9 +2,9 @@
 `bash bench/peer_setup.sh` builds): the GGUF in the job's `model` directory (its only model, or the first file of a
 split one) read through mmap, llama.cpp's default and how its users run a model larger than their RAM; greedy over
 the prompt's token ids (no chat template), or fed the job's `forced` ids in turn, `threads` threads. llama.cpp keeps
-no expert cache: the page cache is its cache, held to the process's memory cgroup limit; `budget` is not used. `logits_all`: without it these bindings
-(0.3.36) leave `scores` at zero here (every greedy token 0); a 16-token prompt's extra rows of logits cost nothing
-that shows."""
+no expert cache: the page cache is its cache, held to the process's memory cgroup limit; `budget` is not used.
+`logits_all`: without it these bindings (0.3.36) leave `scores` at zero here (every greedy token 0); a 16-token
+prompt's extra rows of logits cost nothing that shows."""
 
 from __future__ import annotations
 

@@ -186,6 +186,31 @@ def belady(calls: list[Call], sizes: dict[int, int], budget: int, warm: bool = F
     return Replay(BELADY + (" + warm" if warm else ""), budget, hits, sum(len(call.experts) for call in calls), read)
 
 
+def decode_reads(calls: list[Call], sizes: dict[int, int], budget: int, policy: str) -> float:
+    """Bytes `policy` reads a decode pass (the one-row calls) at `budget`: its reads over `calls` less those over
+    the calls before the first one-row call (the prompt's), which an online policy serves the same way in both."""
+    first, passes = _decode_start(calls)
+    read = replay(calls, sizes, budget, policy).bytes_read - replay(calls[:first], sizes, budget, policy).bytes_read
+    return read / passes if passes else 0.0
+
+
+def decode_reads_floor(calls: list[Call], sizes: dict[int, int], budget: int) -> float:
+    """The least any policy can read a decode pass at `budget`, even knowing the future: Belady's reads over
+    `calls` less every distinct expert of the calls before the first one-row call, which each policy reads once
+    from an empty cache."""
+    first, passes = _decode_start(calls)
+    prompt = {(call.layer, e) for call in calls[:first] for e in call.experts}
+    read = belady(calls, sizes, budget).bytes_read - sum(sizes[layer] for layer, _ in prompt)
+    return max(0.0, read / passes) if passes else 0.0
+
+
+def _decode_start(calls: list[Call]) -> tuple[int, float]:
+    """Where the decode begins in `calls` (the first one-row call) and how many decode passes there are (one-row
+    calls over the layers that are called)."""
+    first = next((i for i, call in enumerate(calls) if call.rows == 1), len(calls))
+    return first, sum(call.rows == 1 for call in calls) / max(1, len({call.layer for call in calls}))
+
+
 def sweep(
     calls: list[Call],
     sizes: dict[int, int],

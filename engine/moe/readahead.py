@@ -221,8 +221,8 @@ class ReadAhead:
         guesses used 7-18 % of the time were read ~70 a token, and reading none was 9-12 % faster; docs/results.md,
         session 13). Counted as one drive of D times the bandwidth (T = t, one read after another), a window
         shorter than one read on its drive looked like room for a read: on the 192-neuron export over 4 drives at
-        20 MB/s (W 6 ms, t 8 ms, T 33 ms) guesses used half the time were read into the next layer's reads, and
-        reading none was 1.19x faster (docs/results.md, session 14).
+        20 MB/s (W 6 ms, t 8 ms, T 33 ms) guesses used half the time were read into the next layer's reads; timed
+        on their drives, 1.04x faster (docs/results.md, session 14).
         """
         window, read_s = self.windows[rows], self._read_seconds(layer)
         if math.isinf(read_s):  # the drives deliver nothing in a window: no read ahead pays
