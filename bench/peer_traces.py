@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from nightshift.app.paths import catalogue_file
-from nightshift.engine.bench.cache_sim import Call, decode_reads, decode_reads_floor, sweep
+from nightshift.engine.bench.cache_sim import BELADY, Call, decode_reads, decode_reads_floor, sweep
 from nightshift.engine.instruments.catalogue import Catalogue, Run
 from nightshift.engine.moe.held import held_sizes
 from nightshift.engine.moe.settings import LRFU, LRU
@@ -60,11 +60,10 @@ def main() -> None:
         figures = {f"{name} {share:g}": round(r.hit_rate, 4) for share, row in table.items() for name, r in row.items()}
         if any(call.rows == 1 for call in calls):
             print("| budget | MB | decode MB a pass: lru | lrfu | any policy, at least |")
-            for share in table:
-                budget = int(share * manifest.expert_bytes)
-                read = [decode_reads(calls, sizes, budget, p) for p in (LRU, LRFU)] + [
-                    decode_reads_floor(calls, sizes, budget)
-                ]
+            for share, row in table.items():  # the sweep's whole-trace replays, less the prompt's
+                read = [decode_reads(calls, sizes, row[p]) for p in (LRU, LRFU)]
+                read.append(decode_reads_floor(calls, sizes, row[BELADY]))
+                budget = row[BELADY].budget
                 print(f"| {share:.1%} | {budget / 1e6:.0f} | " + " | ".join(f"{r / 1e6:.1f}" for r in read) + " |")
                 figures |= {
                     f"decode MB {name} {share:g}": round(r / 1e6, 2) for name, r in zip(("lru", LRFU, "floor"), read)

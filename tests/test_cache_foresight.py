@@ -92,10 +92,10 @@ def test_a_decode_pass_s_reads_leave_out_the_prompt_s_and_no_policy_reads_less_t
     floor, Belady's reads less the prompt's distinct experts, which every cache reads once from empty."""
     decode = [(0, 1), (2, 3), (0, 1), (2, 3)]
     calls = [Call(0, (0, 1, 2, 3), 4, (1, 1, 1, 1)), *(Call(0, pair, 1, (1, 1)) for pair in decode)]
-    assert decode_reads(calls, {0: 1}, 2, LRU) == 2.0  # every pass misses both: {2, 3} held after the prompt
-    floor = decode_reads_floor(calls, {0: 1}, 2)
+    assert decode_reads(calls, {0: 1}, replay(calls, {0: 1}, 2, LRU)) == 2.0  # {2, 3} held after the prompt: all miss
+    floor = decode_reads_floor(calls, {0: 1}, belady(calls, {0: 1}, 2))
     assert floor == (belady(calls, {0: 1}, 2).bytes_read - 4) / 4
     for seed in range(4):
         more = [calls[0], *random_calls(seed, tokens=20, layers=1, experts=6, k=2)]
-        lowest = decode_reads_floor(more, {0: 1}, 3)
-        assert all(decode_reads(more, {0: 1}, 3, policy) >= lowest for policy in (LRU, LRFU))
+        lowest = decode_reads_floor(more, {0: 1}, belady(more, {0: 1}, 3))
+        assert all(decode_reads(more, {0: 1}, replay(more, {0: 1}, 3, policy)) >= lowest for policy in (LRU, LRFU))

@@ -186,21 +186,21 @@ def belady(calls: list[Call], sizes: dict[int, int], budget: int, warm: bool = F
     return Replay(BELADY + (" + warm" if warm else ""), budget, hits, sum(len(call.experts) for call in calls), read)
 
 
-def decode_reads(calls: list[Call], sizes: dict[int, int], budget: int, policy: str) -> float:
-    """Bytes `policy` reads a decode pass (the one-row calls) at `budget`: its reads over `calls` less those over
-    the calls before the first one-row call (the prompt's), which an online policy serves the same way in both."""
+def decode_reads(calls: list[Call], sizes: dict[int, int], whole: Replay) -> float:
+    """Bytes an online policy reads a decode pass (the one-row calls), from `whole`, its replay of `calls`: its reads
+    less those over the calls before the first one-row call (the prompt's), which it serves the same way alone."""
     first, passes = _decode_start(calls)
-    read = replay(calls, sizes, budget, policy).bytes_read - replay(calls[:first], sizes, budget, policy).bytes_read
+    read = whole.bytes_read - replay(calls[:first], sizes, whole.budget, whole.policy).bytes_read
     return read / passes if passes else 0.0
 
 
-def decode_reads_floor(calls: list[Call], sizes: dict[int, int], budget: int) -> float:
-    """The least any policy can read a decode pass at `budget`, even knowing the future: Belady's reads over
-    `calls` less every distinct expert of the calls before the first one-row call, which each policy reads once
-    from an empty cache."""
+def decode_reads_floor(calls: list[Call], sizes: dict[int, int], optimum: Replay) -> float:
+    """The least any policy can read a decode pass, even knowing the future, from `optimum`, Belady's replay of
+    `calls`: its reads less every distinct expert of the calls before the first one-row call, which each policy
+    reads once from an empty cache."""
     first, passes = _decode_start(calls)
     prompt = {(call.layer, e) for call in calls[:first] for e in call.experts}
-    read = belady(calls, sizes, budget).bytes_read - sum(sizes[layer] for layer, _ in prompt)
+    read = optimum.bytes_read - sum(sizes[layer] for layer, _ in prompt)
     return max(0.0, read / passes) if passes else 0.0
 
 
